@@ -1,0 +1,207 @@
+"""The public in-process API: ``llamactor.start()`` and the ``LLM`` handle it returns.
+
+Every method runs on the caller's thread (or event loop) and only builds a message and
+``tell``s it to the supervisor; nothing here touches llama.cpp. Safe from any number of threads
+and event loops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pykka
+
+from llamactor.completion import Completion
+from llamactor.config import Config
+from llamactor.errors import BatcherUnavailableError, InvalidRequestError, ModelLoadError
+from llamactor.logging import configure_default
+from llamactor.messages import Cancel, Generate, GetStats, ReplyChannel
+from llamactor.models import resolve_model_path
+from llamactor.streams import AsyncTextStream, TextStream
+from llamactor.supervisor import SupervisorActor
+
+Prompt = str | Sequence[int]
+Messages = Sequence[Mapping[str, Any]]
+
+
+def start(model: str | None = None, *, config: Config | None = None, start_timeout_s: float = 300.0,
+          **options: Any) -> LLM:
+    """Load ``model`` (None: ``$LLAMACTOR_MODEL`` or the default Gemma 3 270M) and start the actors.
+
+    ``options`` are ``Config`` fields (``n_parallel``, ``n_ctx``, ``system_prompt``, ...) and
+    default sampling fields (``temperature``, ``max_tokens``, ...). Blocks until the model is
+    loaded; raises ``ModelLoadError`` if it cannot be.
+    """
+    configure_default()
+    if config is None:
+        config = Config.from_kwargs(model=model, **options)
+    elif model is not None or options:
+        raise InvalidRequestError("pass either config= or model/options, not both")
+    supervisor = SupervisorActor.start(config, resolve_model_path(config.model))
+    proxy = supervisor.proxy()
+    if not proxy.ready.get().wait(start_timeout_s):
+        supervisor.stop()
+        raise ModelLoadError(f"the model did not load within {start_timeout_s:g}s")
+    if proxy.state.get() != "ready":
+        reason = proxy.failure_reason.get()
+        supervisor.stop()
+        raise ModelLoadError(reason or "the batcher could not start")
+    return LLM(supervisor, config, proxy.info.get())
+
+
+class LLM:
+    """A handle on one running actor tree. Use as a context manager, or call ``close()``."""
+
+    def __init__(self, supervisor: pykka.ActorRef[Any], config: Config, info: Any) -> None:
+        self._supervisor = supervisor
+        self.config = config
+        self.info = info  # llamactor.native.engine.EngineInfo: n_ctx, n_ctx_seq, chat template ...
+        self._lock = threading.Lock()
+        self._pending: set[concurrent.futures.Future[Completion]] = set()
+        self._closing = False
+
+    # -- submitting -------------------------------------------------------------------------
+
+    def submit(self, prompt: Prompt, *, request_id: str | None = None, **sampling: Any) -> concurrent.futures.Future[Completion]:
+        """Queue a raw completion of ``prompt`` (text or token ids); returns its future at once."""
+        return self._submit(_prompt_fields(prompt), request_id, sampling, None)
+
+    def submit_chat(self, messages: Messages, *, request_id: str | None = None,
+                    **sampling: Any) -> concurrent.futures.Future[Completion]:
+        """Queue a chat completion: ``messages`` rendered with the model's chat template."""
+        return self._submit({"messages": _messages_tuple(messages)}, request_id, sampling, None)
+
+    def ask(self, prompt: Prompt, *, timeout: float | None = None, **sampling: Any) -> Completion:
+        return self._wait(self.submit(prompt, **sampling), timeout)
+
+    def chat(self, messages: Messages, *, timeout: float | None = None, **sampling: Any) -> Completion:
+        return self._wait(self.submit_chat(messages, **sampling), timeout)
+
+    def stream(self, prompt: Prompt, **sampling: Any) -> TextStream:
+        """Text pieces as they are decoded; ``.completion`` afterwards, ``.cancel()`` any time."""
+        return self._stream({**_prompt_fields(prompt)}, sampling)
+
+    def stream_chat(self, messages: Messages, **sampling: Any) -> TextStream:
+        return self._stream({"messages": _messages_tuple(messages)}, sampling)
+
+    async def ask_async(self, prompt: Prompt, **sampling: Any) -> Completion:
+        return await self._await(self.submit(prompt, **sampling))
+
+    async def chat_async(self, messages: Messages, **sampling: Any) -> Completion:
+        return await self._await(self.submit_chat(messages, **sampling))
+
+    def stream_async(self, prompt: Prompt, **sampling: Any) -> AsyncTextStream:
+        return self._stream_async(_prompt_fields(prompt), sampling)
+
+    def stream_chat_async(self, messages: Messages, **sampling: Any) -> AsyncTextStream:
+        return self._stream_async({"messages": _messages_tuple(messages)}, sampling)
+
+    def cancel(self, request_id: str) -> None:
+        """End ``request_id`` now; its caller gets ``CancelledError`` holding the partial completion."""
+        try:
+            self._supervisor.tell(Cancel(request_id))
+        except pykka.ActorDeadError:
+            pass
+
+    # -- observing and closing --------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: state, running, pending, free_seq_ids, steps, tokens_generated, restarts ..."""
+        try:
+            return self._supervisor.ask(GetStats(), timeout=30)  # type: ignore[no-any-return]
+        except pykka.ActorDeadError:
+            return {"state": "stopped"}
+
+    def close(self, drain_timeout_s: float | None = 0.0) -> None:
+        """Stop the actors. With ``drain_timeout_s`` > 0, first let in-flight requests finish
+        (new ones are refused meanwhile); whatever is still waiting then gets
+        ``BatcherUnavailableError``."""
+        with self._lock:
+            self._closing = True
+            pending = list(self._pending)
+        if drain_timeout_s and pending:
+            concurrent.futures.wait(pending, timeout=drain_timeout_s)
+        if self._supervisor.is_alive():
+            self._supervisor.stop(block=True)
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals (caller's thread) --------------------------------------------------------
+
+    def _submit(self, prompt: dict[str, Any], request_id: str | None, sampling: dict[str, Any],
+                on_piece: Any) -> concurrent.futures.Future[Completion]:
+        params = self.config.sampling.replace(**sampling)
+        reply = ReplyChannel(on_piece=on_piece)
+        rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
+        msg = Generate(request_id=rid, params=params, reply=reply, submitted_at=time.perf_counter(), **prompt)
+        future = reply.future
+        with self._lock:
+            if self._closing:
+                raise BatcherUnavailableError("llamactor is closing and accepts no new requests")
+            self._pending.add(future)
+        future.add_done_callback(self._on_done(rid))
+        try:
+            self._supervisor.tell(msg)
+        except pykka.ActorDeadError:
+            reply.fail(BatcherUnavailableError("llamactor is closed"))
+        return future
+
+    def _on_done(self, request_id: str) -> Any:
+        def done(future: concurrent.futures.Future[Completion]) -> None:
+            with self._lock:
+                self._pending.discard(future)
+            if future.cancelled():  # the caller cancelled its future: free the sequence too
+                self.cancel(request_id)
+        return done
+
+    def _wait(self, future: concurrent.futures.Future[Completion], timeout: float | None) -> Completion:
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+
+    async def _await(self, future: concurrent.futures.Future[Completion]) -> Completion:
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+
+    def _stream(self, prompt: dict[str, Any], sampling: dict[str, Any]) -> TextStream:
+        rid = f"req-{uuid.uuid4().hex[:16]}"
+        stream = TextStream(rid, self.cancel)
+        stream.attach(self._submit(prompt, rid, sampling, stream.push))
+        return stream
+
+    def _stream_async(self, prompt: dict[str, Any], sampling: dict[str, Any]) -> AsyncTextStream:
+        rid = f"req-{uuid.uuid4().hex[:16]}"
+        stream = AsyncTextStream(rid, self.cancel, asyncio.get_running_loop())
+        stream.attach(self._submit(prompt, rid, sampling, stream.push))
+        return stream
+
+
+def _prompt_fields(prompt: Prompt) -> dict[str, Any]:
+    if isinstance(prompt, str):
+        return {"text": prompt}
+    if isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
+        if not prompt:
+            raise InvalidRequestError("prompt must not be empty")
+        return {"token_ids": tuple(prompt)}
+    raise InvalidRequestError("prompt must be a string or a sequence of token ids")
+
+
+def _messages_tuple(messages: Messages) -> tuple[dict[str, Any], ...]:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise InvalidRequestError("messages must be a list of {'role': ..., 'content': ...} dicts")
+    return tuple(dict(m) if isinstance(m, Mapping) else m for m in messages)

@@ -1,0 +1,126 @@
+"""Configuration of one actor tree (``Config``) and of one request (``SamplingParams``).
+
+Both are frozen, slotted dataclasses validated in ``__post_init__``: a bad value fails at
+construction with a message naming the field, never later inside the batcher thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from llamactor.errors import InvalidRequestError
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidRequestError(message)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How one request is decoded. ``temperature=0`` is greedy (argmax, no randomness)."""
+
+    max_tokens: int | None = 256  # None: until EOG or the sequence's context is full
+    temperature: float = 0.8
+    top_k: int = 40  # 0 disables
+    top_p: float = 0.95  # 1.0 disables
+    min_p: float = 0.05  # 0.0 disables
+    repeat_penalty: float = 1.0  # 1.0 disables; llama.cpp semantics over the last repeat_last_n
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        _require(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+                 f"max_tokens must be a positive integer or None, got {self.max_tokens!r}")
+        _require(0.0 <= self.temperature <= 100.0, f"temperature must be in [0, 100], got {self.temperature}")
+        _require(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be >= 0, got {self.top_k!r}")
+        _require(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        _require(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
+        _require(0.0 < self.repeat_penalty <= 10.0, f"repeat_penalty must be in (0, 10], got {self.repeat_penalty}")
+        _require(self.repeat_last_n >= 0, f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
+        _require(-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        _require(-2.0 <= self.frequency_penalty <= 2.0,
+                 f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        _require(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+        _require(len(self.stop) <= 16 and all(isinstance(s, str) and s for s in self.stop),
+                 "stop must be at most 16 non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def replace(self, **overrides: Any) -> SamplingParams:
+        """A copy with ``overrides`` applied; an unknown name is an ``InvalidRequestError``."""
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
+        _require(not unknown, f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **overrides)
+
+
+def default_n_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """One model, one llama context, one batcher. ``model=None`` means the default Gemma 3 270M."""
+
+    model: str | None = None
+    n_ctx: int = 8192  # total KV cells, shared by all sequences (unified KV cache)
+    n_parallel: int = 16  # sequences decoded at once = size of the seq_id pool
+    n_batch: int = 512  # token budget of one step (decode tokens + prompt chunks)
+    n_ubatch: int = 512
+    n_threads: int = field(default_factory=default_n_threads)
+    n_gpu_layers: int = 0
+    batch_size: int | None = None  # pending requests that flush at once; None = n_parallel
+    batch_timeout_ms: float = 20.0  # the longest a lone request waits for company
+    max_queue: int = 256  # waiting (not yet running) requests beyond which QueueFullError
+    system_prompt: str | None = None  # prefilled once and shared by every sequence via seq_cp
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_restarts: int = 5  # batcher restarts allowed within restart_window_s before giving up
+    restart_window_s: float = 60.0
+    stats_interval_s: float = 10.0  # how often the batcher logs a batcher_stats line while busy
+
+    def __post_init__(self) -> None:
+        _require(self.n_parallel >= 1, f"n_parallel must be >= 1, got {self.n_parallel}")
+        _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")
+        _require(self.n_batch >= self.n_parallel,
+                 f"n_batch ({self.n_batch}) must be >= n_parallel ({self.n_parallel}): every running "
+                 "sequence needs one token per step")
+        _require(1 <= self.n_ubatch <= self.n_batch, f"n_ubatch must be in [1, n_batch], got {self.n_ubatch}")
+        _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")
+        _require(self.batch_timeout_ms >= 0, f"batch_timeout_ms must be >= 0, got {self.batch_timeout_ms}")
+        _require(self.batch_size is None or self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        _require(self.max_queue >= 1, f"max_queue must be >= 1, got {self.max_queue}")
+        _require(self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}")
+        _require(self.system_prompt is None or self.system_prompt != "", "system_prompt must not be empty")
+
+    @property
+    def flush_batch_size(self) -> int:
+        return self.batch_size if self.batch_size is not None else self.n_parallel
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> Config:
+        """Build a Config from keyword arguments; sampling names go into ``sampling``."""
+        config_names = {f.name for f in dataclasses.fields(cls)}
+        sampling_names = {f.name for f in dataclasses.fields(SamplingParams)}
+        unknown = set(kwargs) - config_names - sampling_names
+        _require(not unknown, f"unknown option(s): {', '.join(sorted(unknown))}")
+        sampling = kwargs.pop("sampling", SamplingParams())
+        sampling = sampling.replace(**{k: kwargs.pop(k) for k in list(kwargs) if k in sampling_names})
+        return cls(sampling=sampling, **kwargs)

@@ -1,0 +1,75 @@
+"""Every exception a llamactor caller can receive, in one module.
+
+Each error ends exactly one request (or, for the ``Batcher*`` errors, the requests that the
+failure touched) and says why in words a caller can show to a user. The HTTP front end maps
+each class to one status code via ``http_status``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llamactor.completion import Completion
+
+
+class LlamactorError(Exception):
+    """Base class of every llamactor error."""
+
+    http_status = 500
+    code = "internal_error"
+
+
+class InvalidRequestError(LlamactorError, ValueError):
+    """The request itself is wrong: empty prompt, too long for the context, bad sampling values."""
+
+    http_status = 400
+    code = "invalid_request_error"
+
+
+class QueueFullError(LlamactorError):
+    """The batcher already holds ``max_queue`` waiting requests; retry later."""
+
+    http_status = 429
+    code = "queue_full"
+
+
+class ContextFullError(LlamactorError):
+    """The shared KV cache had no room for this sequence, even with the step split to one token."""
+
+    http_status = 400
+    code = "context_full"
+
+
+class CancelledError(LlamactorError, concurrent.futures.CancelledError):
+    """The request was cancelled; ``completion`` holds what was generated before that."""
+
+    http_status = 499
+    code = "cancelled"
+
+    def __init__(self, message: str = "request cancelled", completion: Completion | None = None):
+        super().__init__(message)
+        self.completion = completion
+
+
+class BatcherRestartedError(LlamactorError):
+    """The batcher crashed after this streaming request had delivered tokens; it cannot resume."""
+
+    http_status = 503
+    code = "batcher_restarted"
+
+
+class BatcherUnavailableError(LlamactorError):
+    """No batcher is running: the handle was closed, or the supervisor gave up restarting it."""
+
+    http_status = 503
+    code = "batcher_unavailable"
+
+
+class EngineError(LlamactorError):
+    """llama.cpp failed in a way that leaves the context unusable; crashes the batcher on purpose."""
+
+
+class ModelLoadError(LlamactorError):
+    """The GGUF file could not be loaded (missing, unreadable, not a model)."""

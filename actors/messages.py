@@ -1,0 +1,118 @@
+"""Messages between callers, the supervisor and the batcher.
+
+Every message is a frozen dataclass; those about one request carry its ``request_id``. The
+mutable part of a request -- where its answer goes -- is the ``ReplyChannel`` it points to,
+shared by the caller's thread (which waits on it) and the batcher's thread (which fills it).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from llamactor.completion import Completion
+from llamactor.config import SamplingParams
+
+
+@dataclass(slots=True, eq=False)
+class ReplyChannel:
+    """Where one request's pieces and final result go. Filled by the batcher thread only."""
+
+    future: concurrent.futures.Future[Completion] = field(default_factory=concurrent.futures.Future)
+    on_piece: Callable[[str], None] | None = None  # streaming callers get each text piece here
+    n_pieces_sent: int = 0  # > 0 means a restart can no longer replay this request invisibly
+
+    def send_piece(self, piece: str) -> None:
+        if self.on_piece is not None and piece:
+            self.n_pieces_sent += 1
+            self.on_piece(piece)
+
+    def resolve(self, completion: Completion) -> None:
+        if not self.future.done():
+            self.future.set_result(completion)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+    @property
+    def streaming(self) -> bool:
+        return self.on_piece is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Generate:
+    """Caller -> supervisor -> batcher: complete a prompt and answer on ``reply``.
+
+    The prompt is exactly one of ``text`` (raw completion), ``messages`` (chat template applied)
+    or ``token_ids``. It is tokenized by the batcher, which alone calls into llama.cpp.
+    """
+
+    request_id: str
+    params: SamplingParams
+    reply: ReplyChannel
+    submitted_at: float  # time.perf_counter() when the caller submitted
+    text: str | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        given = sum(x is not None for x in (self.text, self.messages, self.token_ids))
+        if given != 1:
+            raise ValueError("Generate needs exactly one of text, messages, token_ids")
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Caller -> supervisor -> batcher: end ``request_id`` now and free its seq_id."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Batcher -> itself: run one decode step. At most one is in the inbox at a time."""
+
+
+@dataclass(frozen=True, slots=True)
+class FlushDue:
+    """Batcher's window timer -> batcher: the oldest pending request has waited batch_timeout_ms."""
+
+    timer_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class GetStats:
+    """Asked (not told) of the batcher or supervisor: a dict snapshot of counters."""
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """Caller's future callback -> supervisor: ``request_id`` is done, drop it from in-flight."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherFailed:
+    """Batcher -> supervisor, from ``on_failure``: it is dying; restart it."""
+
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherReady:
+    """Batcher -> supervisor, at the end of ``on_start``: the model is loaded, here is its info."""
+
+    generation: int
+    info: Any  # llamactor.native.engine.EngineInfo
+
+
+@dataclass(frozen=True, slots=True)
+class RestartBatcher:
+    """Supervisor's backoff timer -> supervisor: start a new batcher now."""
+
+    generation: int

@@ -1,0 +1,70 @@
+"""From a ``Generate`` message to prompt token ids, and the shared system-prompt prefixes.
+
+Runs on the batcher thread (tokenizing calls into llama.cpp's vocabulary). A configured system
+prompt is prefixed to raw prompts as text and to chat conversations as a system message; both
+forms are prefilled once at start on reserved sequences (``shared_prefix_tokens``), so requests
+starting with either attach its KV by ``seq_cp`` instead of recomputing it.
+"""
+
+from __future__ import annotations
+
+from llamactor.errors import InvalidRequestError
+from llamactor.messages import Generate
+from llamactor.native.chat_template import ChatTemplate, ChatTemplateError
+from llamactor.native.tokenizer import Tokenizer
+
+_SPLIT_MARK = "\x00llamactor-split\x00"
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate, system_prompt: str | None) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        self.system_prompt = system_prompt
+        self._system_tokens = tokenizer.tokenize(system_prompt, add_special=True) if system_prompt else []
+
+    def shared_prefix_tokens(self) -> list[list[int]]:
+        """Token prefixes worth prefilling once: the raw and the chat-templated system prompt."""
+        if not self.system_prompt:
+            return []
+        rendered = self.template.render([{"role": "system", "content": self.system_prompt},
+                                         {"role": "user", "content": _SPLIT_MARK}])
+        chat = self._tokenize_rendered(rendered.split(_SPLIT_MARK)[0])
+        return [self._system_tokens, chat] if chat != self._system_tokens else [self._system_tokens]
+
+    def prompt_tokens(self, msg: Generate, *, n_ctx_seq: int) -> list[int]:
+        """The request's full prompt; ``InvalidRequestError`` if empty or it cannot fit."""
+        if msg.token_ids is not None:
+            tokens = list(msg.token_ids)
+            if any(not 0 <= t < self.tokenizer.n_vocab for t in tokens):
+                raise InvalidRequestError(f"token ids must be in [0, {self.tokenizer.n_vocab})")
+        elif msg.messages is not None:
+            messages = list(msg.messages)
+            if self.system_prompt and not any(m.get("role") == "system" for m in messages):
+                messages.insert(0, {"role": "system", "content": self.system_prompt})
+            try:
+                tokens = self._tokenize_rendered(self.template.render(messages))
+            except ChatTemplateError as e:
+                raise InvalidRequestError(str(e)) from e
+        else:
+            assert msg.text is not None
+            if not msg.text:
+                raise InvalidRequestError("prompt must not be empty")
+            if self.system_prompt:
+                tokens = self._system_tokens + self.tokenizer.tokenize(msg.text, add_special=False)
+            else:
+                tokens = self.tokenizer.tokenize(msg.text, add_special=True)
+        if not tokens:
+            raise InvalidRequestError("prompt must not be empty")
+        needed = len(tokens) + (msg.params.max_tokens or 1)
+        if needed > n_ctx_seq:
+            raise InvalidRequestError(
+                f"prompt ({len(tokens)} tokens) + max_tokens ({msg.params.max_tokens}) exceeds the "
+                f"per-sequence context of {n_ctx_seq} tokens")
+        return tokens
+
+    def _tokenize_rendered(self, text: str) -> list[int]:
+        # Templates usually write the BOS text themselves; never add a second BOS.
+        bos = self.tokenizer.bos_text
+        has_bos = bool(bos) and text.startswith(bos)
+        return self.tokenizer.tokenize(text[len(bos):] if has_bos else text, add_special=has_bos, parse_special=True)

@@ -1,0 +1,90 @@
+"""Iterators over one request's text pieces, for threads (``TextStream``) and asyncio (``AsyncTextStream``).
+
+The batcher thread pushes each piece with a non-blocking call (``SimpleQueue.put`` or
+``loop.call_soon_threadsafe``) so a slow reader never stalls the decode loop. Leaving the loop
+early (``break``, an exception, a cancelled task) cancels the request and frees its sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+from collections.abc import AsyncIterator, Callable, Iterator
+
+from llamactor.completion import Completion
+
+_END = object()
+
+
+class TextStream:
+    """``for piece in stream``; afterwards ``stream.completion`` holds the whole result."""
+
+    def __init__(self, request_id: str, cancel: Callable[[str], None]) -> None:
+        self.request_id = request_id
+        self._cancel = cancel
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.future: concurrent.futures.Future[Completion] | None = None
+
+    def push(self, piece: str) -> None:
+        """Called by the batcher thread for each piece."""
+        self._queue.put(piece)
+
+    def attach(self, future: concurrent.futures.Future[Completion]) -> None:
+        self.future = future
+        future.add_done_callback(lambda _f: self._queue.put(_END))
+
+    def __iter__(self) -> Iterator[str]:
+        finished = False
+        try:
+            while (item := self._queue.get()) is not _END:
+                yield item  # type: ignore[misc]
+            finished = True
+        finally:
+            if not finished:
+                self.cancel()
+        assert self.future is not None
+        self.future.result()  # raises the request's error, if it ended in one
+
+    def cancel(self) -> None:
+        self._cancel(self.request_id)
+
+    @property
+    def completion(self) -> Completion:
+        assert self.future is not None
+        return self.future.result()
+
+
+class AsyncTextStream:
+    """``async for piece in stream``, bound to the event loop it was created on."""
+
+    def __init__(self, request_id: str, cancel: Callable[[str], None], loop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = request_id
+        self._cancel = cancel
+        self._loop = loop
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self.future: concurrent.futures.Future[Completion] | None = None
+
+    def push(self, piece: str) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, piece)
+
+    def attach(self, future: concurrent.futures.Future[Completion]) -> None:
+        self.future = future
+        future.add_done_callback(lambda _f: self._loop.call_soon_threadsafe(self._queue.put_nowait, _END))
+
+    async def __aiter__(self) -> AsyncIterator[str]:  # type: ignore[override]
+        finished = False
+        try:
+            while (item := await self._queue.get()) is not _END:
+                yield item  # type: ignore[misc]
+            finished = True
+        finally:
+            if not finished:
+                self._cancel(self.request_id)
+        assert self.future is not None
+        await asyncio.wrap_future(self.future)
+
+    @property
+    def completion(self) -> Completion:
+        assert self.future is not None
+        return self.future.result()

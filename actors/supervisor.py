@@ -1,0 +1,153 @@
+"""The supervisor actor: starts the batcher, restarts it when it dies, loses nothing queued.
+
+Every request passes through here on its way to the batcher and stays in ``inflight`` until its
+future is done, so when a batcher dies the supervisor can replay what it held on the next one:
+requests that had not streamed anything are re-run from scratch (their callers never notice),
+streaming requests that already delivered text fail with ``BatcherRestartedError``. Restarts
+back off exponentially; more than ``max_restarts`` within ``restart_window_s`` and it gives up:
+every caller then gets ``BatcherUnavailableError``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import pykka
+import structlog
+
+from llamactor.batcher import BatcherActor
+from llamactor.config import Config
+from llamactor.errors import BatcherRestartedError, BatcherUnavailableError
+from llamactor.messages import BatcherFailed, BatcherReady, Cancel, Forget, Generate, GetStats, RestartBatcher
+
+log = structlog.get_logger("llamactor.supervisor")
+
+
+class SupervisorActor(pykka.ThreadingActor):
+    def __init__(self, config: Config, model_path: str) -> None:
+        super().__init__()
+        self.config = config
+        self.model_path = model_path
+        self.inflight: dict[str, Generate] = {}
+        self.batcher: pykka.ActorRef[Any] | None = None
+        self.generation = 0
+        self.restart_times: deque[float] = deque()
+        self.n_restarts = 0
+        self.state = "starting"  # starting | ready | restarting | failed | stopped
+        self.info: Any = None
+        self.failure_reason: str | None = None
+        self.ready = threading.Event()  # set once the first batcher is up, or start has failed
+        self._restart_timer: threading.Timer | None = None
+
+    # -- lifecycle (supervisor thread) ------------------------------------------------------
+
+    def on_start(self) -> None:
+        self._start_batcher()
+
+    def on_stop(self) -> None:
+        if self._restart_timer is not None:
+            self._restart_timer.cancel()
+        if self.batcher is not None:
+            self.batcher.stop(block=True)
+        self.state = "stopped"
+        self._fail_all(BatcherUnavailableError("llamactor was closed before this request finished"))
+        self.ready.set()
+
+    def _start_batcher(self) -> None:
+        self.generation += 1
+        self.batcher = BatcherActor.start(self.config, self.model_path, self.actor_ref, self.generation)
+        for msg in self.inflight.values():  # replay in submission order
+            self.batcher.tell(msg)
+
+    # -- messages (supervisor thread) -------------------------------------------------------
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Generate):
+            self._on_generate(message)
+        elif isinstance(message, Cancel):
+            if self.batcher is not None:
+                self.batcher.tell(message)
+        elif isinstance(message, Forget):
+            self.inflight.pop(message.request_id, None)
+        elif isinstance(message, BatcherReady):
+            if message.generation == self.generation:
+                self.state, self.info = "ready", message.info
+                self.ready.set()
+        elif isinstance(message, BatcherFailed):
+            self._on_batcher_failed(message)
+        elif isinstance(message, RestartBatcher):
+            if message.generation == self.generation and self.state == "restarting":
+                self._start_batcher()
+        elif isinstance(message, GetStats):
+            return self._stats()
+        else:
+            raise TypeError(f"supervisor got an unknown message: {message!r}")
+        return None
+
+    def _on_generate(self, msg: Generate) -> None:
+        if self.state in ("failed", "stopped"):
+            msg.reply.fail(BatcherUnavailableError(f"the batcher is not running ({self.failure_reason})"))
+            return
+        self.inflight[msg.request_id] = msg
+        me = self.actor_ref
+        msg.reply.future.add_done_callback(lambda _f, rid=msg.request_id: _tell_quietly(me, Forget(rid)))
+        if self.batcher is not None:
+            self.batcher.tell(msg)
+
+    def _on_batcher_failed(self, msg: BatcherFailed) -> None:
+        if msg.generation != self.generation or self.state in ("failed", "stopped"):
+            return
+        self.batcher = None
+        if self.info is None:  # it never came up: a bad model path will not heal by retrying
+            self._give_up(f"the model could not be loaded: {msg.reason}")
+            return
+        now = time.monotonic()
+        self.restart_times.append(now)
+        while self.restart_times and now - self.restart_times[0] > self.config.restart_window_s:
+            self.restart_times.popleft()
+        if len(self.restart_times) > self.config.max_restarts:
+            self._give_up(f"the batcher failed {len(self.restart_times)} times in "
+                          f"{self.config.restart_window_s:g}s; last: {msg.reason}")
+            return
+        for rid, req in list(self.inflight.items()):
+            if req.reply.n_pieces_sent > 0:
+                del self.inflight[rid]
+                req.reply.fail(BatcherRestartedError("the batcher restarted after this stream had started"))
+        self.n_restarts += 1
+        self.state = "restarting"
+        delay = min(0.05 * 2 ** (len(self.restart_times) - 1), 5.0)
+        log.warning("batcher_restarting", generation=self.generation, delay_s=delay, reason=msg.reason,
+                    requests_replayed=len(self.inflight))
+        self._restart_timer = threading.Timer(delay, _tell_quietly, (self.actor_ref, RestartBatcher(self.generation)))
+        self._restart_timer.daemon = True
+        self._restart_timer.start()
+
+    def _give_up(self, reason: str) -> None:
+        log.error("supervisor_gave_up", reason=reason)
+        self.state, self.failure_reason = "failed", reason
+        self._fail_all(BatcherUnavailableError(reason))
+        self.ready.set()
+
+    def _fail_all(self, error: Exception) -> None:
+        for req in self.inflight.values():
+            req.reply.fail(error)
+        self.inflight.clear()
+
+    def _stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = {"state": self.state, "restarts": self.n_restarts, "inflight": len(self.inflight)}
+        if self.batcher is not None and self.state == "ready":
+            try:
+                stats.update(self.batcher.ask(GetStats(), timeout=10))
+            except (pykka.ActorDeadError, pykka.Timeout):
+                pass
+        return stats
+
+
+def _tell_quietly(ref: pykka.ActorRef[Any], message: Any) -> None:
+    try:
+        ref.tell(message)
+    except pykka.ActorDeadError:
+        pass  # the tree is shutting down; nobody is left to tell

@@ -1,0 +1,1 @@
+"""llamactor.native: the only code that imports llama_cpp or torch."""

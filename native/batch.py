@@ -1,0 +1,55 @@
+"""A ``llama_batch`` whose arrays are numpy buffers allocated once and refilled every step.
+
+llama_batch_init allocates one malloc'd ``seq_id`` array per token; filling those costs a
+Python-level pointer dereference per token. Here every token's ``seq_id`` pointer is set once,
+at construction, to its own slot of one flat int32 array, so a whole step is filled with a few
+numpy slice assignments (seed 004: one batch at ``n_batch`` capacity, reused).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp
+import numpy as np
+
+_I32P = ctypes.POINTER(ctypes.c_int32)
+
+
+class ReusableBatch:
+    """One fixed-capacity batch. Used by the batcher thread only."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.seq_id = np.zeros(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        self._n_seq_id = np.ones(capacity, dtype=np.int32)
+        base = self.seq_id.ctypes.data
+        self._seq_id_ptrs = (_I32P * capacity)(*(ctypes.cast(base + 4 * i, _I32P) for i in range(capacity)))
+        self.n_tokens = 0
+
+    def fill(self, token: np.ndarray, pos: np.ndarray, seq_id: np.ndarray, logits: np.ndarray) -> None:
+        n = len(token)
+        if n > self.capacity:
+            raise ValueError(f"{n} tokens exceed the batch capacity {self.capacity}")
+        self.token[:n] = token
+        self.pos[:n] = pos
+        self.seq_id[:n] = seq_id
+        self.logits[:n] = logits
+        self.n_tokens = n
+
+    def view(self, start: int = 0, n: int | None = None) -> llama_cpp.llama_batch:
+        """A llama_batch over entries [start, start + n) of the filled arrays (no copy)."""
+        n = self.n_tokens - start if n is None else n
+        batch = llama_cpp.llama_batch()
+        batch.n_tokens = n
+        batch.token = ctypes.cast(self.token.ctypes.data + 4 * start, ctypes.POINTER(llama_cpp.llama_token))
+        batch.embd = None
+        batch.pos = ctypes.cast(self.pos.ctypes.data + 4 * start, ctypes.POINTER(llama_cpp.llama_pos))
+        batch.n_seq_id = ctypes.cast(self._n_seq_id.ctypes.data + 4 * start, _I32P)
+        batch.seq_id = ctypes.cast(ctypes.addressof(self._seq_id_ptrs) + ctypes.sizeof(_I32P) * start,
+                                   ctypes.POINTER(ctypes.POINTER(llama_cpp.llama_seq_id)))
+        batch.logits = ctypes.cast(self.logits.ctypes.data + start, ctypes.POINTER(ctypes.c_int8))
+        return batch

@@ -1,0 +1,211 @@
+"""The llama.cpp engine: one model, one context, one reusable batch, raw ``llama_decode``.
+
+Only the batcher actor's thread may call an ``Engine`` method after construction (llama.cpp
+contexts are not thread-safe). Return codes of ``llama_decode`` become typed outcomes: 1 (no KV
+slot) retries the step in halves down to single tokens and reports the sequences that still do
+not fit; anything else negative raises ``EngineError``, which crashes the batcher on purpose.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass, field
+
+import llama_cpp
+import numpy as np
+
+from llamactor.errors import EngineError, ModelLoadError
+from llamactor.native.batch import ReusableBatch
+from llamactor.native.chat_template import ChatTemplate
+from llamactor.native.tokenizer import Tokenizer
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+_LOG_LEVEL_ERROR = 4
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+def _quiet_log(level: int, text: bytes, user_data: int) -> None:
+    # llama.cpp prints every tensor it loads; keep only its errors, unless asked for all.
+    if level == _LOG_LEVEL_ERROR or os.environ.get("LLAMACTOR_LLAMA_LOG"):
+        os.write(2, text)
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    model_path: str
+    description: str
+    n_params: int
+    size_bytes: int
+    n_vocab: int
+    n_ctx_train: int
+    n_ctx: int  # KV cells actually allocated (llama.cpp may round the request up)
+    n_ctx_seq: int  # the most one sequence may hold
+    n_batch: int
+    n_ubatch: int
+    n_seq_max: int
+    n_threads: int
+    chat_template: str
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class DecodeResult:
+    logits: np.ndarray  # [rows, n_vocab]: one row per entry that asked for logits, in order
+    failed_seq_ids: frozenset[int]  # sequences that found no KV slot; their rows are meaningless
+
+
+class Engine:
+    def __init__(self, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
+                 n_threads: int, n_gpu_layers: int = 0) -> None:
+        _init_backend()
+        if not os.path.isfile(model_path):
+            raise ModelLoadError(f"model file not found: {model_path}")
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers
+        self.model = llama_cpp.llama_model_load_from_file(model_path.encode(), mparams)
+        if not self.model:
+            raise ModelLoadError(f"llama.cpp could not load {model_path} (not a GGUF model?)")
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_ubatch
+        cparams.n_seq_max = n_seq_max
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        cparams.kv_unified = True  # one KV pool: a shared prefix is stored once, not per sequence
+        cparams.no_perf = True
+        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            llama_cpp.llama_model_free(self.model)
+            raise ModelLoadError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={n_seq_max})")
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.tokenizer = Tokenizer(llama_cpp.llama_model_get_vocab(self.model))
+        self.n_vocab = self.tokenizer.n_vocab
+        metadata = self._metadata()
+        self.chat_template = ChatTemplate(metadata.get("tokenizer.chat_template"),
+                                          bos_token=self.tokenizer.bos_text, eos_token=self.tokenizer.eos_text,
+                                          architecture=metadata.get("general.architecture", ""))
+        n_ctx_real = llama_cpp.llama_n_ctx(self.ctx)
+        n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx) if hasattr(llama_cpp, "llama_n_ctx_seq") else n_ctx_real
+        desc = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self.model, desc, len(desc))
+        self.info = EngineInfo(
+            model_path=model_path, description=desc.value.decode(errors="replace"),
+            n_params=llama_cpp.llama_model_n_params(self.model), size_bytes=llama_cpp.llama_model_size(self.model),
+            n_vocab=self.n_vocab, n_ctx_train=llama_cpp.llama_model_n_ctx_train(self.model),
+            n_ctx=n_ctx_real, n_ctx_seq=n_ctx_seq, n_batch=llama_cpp.llama_n_batch(self.ctx),
+            n_ubatch=llama_cpp.llama_n_ubatch(self.ctx), n_seq_max=llama_cpp.llama_n_seq_max(self.ctx),
+            n_threads=n_threads, chat_template=self.chat_template.name,
+            metadata={k: v for k, v in metadata.items() if k != "tokenizer.chat_template"},
+        )
+        self.batch = ReusableBatch(self.info.n_batch)
+        self._scratch = ReusableBatch(self.info.n_batch)  # sub-batches when a step must be split
+
+    def _metadata(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        buf = ctypes.create_string_buffer(1 << 16)
+        for i in range(llama_cpp.llama_model_meta_count(self.model)):
+            llama_cpp.llama_model_meta_key_by_index(self.model, i, buf, len(buf))
+            key = buf.value.decode(errors="replace")
+            n = llama_cpp.llama_model_meta_val_str_by_index(self.model, i, buf, len(buf))
+            if 0 <= n < len(buf):
+                out[key] = buf.value.decode(errors="replace")
+        return out
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    def decode(self, token: np.ndarray, pos: np.ndarray, seq_id: np.ndarray, logits: np.ndarray) -> DecodeResult:
+        """One ``llama_decode`` of the given entries (parallel arrays); split only on a full KV."""
+        self.batch.fill(token, pos, seq_id, logits)
+        rc = llama_cpp.llama_decode(self.ctx, self.batch.view())
+        if rc == 0:
+            n_out = int(np.count_nonzero(logits))
+            return DecodeResult(self._logits_view(n_out), frozenset())
+        if rc == 1:
+            return self._decode_split(token, pos, seq_id, logits)
+        raise EngineError(f"llama_decode returned {rc} for a batch of {len(token)} tokens")
+
+    def _logits_view(self, n_rows: int) -> np.ndarray:
+        if n_rows == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = llama_cpp.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+
+    def _decode_split(self, token: np.ndarray, pos: np.ndarray, seq_id: np.ndarray,
+                      logits: np.ndarray) -> DecodeResult:
+        """Retry a step that found no KV slot in halves, down to single tokens (seed 004).
+
+        llama.cpp restores the cache when it returns 1, so each half starts clean. A sequence
+        whose token does not fit even alone has failed; its later tokens are dropped, since a
+        sequence's positions must stay contiguous.
+        """
+        out_rows = np.cumsum(logits) - 1  # entry index -> its row among the outputs
+        result = np.zeros((int(np.count_nonzero(logits)), self.n_vocab), dtype=np.float32)
+        failed: set[int] = set()
+        todo = [np.arange(len(token))]
+        while todo:
+            idx = todo.pop()
+            idx = idx[~np.isin(seq_id[idx], list(failed))] if failed else idx
+            if len(idx) == 0:
+                continue
+            self._scratch.fill(token[idx], pos[idx], seq_id[idx], logits[idx])
+            rc = llama_cpp.llama_decode(self.ctx, self._scratch.view())
+            if rc == 0:
+                flagged = idx[logits[idx] != 0]
+                result[out_rows[flagged]] = self._logits_view(len(flagged))
+            elif rc == 1 and len(idx) == 1:
+                failed.add(int(seq_id[idx[0]]))
+            elif rc == 1:
+                half = len(idx) // 2
+                todo += [idx[half:], idx[:half]]  # popped from the end: first half runs first
+            else:
+                raise EngineError(f"llama_decode returned {rc} while splitting a full step")
+        return DecodeResult(result, frozenset(failed))
+
+    def prefill(self, seq_id: int, tokens: list[int], n_past: int = 0) -> None:
+        """Compute the KV of ``tokens`` for ``seq_id`` from position ``n_past`` (no logits kept)."""
+        step = self.info.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = np.asarray(tokens[start:start + step], dtype=np.int32)
+            n = len(chunk)
+            result = self.decode(chunk, np.arange(n_past + start, n_past + start + n, dtype=np.int32),
+                                 np.full(n, seq_id, dtype=np.int32), np.zeros(n, dtype=np.int8))
+            if result.failed_seq_ids:
+                raise EngineError(f"no KV room to prefill {len(tokens)} tokens on sequence {seq_id}")
+
+    # -- KV cache ---------------------------------------------------------------------------
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        llama_cpp.llama_memory_seq_keep(self.memory, seq_id)
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.memory, True)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id)
+
+    def close(self) -> None:
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            llama_cpp.llama_model_free(self.model)
+            self.model = None

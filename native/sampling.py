@@ -1,0 +1,136 @@
+"""Sampling for a whole step at once, with torch, on the logits rows llama.cpp returned.
+
+The order follows llama.cpp's default chain: penalties, top-k, top-p, min-p, then temperature
+and the draw. A step whose rows are all plain greedy costs one ``argmax`` over the batch, no
+more. Otherwise the work is one ``topk`` over the batch with ``K`` just large enough for every
+row's filters, so no row ever sorts the 262k-entry vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+_MIN_CANDIDATES = 64
+
+
+@dataclass(slots=True)
+class RowSpec:
+    """One row to sample: its filters, its random stream and the tokens its penalties look at."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repeat_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    rng: np.random.Generator
+    recent_tokens: Sequence[int]  # the last repeat_last_n tokens (prompt + generated)
+    want_logprob: bool
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        return bool(self.recent_tokens) and (
+            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
+
+
+def _apply_penalties(row: torch.Tensor, spec: RowSpec) -> None:
+    """llama.cpp's penalties sampler on one row, in place."""
+    counts = Counter(spec.recent_tokens)
+    ids = torch.tensor(list(counts), dtype=torch.long)
+    n = torch.tensor(list(counts.values()), dtype=row.dtype)
+    vals = row[ids]
+    if spec.repeat_penalty != 1.0:
+        vals = torch.where(vals > 0, vals / spec.repeat_penalty, vals * spec.repeat_penalty)
+    vals = vals - n * spec.frequency_penalty - spec.presence_penalty
+    row[ids] = vals
+
+
+def _candidate_count(logits: torch.Tensor, specs: list[RowSpec], lse: torch.Tensor) -> int:
+    """The smallest K (doubling from 64) whose top-K holds every token any row could draw."""
+    vocab = logits.shape[1]
+    if all(s.top_k > 0 for s in specs):
+        return min(vocab, max(s.top_k for s in specs))
+    k = min(vocab, _MIN_CANDIDATES)
+    while k < vocab:
+        vals = logits.topk(k, dim=1, sorted=True).values
+        probs = torch.exp(vals - lse[:, None])
+        enough = True
+        for i, s in enumerate(specs):
+            if s.top_k > 0 and s.top_k <= k:
+                continue
+            mass, p_max, p_last = float(probs[i].sum()), float(probs[i, 0]), float(probs[i, -1])
+            # Done when the nucleus is inside, or everything beyond K is below min_p * p_max.
+            if not (mass >= s.top_p or p_last < s.min_p * p_max):
+                enough = False
+                break
+        if enough:
+            return k
+        k = min(vocab, k * 4)
+    return vocab
+
+
+def _sample_filtered(logits: torch.Tensor, specs: list[RowSpec]) -> list[int]:
+    """Top-k / top-p / min-p / temperature / draw for rows with temperature > 0."""
+    lse = torch.logsumexp(logits, dim=1)
+    k = _candidate_count(logits, specs, lse)
+    vals, ids = logits.topk(k, dim=1, sorted=True)
+    position = torch.arange(k)[None, :]
+    top_k = torch.tensor([s.top_k if s.top_k > 0 else k for s in specs])[:, None]
+    keep = position < top_k
+    # top-p over the full distribution when top-k is off, else over the top-k survivors.
+    masked = vals.masked_fill(~keep, float("-inf"))
+    renorm = torch.logsumexp(masked, dim=1)
+    denom = torch.where(torch.tensor([s.top_k > 0 for s in specs]), renorm, lse)
+    probs = torch.exp(masked - denom[:, None])
+    before = torch.cumsum(probs, dim=1) - probs
+    keep &= before < torch.tensor([s.top_p for s in specs])[:, None]
+    keep &= probs >= torch.tensor([s.min_p for s in specs])[:, None] * probs[:, :1]
+    keep[:, 0] = True
+    temps = torch.tensor([s.temperature for s in specs], dtype=vals.dtype)[:, None]
+    final = torch.softmax((vals / temps).masked_fill(~keep, float("-inf")), dim=1)
+    cdf = torch.cumsum(final, dim=1)
+    draws = torch.tensor([s.rng.random() for s in specs], dtype=cdf.dtype)[:, None] * cdf[:, -1:]
+    pick = torch.searchsorted(cdf, draws).clamp_(max=k - 1)
+    return ids.gather(1, pick).squeeze(1).tolist()
+
+
+def sample(logits: np.ndarray, specs: list[RowSpec]) -> tuple[list[int], list[float | None]]:
+    """Choose one token per row of ``logits`` ([rows, vocab] float32); return tokens and logprobs."""
+    raw = torch.from_numpy(logits)
+    plain = not any(s.penalised or s.want_logprob or not s.greedy for s in specs)
+    if plain:
+        return raw.argmax(dim=1).tolist(), [None] * len(specs)
+    work = raw
+    penalised = [i for i, s in enumerate(specs) if s.penalised]
+    if penalised:
+        work = raw.clone()  # keep the raw rows intact for logprobs
+        for i in penalised:
+            _apply_penalties(work[i], specs[i])
+    tokens: list[int] = [0] * len(specs)
+    greedy_rows = [i for i, s in enumerate(specs) if s.greedy]
+    if greedy_rows:
+        for i, t in zip(greedy_rows, work[greedy_rows].argmax(dim=1).tolist()):
+            tokens[i] = t
+    sampled_rows = [i for i, s in enumerate(specs) if not s.greedy]
+    if sampled_rows:
+        rows = work if len(sampled_rows) == len(specs) else work[sampled_rows]
+        for i, t in zip(sampled_rows, _sample_filtered(rows, [specs[i] for i in sampled_rows])):
+            tokens[i] = t
+    logprobs: list[float | None] = [None] * len(specs)
+    wanted = [i for i, s in enumerate(specs) if s.want_logprob]
+    if wanted:
+        lse = torch.logsumexp(raw[wanted], dim=1)
+        chosen = raw[wanted, torch.tensor([tokens[i] for i in wanted])]
+        for i, lp in zip(wanted, (chosen - lse).tolist()):
+            logprobs[i] = lp
+    return tokens, logprobs
