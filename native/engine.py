@@ -148,8 +148,8 @@ class Engine:
         """Retry a step that found no KV slot in halves, down to single tokens (seed 004).
 
         llama.cpp restores the cache when it returns 1, so each half starts clean. A sequence
-        whose token does not fit even alone has failed; its later tokens are dropped, since a
-        sequence's positions must stay contiguous.
+        whose token does not fit even alone has failed: its cells are removed at once (making
+        room for the others) and its later tokens are dropped.
         """
         out_rows = np.cumsum(logits) - 1  # entry index -> its row among the outputs
         result = np.zeros((int(np.count_nonzero(logits)), self.n_vocab), dtype=np.float32)
@@ -166,7 +166,9 @@ class Engine:
                 flagged = idx[logits[idx] != 0]
                 result[out_rows[flagged]] = self._logits_view(len(flagged))
             elif rc == 1 and len(idx) == 1:
-                failed.add(int(seq_id[idx[0]]))
+                victim = int(seq_id[idx[0]])
+                failed.add(victim)
+                self.seq_rm(victim)  # its cells are freed now, so the rest of the step may still fit
             elif rc == 1:
                 half = len(idx) // 2
                 todo += [idx[half:], idx[:half]]  # popped from the end: first half runs first

@@ -1,0 +1,83 @@
+"""Shared fixtures: the real default model, real actor trees, cleaned up pykka-style."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pykka
+import pytest
+
+import llamactor
+from llamactor.models import default_model_path
+from llamactor.native.engine import Engine
+
+# Greedy decoding of the same sequence in differently shaped batches can flip between two
+# tokens whose logits are this close. With Q4_K on the CPU, llama.cpp picks other matmul kernels
+# (and activation quantizations) for other batch sizes: the same 30-token prompt prefilled as
+# 25 + 5 tokens instead of 30 at once moved its next-token logits by up to 1.08 (mean 0.32).
+NEAR_TIE = 1.25
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    return default_model_path()
+
+
+@pytest.fixture(scope="module")
+def llm(model_path: str) -> Iterator[llamactor.LLM]:
+    """One actor tree shared by a module's read-only tests (4 sequences, a short window)."""
+    handle = llamactor.start(model_path, n_parallel=4, n_ctx=4096, batch_timeout_ms=20)
+    yield handle
+    handle.close()
+
+
+@pytest.fixture
+def start_llm(model_path: str) -> Iterator[object]:
+    """Start a tree with the given options; every tree and actor is stopped after the test."""
+    handles: list[llamactor.LLM] = []
+
+    def start(**options: object) -> llamactor.LLM:
+        options.setdefault("n_ctx", 2048)
+        handle = llamactor.start(model_path, **options)
+        handles.append(handle)
+        return handle
+
+    yield start
+    for handle in handles:
+        handle.close()
+    pykka.ActorRegistry.stop_all()
+
+
+def batcher_ref(llm: llamactor.LLM) -> pykka.ActorRef:
+    """The current batcher of ``llm``'s supervisor (tests crash it on purpose)."""
+    return llm._supervisor.proxy().batcher.get()
+
+
+@pytest.fixture(scope="session")
+def reference_engine(model_path: str) -> Iterator[Engine]:
+    """A bare engine that decodes one sequence alone: the reference for near-tie margins."""
+    e = Engine(model_path, n_ctx=1024, n_batch=512, n_ubatch=512, n_seq_max=1, n_threads=2)
+    yield e
+    e.close()
+
+
+def top2_margin(engine: Engine, tokens: list[int]) -> float:
+    """Logit gap between the best and second-best next token after ``tokens``, decoded alone."""
+    engine.clear()
+    n = len(tokens)
+    logits = engine.decode(np.array(tokens, np.int32), np.arange(n, dtype=np.int32), np.zeros(n, np.int32),
+                           np.array([0] * (n - 1) + [1], np.int8)).logits[0]
+    top = np.sort(logits)[-2:]
+    return float(top[1] - top[0])
+
+
+def assert_equal_up_to_near_tie(engine: Engine, prompt_tokens: list[int], a: llamactor.Completion,
+                                b: llamactor.Completion) -> None:
+    """Two greedy completions of one prompt agree, or first differ where the model nearly tied."""
+    if a.token_ids == b.token_ids:
+        return
+    i = next((k for k, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)
+    assert i is not None, "one completion is a strict prefix of the other"
+    margin = top2_margin(engine, prompt_tokens + list(a.token_ids[:i]))
+    assert margin < NEAR_TIE, f"outputs diverged at token {i} although the top-2 logit margin was {margin:.3f}"

@@ -1,0 +1,108 @@
+"""The engine layer on the real model: decode, KV operations, split-on-full, sampling, tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from llamactor.native.engine import Engine
+from llamactor.native.sampling import RowSpec, sample
+
+
+@pytest.fixture(scope="module")
+def engine(model_path: str) -> Iterator[Engine]:
+    e = Engine(model_path, n_ctx=1024, n_batch=256, n_ubatch=256, n_seq_max=4, n_threads=2)
+    yield e
+    e.close()
+
+
+def decode_prompt(engine: Engine, seq_id: int, tokens: list[int], n_past: int = 0) -> np.ndarray:
+    n = len(tokens)
+    result = engine.decode(np.array(tokens, np.int32), np.arange(n_past, n_past + n, dtype=np.int32),
+                           np.full(n, seq_id, np.int32), np.array([0] * (n - 1) + [1], np.int8))
+    assert not result.failed_seq_ids
+    return result.logits[0].copy()
+
+
+def spec(**kw: object) -> RowSpec:
+    base = dict(temperature=0.0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, presence_penalty=0.0,
+                frequency_penalty=0.0, rng=np.random.default_rng(0), recent_tokens=(), want_logprob=False)
+    base.update(kw)
+    return RowSpec(**base)  # type: ignore[arg-type]
+
+
+def test_the_engine_reports_the_context_it_really_allocated(engine: Engine) -> None:
+    info = engine.info
+    assert info.n_ctx >= 1024 and info.n_seq_max == 4 and info.n_batch == 256
+    assert info.n_vocab == 262144 and info.n_ctx_train == 32768
+
+
+def test_tokenize_then_detokenize_round_trips_text(engine: Engine) -> None:
+    text = "Grüße aus Köln — 東京 🚀"
+    ids = engine.tokenizer.tokenize(text, add_special=False)
+    assert engine.tokenizer.detokenize(ids) == text
+    assert engine.tokenizer.tokenize(text)[0] == engine.tokenizer.bos_id
+
+
+def test_a_prefix_copied_with_seq_cp_gives_the_same_logits_as_recomputing_it(engine: Engine) -> None:
+    engine.clear()
+    prefix = engine.tokenizer.tokenize("You are a terse assistant who answers in one word.")
+    suffix = engine.tokenizer.tokenize(" Question: what colour is the sky?", add_special=False)
+    recomputed = decode_prompt(engine, 0, prefix + suffix)
+    engine.prefill(3, prefix)
+    engine.seq_cp(3, 1, 0, len(prefix))
+    attached = decode_prompt(engine, 1, suffix, n_past=len(prefix))
+    assert engine.seq_pos_max(1) == len(prefix + suffix) - 1
+    assert np.argmax(attached) == np.argmax(recomputed)
+    np.testing.assert_allclose(attached, recomputed, atol=0.05)
+    engine.clear()
+
+
+def test_a_step_that_does_not_fit_the_kv_cache_fails_only_the_sequences_that_do_not_fit(model_path: str) -> None:
+    small = Engine(model_path, n_ctx=256, n_batch=256, n_ubatch=256, n_seq_max=2, n_threads=2)
+    try:
+        assert small.info.n_ctx == 256
+        small.prefill(0, [2] + [100] * 200)
+        n = 100  # sequence 0 holds 201 cells; 100 more for sequence 1 cannot all fit
+        result = small.decode(np.full(n, 100, np.int32), np.arange(n, dtype=np.int32), np.full(n, 1, np.int32),
+                              np.array([0] * (n - 1) + [1], np.int8))
+        assert result.failed_seq_ids == frozenset({1})
+        assert small.seq_pos_max(0) == 200
+    finally:
+        small.close()
+
+
+def test_greedy_rows_cost_one_argmax_and_match_numpy(engine: Engine) -> None:
+    logits = np.random.default_rng(1).standard_normal((3, 1000)).astype(np.float32)
+    tokens, logprobs = sample(logits, [spec(), spec(), spec()])
+    assert tokens == list(np.argmax(logits, axis=1)) and logprobs == [None] * 3
+
+
+def test_seeded_sampling_repeats_and_top_k_one_is_greedy() -> None:
+    logits = np.random.default_rng(2).standard_normal((2, 5000)).astype(np.float32)
+    draws_a = [sample(logits, [spec(temperature=1.0, rng=np.random.default_rng(7))] * 2)[0] for _ in range(1)]
+    draws_b = [sample(logits, [spec(temperature=1.0, rng=np.random.default_rng(7))] * 2)[0] for _ in range(1)]
+    assert draws_a == draws_b
+    tokens, _ = sample(logits, [spec(temperature=1.5, top_k=1), spec(temperature=0.7, top_k=1)])
+    assert tokens == list(np.argmax(logits, axis=1))
+
+
+def test_top_p_and_min_p_never_draw_outside_the_nucleus() -> None:
+    logits = np.full((1, 1000), -10.0, np.float32)
+    logits[0, [3, 4, 5]] = [5.0, 4.9, 4.8]
+    rng = np.random.default_rng(3)
+    drawn = {sample(logits, [spec(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0, rng=rng)])[0][0] for _ in range(50)}
+    assert drawn <= {3, 4, 5} and len(drawn) > 1
+    drawn = {sample(logits, [spec(temperature=1.0, top_k=0, top_p=1.0, min_p=0.5, rng=rng)])[0][0] for _ in range(50)}
+    assert drawn <= {3, 4, 5}
+
+
+def test_penalties_push_down_recent_tokens_and_logprobs_are_from_the_raw_distribution() -> None:
+    logits = np.zeros((1, 10), np.float32)
+    logits[0, 2], logits[0, 3] = 2.0, 1.9
+    tokens, logprobs = sample(logits.copy(), [spec(repeat_penalty=1.5, recent_tokens=[2], want_logprob=True)])
+    assert tokens == [3]
+    raw = logits[0] - np.log(np.exp(logits[0]).sum())
+    assert logprobs[0] == pytest.approx(float(raw[3]), abs=1e-5)
