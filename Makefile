@@ -16,7 +16,7 @@ $(PY):
 # Dependencies change rarely; llama-cpp-python builds from source once, then comes from pip's cache.
 $(VENV)/.deps: pyproject.toml | $(PY)
 	$(PIP) install $(TORCH)
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -e '.[test]' --config-settings editable_mode=strict
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -e '.[test,bench]' --config-settings editable_mode=strict
 	touch $@
 
 # Strict editable installs link each file; re-link when a module is added or removed.

@@ -39,6 +39,7 @@ class BatcherActor(pykka.ThreadingActor):
         self.generation = generation
         self.counters = {"steps": 0, "tokens_generated": 0, "prompt_tokens_computed": 0, "tokens_cached": 0,
                          "requests_finished": 0, "step_sequences": 0}
+        self.step_ms = {"schedule": 0.0, "decode": 0.0, "sample": 0.0, "postprocess": 0.0}
         self._step_queued = False
         self._timer: threading.Timer | None = None
         self._timer_id = 0
@@ -159,12 +160,23 @@ class BatcherActor(pykka.ThreadingActor):
     # -- one step: schedule -> run -> postprocess ------------------------------------------
 
     def _step(self) -> None:
-        plan = self.scheduler.schedule(time.perf_counter())
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule(t0)
         if not plan.chunks:
             return
         self._attach_shared_prefixes(plan)
+        t1 = time.perf_counter()
         result = self._run(plan)
+        t2 = time.perf_counter()
         self._postprocess(plan, result)
+        self._add_step_time(t0, t1, t2, time.perf_counter())
+
+    def _add_step_time(self, t0: float, t1: float, t2: float, t3: float) -> None:
+        """Cumulative per-phase milliseconds, for the benchmark's per-step breakdown."""
+        c = self.step_ms
+        c["schedule"] += (t1 - t0) * 1000
+        c["decode"] += (t2 - t1) * 1000
+        c["postprocess"] += (t3 - t2) * 1000
 
     def _attach_shared_prefixes(self, plan: StepPlan) -> None:
         for seq, source in plan.admitted:
@@ -202,7 +214,9 @@ class BatcherActor(pykka.ThreadingActor):
                 self.counters["prompt_tokens_computed"] += min(chunk.n_tokens, seq.n_prompt - seq.n_past)
             seq.n_past += chunk.n_tokens
         logits = result.logits if len(rows) == len(result.logits) else result.logits[rows]
+        t_sample = time.perf_counter()
         tokens, logprobs = sample(logits, [s.state.row_spec(s.token_ids) for s in to_sample])
+        self.step_ms["sample"] += (time.perf_counter() - t_sample) * 1000
         for seq, token, logprob in zip(to_sample, tokens, logprobs):
             if seq.first_token_at is None:
                 seq.first_token_at = now
@@ -235,7 +249,8 @@ class BatcherActor(pykka.ThreadingActor):
         return {"generation": self.generation, "running": len(s.running), "pending": len(s.pending),
                 "free_seq_ids": len(s.free_seq_ids), "n_parallel": self.config.n_parallel,
                 "kv_used": kv_used, "kv_size": self.engine.info.n_ctx,
-                "kv_usage": round(kv_used / self.engine.info.n_ctx, 4), **self.counters}
+                "kv_usage": round(kv_used / self.engine.info.n_ctx, 4), **self.counters,
+                "step_ms": {k: round(v, 3) for k, v in self.step_ms.items()}}
 
     def engine_info(self) -> Any:
         return self.engine.info

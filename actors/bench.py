@@ -1,0 +1,181 @@
+"""``llamactor bench``: llamactor against the sequential baseline and the batched-decode ceiling.
+
+Everything runs in one process, one after the other, on the same model and thread count, so the
+ratios compare like with like. Workloads (seed issue 4): *uniform* (distinct short prompts,
+fixed new tokens, greedy, EOG ignored), *shared system prompt* (configured vs inlined),
+*arrivals* (Poisson arrivals, mixed prompt and output lengths), *single* (one request alone), and
+the idle CPU use of a started tree.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import llamactor
+from llamactor.native import baselines
+
+ANIMALS = ["fox", "cat", "dog", "owl", "bee", "elk", "ant", "yak", "cow", "hen", "eel", "bat", "ram", "emu", "gnu", "pig"]
+SYSTEM_PROMPT = " ".join(
+    f"Rule {i}: the assistant of the Sunrise Bakery answers politely, mentions that bread is baked fresh every "
+    f"morning at five, that cakes must be ordered {i + 1} days ahead, and never discusses prices by phone."
+    for i in range(10)) + "\n"
+WORDS = ("the quick brown fox jumps over a lazy dog while seven small birds sing near an old stone bridge "
+         "under the warm light of a quiet summer evening").split()
+
+
+@dataclass(slots=True)
+class BenchSettings:
+    model_path: str
+    quick: bool = False
+    full: bool = False
+    n_threads: int = 2
+    n_ctx: int = 8192
+    results: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def concurrencies(self) -> list[int]:
+        if self.quick:
+            return [1, 4, 16]
+        return [1, 2, 4, 8, 16, 32] if self.full else [1, 2, 4, 8, 16]
+
+    @property
+    def max_tokens(self) -> int:
+        return 32 if self.quick else 64
+
+    @property
+    def repeats(self) -> int:
+        return 1 if self.quick else 3
+
+
+def uniform_prompts(n: int) -> list[str]:
+    return [f"Story {i}: once upon a time, a {ANIMALS[i % len(ANIMALS)]} named {chr(65 + i % 26)}" for i in range(n)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))] if ordered else 0.0
+
+
+def _median_run(run: Callable[[], dict[str, float]], repeats: int) -> dict[str, float]:
+    runs = [run() for _ in range(repeats)]
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def _llamactor_burst(llm: llamactor.LLM, prompts: list[str], max_tokens: int, **extra: Any) -> dict[str, float]:
+    """``len(prompts)`` threads call ``ask()`` at once; tokens/s over the wall time of the burst."""
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        done = list(pool.map(lambda p: llm.ask(p, max_tokens=max_tokens, temperature=0, ignore_eos=True, **extra),
+                             prompts))
+    seconds = time.perf_counter() - start
+    ttfts = [c.timings.ttft_ms for c in done]
+    return {"tokens_per_s": sum(c.usage.completion_tokens for c in done) / seconds,
+            "ttft_p50_ms": percentile(ttfts, 50), "ttft_p99_ms": percentile(ttfts, 99)}
+
+
+def bench_uniform(s: BenchSettings, tick: Callable[[], None]) -> list[dict[str, Any]]:
+    cs, mt, kw = s.concurrencies, s.max_tokens, {"n_ctx": s.n_ctx, "n_threads": s.n_threads}
+    seq = baselines.sequential(s.model_path, uniform_prompts(2 if s.quick else 4), mt, **kw)
+    tick()
+    rows = []
+    with llamactor.start(s.model_path, n_parallel=max(cs), n_threads=s.n_threads, n_ctx=s.n_ctx) as llm:
+        llm.ask("warm up", max_tokens=2)
+        for c in cs:
+            prompts = uniform_prompts(c)
+            ceil = _median_run(lambda: {"tokens_per_s": baselines.ceiling(s.model_path, prompts, mt, **kw).tokens_per_s},
+                               s.repeats)
+            before = llm.stats()
+            ours = _median_run(lambda: _llamactor_burst(llm, prompts, mt), s.repeats)
+            after = llm.stats()
+            steps = after["steps"] - before["steps"]
+            breakdown = {k: round((after["step_ms"][k] - before["step_ms"][k]) / max(steps, 1), 3)
+                         for k in after["step_ms"]}
+            rows.append({"concurrency": c, "sequential_tok_s": seq.tokens_per_s, "ceiling_tok_s": ceil["tokens_per_s"],
+                         "llamactor_tok_s": ours["tokens_per_s"], "llamactor_ttft_p50_ms": ours["ttft_p50_ms"],
+                         "vs_ceiling": ours["tokens_per_s"] / ceil["tokens_per_s"],
+                         "vs_sequential": ours["tokens_per_s"] / seq.tokens_per_s, "step_ms": breakdown})
+            tick()
+    return rows
+
+
+def bench_shared_prefix(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
+    c = 16
+    turns = [f"Customer {i}: can I order a {ANIMALS[i % 16]}-shaped cake for Friday?" for i in range(c)]
+    out: dict[str, Any] = {"concurrency": c}
+    for mode in ("shared", "inlined"):
+        options = {"system_prompt": SYSTEM_PROMPT} if mode == "shared" else {}
+        with llamactor.start(s.model_path, n_parallel=c, n_threads=s.n_threads, n_ctx=s.n_ctx, **options) as llm:
+            prompts = turns if mode == "shared" else [SYSTEM_PROMPT + t for t in turns]
+            llm.ask(prompts[0], max_tokens=2)
+            out[mode] = _median_run(lambda: _llamactor_burst(llm, prompts, s.max_tokens), s.repeats)
+            if mode == "shared":
+                out["system_prompt_tokens"] = llm.ask(turns[0], max_tokens=1).usage.cached_tokens
+        tick()
+    out["ttft_p50_ratio"] = out["shared"]["ttft_p50_ms"] / out["inlined"]["ttft_p50_ms"]
+    out["throughput_ratio"] = out["shared"]["tokens_per_s"] / out["inlined"]["tokens_per_s"]
+    return out
+
+
+def bench_arrivals(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
+    rng = random.Random(42)
+    n, rate = (8, 0.75) if s.quick else (32, 0.75)  # about what 2 cores sustain; faster only builds a queue
+    requests = [(" ".join(rng.choice(WORDS) for _ in range(rng.randint(16, 512))), rng.randint(16, 256))
+                for _ in range(n)]
+    gaps = [rng.expovariate(rate) for _ in range(n)]
+    with llamactor.start(s.model_path, n_parallel=16, n_threads=s.n_threads, n_ctx=s.n_ctx) as llm:
+        llm.ask("warm up", max_tokens=2)
+        start = time.perf_counter()
+        futures, due = [], start
+        for (prompt, max_tokens), gap in zip(requests, gaps):
+            due += gap
+            time.sleep(max(0.0, due - time.perf_counter()))  # the arrival process itself, not a wait on work
+            futures.append(llm.submit(prompt, max_tokens=max_tokens, temperature=0, ignore_eos=True))
+        done = [f.result() for f in futures]
+        seconds = time.perf_counter() - start
+    tick()
+    ttfts, totals = [c.timings.ttft_ms for c in done], [c.timings.total_ms for c in done]
+    return {"requests": n, "rate_per_s": rate, "tokens_per_s": sum(c.usage.completion_tokens for c in done) / seconds,
+            "ttft_p50_ms": percentile(ttfts, 50), "ttft_p99_ms": percentile(ttfts, 99),
+            "latency_p50_ms": percentile(totals, 50), "latency_p99_ms": percentile(totals, 99)}
+
+
+def bench_single(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
+    prompt, mt, n = uniform_prompts(1), s.max_tokens, s.repeats
+    seq = baselines.sequential(s.model_path, prompt * n, mt, n_ctx=s.n_ctx, n_threads=s.n_threads)
+    with llamactor.start(s.model_path, n_parallel=16, n_threads=s.n_threads, n_ctx=s.n_ctx) as llm:
+        llm.ask("warm up", max_tokens=2)
+        ours = [llm.ask(prompt[0], max_tokens=mt, temperature=0, ignore_eos=True) for _ in range(n)]
+        idle = _idle_cpu(llm)
+    tick()
+    ours_tok_s = statistics.median(c.usage.completion_tokens / (c.timings.total_ms / 1000) for c in ours)
+    return {"sequential_ttft_ms": statistics.median(seq.ttft_ms), "sequential_tok_s": seq.tokens_per_s,
+            "llamactor_ttft_ms": statistics.median(c.timings.ttft_ms for c in ours), "llamactor_tok_s": ours_tok_s,
+            "ttft_delta_ms": statistics.median(c.timings.ttft_ms for c in ours) - statistics.median(seq.ttft_ms),
+            "tok_s_ratio": ours_tok_s / seq.tokens_per_s, "idle_cpu_percent": idle}
+
+
+def _idle_cpu(llm: llamactor.LLM, seconds: float = 2.0) -> float:
+    """CPU used by this whole process (all actor threads) while no request is in flight."""
+    assert llm.stats()["running"] == 0
+    before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    time.sleep(seconds)  # measuring idleness: nothing to wait for
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return 100 * cpu / (time.perf_counter() - t0)
+
+
+def run(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
+    s.results = {"uniform": bench_uniform(s, tick), "shared_prefix": bench_shared_prefix(s, tick),
+                 "arrivals": bench_arrivals(s, tick), "single": bench_single(s, tick)}
+    return s.results
+
+
+def n_ticks(s: BenchSettings) -> int:
+    return 1 + len(s.concurrencies) + 2 + 1 + 1

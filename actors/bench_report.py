@@ -1,0 +1,127 @@
+"""Turning benchmark results into the table, the JSON file, the plot, and the targets' verdicts."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+# (name, how to read it from the results, comparison, target)
+TARGETS: list[tuple[str, str, str, float]] = [
+    ("uniform c=16: llamactor / ceiling", "uniform[16].vs_ceiling", ">=", 0.93),
+    ("uniform c=16: llamactor / sequential", "uniform[16].vs_sequential", ">=", 2.8),
+    ("uniform c=8: llamactor / ceiling", "uniform[8].vs_ceiling", ">=", 0.93),
+    ("single: TTFT - sequential TTFT (ms)", "single.ttft_delta_ms", "<=", 25.0),
+    ("single: tok/s / sequential tok/s", "single.tok_s_ratio", ">=", 0.97),
+    ("shared prompt c=16: TTFT p50 shared / inlined", "shared_prefix.ttft_p50_ratio", "<=", 0.5),
+    ("shared prompt c=16: throughput shared / inlined", "shared_prefix.throughput_ratio", ">=", 1.5),
+    ("idle: CPU % of the started tree", "single.idle_cpu_percent", "<", 1.0),
+]
+
+
+def lookup(results: dict[str, Any], path: str) -> float | None:
+    head, _, rest = path.partition(".")
+    if head.startswith("uniform["):
+        c = int(head[len("uniform["):-1])
+        row = next((r for r in results.get("uniform", []) if r["concurrency"] == c), None)
+        return None if row is None else row[rest]
+    section = results.get(head)
+    return None if section is None else section.get(rest)
+
+
+def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for name, path, op, target in TARGETS:
+        value = lookup(results, path)
+        ok = None if value is None else {">=": value >= target, "<=": value <= target, "<": value < target}[op]
+        out.append({"target": name, "value": value, "goal": f"{op} {target:g}", "met": ok})
+    return out
+
+
+def markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
+    lines = [f"Run {meta['timestamp']} on {meta['machine']}, model {meta['model']}, "
+             f"{meta['settings']['n_threads']} threads, {meta['settings']['max_tokens']} new tokens per request "
+             f"({'quick' if meta['settings']['quick'] else 'full'} run).", "",
+             "| concurrency | sequential tok/s | ceiling tok/s | llamactor tok/s | vs ceiling | vs sequential "
+             "| step ms: decode / sample / other |", "|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results["uniform"]:
+        ms = r["step_ms"]
+        lines.append(f"| {r['concurrency']} | {r['sequential_tok_s']:.1f} | {r['ceiling_tok_s']:.1f} | "
+                     f"{r['llamactor_tok_s']:.1f} | {r['vs_ceiling']:.3f} | {r['vs_sequential']:.2f} | "
+                     f"{ms['decode']:.1f} / {ms['sample']:.2f} / "
+                     f"{ms['schedule'] + ms['postprocess'] - ms['sample']:.2f} |")
+    sp, ar, si = results["shared_prefix"], results["arrivals"], results["single"]
+    lines += ["", f"Shared system prompt ({sp['system_prompt_tokens']} tokens), {sp['concurrency']} concurrent: "
+              f"TTFT p50 {sp['shared']['ttft_p50_ms']:.0f} ms shared vs {sp['inlined']['ttft_p50_ms']:.0f} ms inlined "
+              f"({sp['ttft_p50_ratio']:.2f}×); throughput {sp['shared']['tokens_per_s']:.1f} vs "
+              f"{sp['inlined']['tokens_per_s']:.1f} tok/s ({sp['throughput_ratio']:.2f}×).",
+              f"Arrivals ({ar['requests']} requests, Poisson {ar['rate_per_s']:g}/s, prompts 16–512 words, "
+              f"16–256 new tokens): {ar['tokens_per_s']:.1f} tok/s, TTFT p50/p99 {ar['ttft_p50_ms']:.0f}/"
+              f"{ar['ttft_p99_ms']:.0f} ms, latency p50/p99 {ar['latency_p50_ms']:.0f}/{ar['latency_p99_ms']:.0f} ms.",
+              f"Single request: TTFT {si['llamactor_ttft_ms']:.1f} ms vs {si['sequential_ttft_ms']:.1f} ms sequential; "
+              f"{si['llamactor_tok_s']:.1f} vs {si['sequential_tok_s']:.1f} tok/s. "
+              f"Idle CPU {si['idle_cpu_percent']:.2f}%.", "", "| target | value | goal | met |", "|---|---:|---|---|"]
+    for v in verdicts(results):
+        value = "—" if v["value"] is None else f"{v['value']:.3f}"
+        lines.append(f"| {v['target']} | {value} | {v['goal']} | {'yes' if v['met'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = results["uniform"]
+    cs = [r["concurrency"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label in (("sequential_tok_s", "sequential (create_completion)"), ("ceiling_tok_s", "ceiling (raw batched decode)"),
+                       ("llamactor_tok_s", "llamactor (submit from N threads)")):
+        ax1.plot(cs, [r[key] for r in rows], marker="o", label=label)
+    ax1.set(xscale="log", xlabel="concurrent requests", ylabel="generated tokens / s", title="uniform workload")
+    ax1.set_xticks(cs, [str(c) for c in cs])
+    ax1.legend()
+    ar = results["arrivals"]
+    ax2.bar(["TTFT p50", "TTFT p99", "latency p50", "latency p99"],
+            [ar["ttft_p50_ms"], ar["ttft_p99_ms"], ar["latency_p50_ms"], ar["latency_p99_ms"]])
+    ax2.set(ylabel="ms", title=f"arrivals: Poisson {ar['rate_per_s']:g}/s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def write(results: dict[str, Any], settings: dict[str, Any], model: str, out_dir: Path) -> tuple[Path, str]:
+    """Write ``<timestamp>.json`` (+ ``.md``, ``.png``) under ``out_dir``; return the JSON path and table."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    meta = {"timestamp": stamp, "machine": f"{platform.machine()} {os.cpu_count()} cores {platform.system()}",
+            "python": platform.python_version(), "model": model, "settings": settings}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = markdown(results, meta)
+    path = out_dir / f"{stamp}.json"
+    path.write_text(json.dumps({"meta": meta, "results": results, "targets": verdicts(results)}, indent=2))
+    (out_dir / f"{stamp}.md").write_text(table)
+    plot(results, out_dir / f"{stamp}.png")
+    return path, table
+
+
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def update_docs(table: str, plot_path: Path, docs_dir: Path) -> None:
+    """Replace the generated section of docs/performance.md and copy the plot beside it."""
+    doc = docs_dir / "performance.md"
+    text = doc.read_text() if doc.exists() else f"# Performance\n\n{BEGIN}\n{END}\n"
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    image = ""
+    if plot_path.exists():
+        (docs_dir / "performance.png").write_bytes(plot_path.read_bytes())
+        image = "\n![tokens/s against concurrency; arrivals latency](performance.png)\n"
+    doc.write_text(f"{head}{BEGIN}\n{table}{image}{END}{tail}")

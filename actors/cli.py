@@ -1,0 +1,198 @@
+"""The ``llamactor`` command: ``chat`` (REPL), ``ask``, ``serve``, ``info``, ``bench``.
+
+Every option can also come from an environment variable (``LLAMACTOR_MODEL``,
+``LLAMACTOR_N_PARALLEL``, ...) or a TOML file given with ``--config`` (keys are the option names
+with underscores); the command line wins over the environment, which wins over the file.
+Logging is configured here, once, for the whole process.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+import llamactor
+from llamactor import logging as llamactor_logging
+from llamactor.errors import LlamactorError
+
+
+def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value:
+        try:
+            data = tomllib.loads(Path(value).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise click.BadParameter(str(e)) from e
+        ctx.default_map = {**(ctx.default_map or {}), **{k.replace("-", "_"): v for k, v in data.items()}}
+    return value
+
+
+def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options that shape the actor tree, shared by every subcommand that starts one."""
+    options = [
+        click.option("--config", type=click.Path(exists=True, dir_okay=False), is_eager=True, expose_value=False,
+                     callback=_load_config_file, help="TOML file of option defaults."),
+        click.option("--model", envvar="LLAMACTOR_MODEL", help="GGUF file (default: Gemma 3 270M Q4_K_M)."),
+        click.option("--n-parallel", envvar="LLAMACTOR_N_PARALLEL", type=int, default=8, show_default=True,
+                     help="Sequences decoded together."),
+        click.option("--n-ctx", envvar="LLAMACTOR_N_CTX", type=int, default=8192, show_default=True,
+                     help="KV cache cells shared by all sequences."),
+        click.option("--n-threads", envvar="LLAMACTOR_N_THREADS", type=int, default=None, help="CPU threads."),
+        click.option("--n-gpu-layers", envvar="LLAMACTOR_N_GPU_LAYERS", type=int, default=0, show_default=True),
+        click.option("--batch-timeout-ms", envvar="LLAMACTOR_BATCH_TIMEOUT_MS", type=float, default=20.0,
+                     show_default=True, help="How long a lone request waits for company."),
+        click.option("--max-queue", envvar="LLAMACTOR_MAX_QUEUE", type=int, default=256, show_default=True),
+        click.option("--system", "system_prompt", envvar="LLAMACTOR_SYSTEM_PROMPT", default=None,
+                     help="System prompt shared by every request (its KV is computed once)."),
+        click.option("--log-format", envvar="LLAMACTOR_LOG_FORMAT", type=click.Choice(["auto", "console", "json"]),
+                     default="auto", show_default=True),
+        click.option("--log-level", envvar="LLAMACTOR_LOG_LEVEL", default="warning", show_default=True,
+                     type=click.Choice(["debug", "info", "warning", "error"])),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option("--temperature", envvar="LLAMACTOR_TEMPERATURE", type=float, default=0.7, show_default=True),
+        click.option("--max-tokens", envvar="LLAMACTOR_MAX_TOKENS", type=int, default=512, show_default=True),
+        click.option("--top-p", envvar="LLAMACTOR_TOP_P", type=float, default=0.95, show_default=True),
+        click.option("--top-k", envvar="LLAMACTOR_TOP_K", type=int, default=40, show_default=True),
+        click.option("--seed", envvar="LLAMACTOR_SEED", type=int, default=None),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def start_tree(opts: dict[str, Any], quiet: bool = False) -> llamactor.LLM:
+    """Configure logging, then start the actor tree from the engine options in ``opts``."""
+    llamactor_logging.configure(opts.pop("log_format"), opts.pop("log_level"))
+    sampling = {k: opts.pop(k) for k in ("temperature", "max_tokens", "top_p", "top_k", "seed") if k in opts}
+    if opts.get("n_threads") is None:
+        opts.pop("n_threads", None)
+    opts["n_batch"] = max(512, opts["n_parallel"])
+    try:
+        if quiet:
+            return llamactor.start(**opts, **sampling)
+        with _Status(f"loading {opts.get('model') or 'the default model (Gemma 3 270M)'} …"):
+            return llamactor.start(**opts, **sampling)
+    except LlamactorError as e:
+        raise click.ClickException(str(e)) from e
+
+
+class _Status:
+    """A one-line status on stderr while something slow happens (only on a terminal)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tty = sys.stderr.isatty()
+
+    def __enter__(self) -> None:
+        if self.tty:
+            click.echo(f"⠿ {self.text}", err=True, nl=False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.tty:
+            click.echo("\r\033[K", err=True, nl=False)
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except LlamactorError as e:
+            raise click.ClickException(f"{type(e).__name__}: {e}") from e
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="llamactor")
+def main() -> None:
+    """Serve one local GGUF model to many concurrent callers with batched llama.cpp decodes."""
+
+
+@main.command()
+@engine_options
+@sampling_options
+def chat(**opts: Any) -> None:
+    """Interactive chat (REPL) with streaming answers. /help lists the commands."""
+    from llamactor.repl import Repl
+
+    Repl(start_tree(opts)).run()
+
+
+@main.command()
+@click.argument("prompt")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole Completion as JSON.")
+@click.option("--chat/--raw", "as_chat", default=False, help="Apply the chat template (default: raw completion).")
+@engine_options
+@sampling_options
+@handle_errors
+def ask(prompt: str, as_json: bool, as_chat: bool, **opts: Any) -> None:
+    """One completion of PROMPT to stdout, streamed ('-' reads the prompt from stdin)."""
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    with start_tree(opts, quiet=True) as llm:
+        stream = llm.stream_chat([{"role": "user", "content": prompt}]) if as_chat else llm.stream(prompt)
+        if as_json:
+            list(stream)
+            click.echo(json.dumps(stream.completion.to_dict(), ensure_ascii=False))
+            return
+        for piece in stream:
+            click.echo(piece, nl=False)
+        click.echo()
+
+
+@main.command()
+@engine_options
+@handle_errors
+def info(**opts: Any) -> None:
+    """Model metadata, context sizes and the chat template in use, as JSON."""
+    with start_tree(opts, quiet=True) as llm:
+        data = {k: v for k, v in vars_of(llm.info).items() if k != "metadata"}
+        data["metadata"] = {k: v for k, v in llm.info.metadata.items() if len(v) < 200}
+        click.echo(json.dumps(data, indent=2))
+
+
+def vars_of(obj: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+@main.command()
+@click.option("--quick", is_flag=True, help="A smoke run (under 3 minutes): fewer concurrencies and tokens.")
+@click.option("--full", is_flag=True, help="Also concurrency 32.")
+@click.option("--model", envvar="LLAMACTOR_MODEL")
+@click.option("--n-threads", type=int, default=None)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-results", show_default=True)
+@click.option("--docs", is_flag=True, help="Also write the table and plot into docs/performance.md.")
+def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out_dir: str, docs: bool) -> None:
+    """Measure llamactor against sequential create_completion and the raw batched-decode ceiling."""
+    from llamactor import bench as bench_mod
+    from llamactor import bench_report
+    from llamactor.config import default_n_threads
+    from llamactor.models import resolve_model_path
+
+    llamactor_logging.configure("auto", "warning")
+    settings = bench_mod.BenchSettings(model_path=resolve_model_path(model), quick=quick, full=full,
+                                       n_threads=n_threads or default_n_threads())
+    with click.progressbar(length=bench_mod.n_ticks(settings), label="benchmarking", file=sys.stderr) as bar:
+        results = bench_mod.run(settings, lambda: bar.update(1))
+    meta = {"quick": quick, "full": full, "n_threads": settings.n_threads, "max_tokens": settings.max_tokens,
+            "repeats": settings.repeats, "n_ctx": settings.n_ctx}
+    path, table = bench_report.write(results, meta, Path(settings.model_path).name, Path(out_dir))
+    click.echo(table)
+    click.echo(f"results: {path}")
+    if docs:
+        bench_report.update_docs(table, path.with_suffix(".png"), Path("docs"))

@@ -1,0 +1,122 @@
+"""The ``llamactor chat`` REPL: streamed answers, conversation history, slash commands.
+
+Runs on the main thread; the answer streams from the batcher through a ``TextStream``. Ctrl-C
+while an answer streams cancels that request (its sequence is freed) and returns to the prompt;
+Ctrl-C at the prompt clears the line; Ctrl-D or /exit leaves. Line editing and history come
+from readline where the platform has it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+import llamactor
+from llamactor.errors import CancelledError, LlamactorError
+
+try:  # line editing and history for input(), where available
+    import readline  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
+
+HELP = """Commands:
+  /help                 this list
+  /reset                forget the conversation
+  /system TEXT          set the system message (and reset); /system alone clears it
+  /stats                the batcher's counters
+  /set NAME VALUE       a sampling parameter: temperature, max_tokens, top_p, top_k, min_p, seed, ...
+  /exit                 leave (Ctrl-D too). Ctrl-C stops the current answer."""
+
+
+class Repl:
+    def __init__(self, llm: llamactor.LLM) -> None:
+        self.llm = llm
+        self.system: str | None = None
+        self.history: list[dict[str, str]] = []
+        self.overrides: dict[str, Any] = {}
+
+    def run(self) -> None:
+        info = self.llm.info
+        click.echo(f"llamactor chat — {info.description}, context {info.n_ctx_seq} tokens, "
+                   f"template {info.chat_template}. /help for commands, Ctrl-D to leave.")
+        try:
+            while True:
+                try:
+                    line = input(">>> ")
+                except KeyboardInterrupt:
+                    click.echo()
+                    continue
+                except EOFError:
+                    click.echo()
+                    break
+                line = line.strip()
+                if not line:
+                    continue
+                if line.startswith("/"):
+                    if not self.command(line):
+                        break
+                    continue
+                self.answer(line)
+        finally:
+            self.llm.close()
+
+    def command(self, line: str) -> bool:
+        """Handle one slash command; False means leave."""
+        name, _, arg = line[1:].partition(" ")
+        if name in ("exit", "quit"):
+            return False
+        if name == "help":
+            click.echo(HELP)
+        elif name == "reset":
+            self.history.clear()
+            click.echo("(conversation cleared)")
+        elif name == "system":
+            self.system, self.history = (arg.strip() or None), []
+            click.echo(f"(system message {'set' if self.system else 'cleared'}; conversation cleared)")
+        elif name == "stats":
+            click.echo(json.dumps(self.llm.stats(), indent=2))
+        elif name == "set":
+            self.set_param(arg)
+        else:
+            click.echo(f"unknown command /{name}; /help lists them")
+        return True
+
+    def set_param(self, arg: str) -> None:
+        key, _, raw = arg.strip().partition(" ")
+        if not key or not raw:
+            click.echo(f"usage: /set NAME VALUE (now: {self.overrides or 'defaults'})")
+            return
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        try:
+            self.llm.config.sampling.replace(**{**self.overrides, key: value})
+        except (LlamactorError, TypeError) as e:
+            click.echo(f"error: {e}")
+            return
+        self.overrides[key] = value
+        click.echo(f"({key} = {value!r})")
+
+    def answer(self, text: str) -> None:
+        messages = ([{"role": "system", "content": self.system}] if self.system else []) + self.history
+        messages.append({"role": "user", "content": text})
+        try:
+            stream = self.llm.stream_chat(messages, **self.overrides)
+            for piece in stream:
+                click.echo(piece, nl=False)
+            click.echo()
+            reply = stream.completion.text
+        except KeyboardInterrupt:
+            stream.cancel()
+            click.echo("\n(stopped)")
+            return
+        except CancelledError:
+            click.echo("\n(stopped)")
+            return
+        except LlamactorError as e:
+            click.echo(f"\nerror: {type(e).__name__}: {e}")
+            return
+        self.history += [{"role": "user", "content": text}, {"role": "assistant", "content": reply}]

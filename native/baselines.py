@@ -1,0 +1,76 @@
+"""The two yardsticks llamactor is measured against, on the same model and threads.
+
+* ``sequential``: requests one at a time through ``llama_cpp.Llama.create_completion`` — what a
+  llama-cpp-python user has today.
+* ``ceiling``: the engine's raw batched decode — prefill B prompts, then one token for each of the
+  B sequences per ``llama_decode``, argmax, no scheduler, no actors: the most llama.cpp gives on
+  this machine at that batch size.
+
+Both run on the calling thread with their own llama context; nothing else may be running.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import llama_cpp
+import numpy as np
+
+from llamactor.native.engine import Engine
+
+
+@dataclass(frozen=True, slots=True)
+class RunTiming:
+    n_requests: int
+    n_tokens: int  # generated
+    seconds: float
+    ttft_ms: list[float]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def sequential(model_path: str, prompts: list[str], max_tokens: int, *, n_ctx: int, n_threads: int) -> RunTiming:
+    """Each prompt alone through ``Llama.create_completion`` (greedy, streamed to time the first token)."""
+    llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, verbose=False)
+    try:
+        llm.create_completion("warm up", max_tokens=2, temperature=0)
+        n_tokens, ttfts = 0, []
+        start = time.perf_counter()
+        for prompt in prompts:
+            t0 = time.perf_counter()
+            first: float | None = None
+            for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=0, stream=True):
+                if first is None:
+                    first = time.perf_counter()
+                n_tokens += 1 if chunk["choices"][0]["text"] is not None else 0
+            ttfts.append(((first or time.perf_counter()) - t0) * 1000)
+        return RunTiming(len(prompts), n_tokens, time.perf_counter() - start, ttfts)
+    finally:
+        llm.close()
+
+
+def ceiling(model_path: str, prompts: list[str], max_tokens: int, *, n_ctx: int, n_threads: int,
+            n_batch: int = 512) -> RunTiming:
+    """All prompts as one batch: prefill together, then B tokens per decode, argmax, EOG ignored."""
+    b = len(prompts)
+    engine = Engine(model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_seq_max=b, n_threads=n_threads)
+    try:
+        tokenized = [engine.tokenizer.tokenize(p) for p in prompts]
+        start = time.perf_counter()
+        tokens = np.concatenate([np.asarray(t, np.int32) for t in tokenized])
+        pos = np.concatenate([np.arange(len(t), dtype=np.int32) for t in tokenized])
+        seq = np.concatenate([np.full(len(t), i, np.int32) for i, t in enumerate(tokenized)])
+        wants = np.concatenate([np.array([0] * (len(t) - 1) + [1], np.int8) for t in tokenized])
+        next_tokens = engine.decode(tokens, pos, seq, wants).logits.argmax(axis=1).astype(np.int32)
+        ttft = (time.perf_counter() - start) * 1000
+        n_past = np.array([len(t) for t in tokenized], np.int32)
+        seq_ids, all_logits = np.arange(b, dtype=np.int32), np.ones(b, np.int8)
+        for _ in range(max_tokens - 1):
+            next_tokens = engine.decode(next_tokens, n_past, seq_ids, all_logits).logits.argmax(axis=1).astype(np.int32)
+            n_past += 1
+        return RunTiming(b, b * max_tokens, time.perf_counter() - start, [ttft] * b)
+    finally:
+        engine.close()
