@@ -154,6 +154,31 @@ def ask(prompt: str, as_json: bool, as_chat: bool, **opts: Any) -> None:
 
 
 @main.command()
+@click.option("--host", envvar="LLAMACTOR_HOST", default="127.0.0.1", show_default=True)
+@click.option("--port", envvar="LLAMACTOR_PORT", type=int, default=8000, show_default=True)
+@click.option("--uds", envvar="LLAMACTOR_UDS", default=None, help="Listen on this Unix socket instead.")
+@click.option("--api-key", envvar="LLAMACTOR_API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
+@click.option("--drain-timeout", "drain_timeout_s", envvar="LLAMACTOR_DRAIN_TIMEOUT", type=float, default=30.0,
+              show_default=True, help="Seconds SIGTERM waits for in-flight requests.")
+@click.option("--max-body-bytes", envvar="LLAMACTOR_MAX_BODY_BYTES", type=int, default=4 * 1024 * 1024,
+              show_default=True)
+@click.option("--model-name", envvar="LLAMACTOR_MODEL_NAME", default=None,
+              help="The model id clients send (default: the GGUF file name without .gguf).")
+@engine_options
+def serve(host: str, port: int, uds: str | None, api_key: str | None, drain_timeout_s: float, max_body_bytes: int,
+          model_name: str | None, **opts: Any) -> None:
+    """The OpenAI-compatible HTTP daemon (/v1/completions, /v1/chat/completions, /health, /metrics)."""
+    from llamactor.daemon import serve as run_daemon
+
+    llamactor_logging.configure(opts.pop("log_format"), opts.pop("log_level"))
+    if opts.get("n_threads") is None:
+        opts.pop("n_threads", None)
+    opts["n_batch"] = max(512, opts["n_parallel"])
+    sys.exit(run_daemon(host=host, port=port, uds=uds, api_key=api_key, drain_timeout_s=drain_timeout_s,
+                        max_body_bytes=max_body_bytes, model_name=model_name, start_options=opts))
+
+
+@main.command()
 @engine_options
 @handle_errors
 def info(**opts: Any) -> None:
@@ -196,3 +221,7 @@ def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out
     click.echo(f"results: {path}")
     if docs:
         bench_report.update_docs(table, path.with_suffix(".png"), Path("docs"))
+
+
+if __name__ == "__main__":
+    main()

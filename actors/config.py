@@ -89,7 +89,7 @@ class Config:
     n_gpu_layers: int = 0
     batch_size: int | None = None  # pending requests that flush at once; None = n_parallel
     batch_timeout_ms: float = 20.0  # the longest a lone request waits for company
-    max_queue: int = 256  # waiting (not yet running) requests beyond which QueueFullError
+    max_queue: int = 256  # requests waiting for a free seq_id beyond which QueueFullError
     system_prompt: str | None = None  # prefilled once and shared by every sequence via seq_cp
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_restarts: int = 5  # batcher restarts allowed within restart_window_s before giving up

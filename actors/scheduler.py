@@ -105,8 +105,11 @@ class Scheduler:
         self.free_seq_ids: deque[int] = deque(range(n_parallel))
 
     def add(self, seq: Sequence) -> None:
-        if len(self.pending) >= self.max_queue:
-            raise QueueFullError(f"{len(self.pending)} requests already waiting (max_queue={self.max_queue})")
+        # Requests that will get a free seq_id at the next flush are not queued in this sense.
+        waiting_for_a_sequence = len(self.pending) - len(self.free_seq_ids)
+        if waiting_for_a_sequence >= self.max_queue:
+            raise QueueFullError(f"{waiting_for_a_sequence} requests already wait for a free sequence "
+                                 f"(max_queue={self.max_queue})")
         self.pending.append(seq)
 
     def has_work(self) -> bool:

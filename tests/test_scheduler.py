@@ -77,9 +77,10 @@ def test_the_token_budget_puts_decode_tokens_first_and_chunks_long_prompts() -> 
     assert [(c.seq.request_id, c.n_tokens, c.samples) for c in plan.chunks] == [("short", 1, True), ("long", 7, False)]
 
 
-def test_a_full_queue_refuses_with_queue_full_error() -> None:
-    s = make_scheduler(max_queue=1)
-    s.add(make_seq(2))
+def test_a_full_queue_refuses_only_beyond_max_queue_requests_waiting_for_a_sequence() -> None:
+    s = make_scheduler(n_parallel=2, max_queue=1)
+    for _ in range(3):  # two will get the free seq_ids at the flush, one waits
+        s.add(make_seq(2))
     with pytest.raises(QueueFullError):
         s.add(make_seq(2))
 

@@ -1,0 +1,97 @@
+"""``llamactor serve``: the HTTP daemon's lifecycle under a process supervisor (systemd, supervisord).
+
+The socket opens at once and ``/health`` answers 503 while the model loads in a background
+thread; a model that cannot be loaded ends the process with status 1 and a one-line reason.
+SIGTERM and SIGINT drain: uvicorn stops accepting connections and waits up to
+``drain_timeout_s`` for in-flight requests (streams included), then the actor tree is closed and
+the process exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import structlog
+import uvicorn
+
+import llamactor
+from llamactor.errors import LlamactorError
+from llamactor.models import resolve_model_path
+from llamactor.server import ServerState, create_app
+
+log = structlog.get_logger("llamactor.daemon")
+
+
+def model_id_for(path: str) -> str:
+    return Path(path).name.removesuffix(".gguf")
+
+
+def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_timeout_s: float,
+          max_body_bytes: int, model_name: str | None, start_options: dict[str, Any]) -> int:
+    """Run until signalled; return the process exit status."""
+    try:
+        path = resolve_model_path(start_options.pop("model", None))
+    except LlamactorError as e:
+        print(f"llamactor serve: {e}", file=sys.stderr)
+        return 1
+    state = ServerState(model_name or model_id_for(path), api_key, max_body_bytes)
+    app = create_app(state)
+    config = uvicorn.Config(app, host=host, port=port, uds=uds, log_config=None, access_log=False,
+                            timeout_graceful_shutdown=max(drain_timeout_s, 0.1), lifespan="off")
+    server = _DrainingServer(config, state)
+    exit_code = 0
+
+    def load() -> None:
+        nonlocal exit_code
+        try:
+            state.llm = llamactor.start(path, **start_options)
+            log.info("model_ready", model=state.model_id, n_ctx=state.llm.info.n_ctx,
+                     n_parallel=state.llm.config.n_parallel)
+        except Exception as e:  # noqa: BLE001 - any failure to load ends the daemon with a reason
+            print(f"llamactor serve: cannot load the model: {e}", file=sys.stderr)
+            exit_code = 1
+            server.should_exit = True
+
+    threading.Thread(target=load, name="model-loader", daemon=True).start()
+    log.info("serving", address=uds or f"http://{host}:{port}", model=state.model_id, pid=os.getpid())
+    server.run()  # returns after SIGTERM/SIGINT and the graceful drain of open connections
+    state.draining = True
+    if state.llm is not None:
+        state.llm.close(drain_timeout_s=drain_timeout_s)
+    log.info("stopped", exit_code=exit_code)
+    return exit_code
+
+
+class _DrainingServer(uvicorn.Server):
+    """Marks the app as draining the moment a signal arrives, so /health turns 503 at once."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self._state = state
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """As uvicorn's, except that a drain signal is not re-raised afterwards: a supervisor
+        that sent SIGTERM must see the clean exit 0 that follows the drain."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        originals = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in originals.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if not self._state.draining:
+            log.info("draining", signal=sig)
+        self._state.draining = True
+        super().handle_exit(sig, frame)

@@ -1,0 +1,65 @@
+"""Prometheus metrics of the daemon: per-request counters and histograms, batcher gauges at scrape.
+
+Each app owns its own ``CollectorRegistry`` (several apps may live in one test process). The
+batcher's own counters are read from ``LLM.stats()`` when Prometheus scrapes, not copied on
+every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from llamactor.completion import Completion
+
+LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+
+
+class _BatcherCollector(Collector):
+    def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        s = self._stats() or {}
+        gauges = {"running": ("llamactor_running_sequences", "Sequences being decoded"),
+                  "pending": ("llamactor_pending_requests", "Requests waiting for a sequence"),
+                  "kv_usage": ("llamactor_kv_cache_usage_ratio", "Share of KV cache cells in use"),
+                  "free_seq_ids": ("llamactor_free_seq_ids", "Sequence ids free in the pool")}
+        for key, (name, doc) in gauges.items():
+            if key in s:
+                yield GaugeMetricFamily(name, doc, value=s[key])
+        counters = {"steps": ("llamactor_steps", "Decode steps (one llama_decode each)"),
+                    "step_sequences": ("llamactor_step_sequences", "Sequences summed over steps (/ steps = mean batch size)"),
+                    "restarts": ("llamactor_batcher_restarts", "Times the supervisor restarted the batcher"),
+                    "tokens_cached": ("llamactor_prompt_tokens_cached", "Prompt tokens attached from the shared system prompt")}
+        for key, (name, doc) in counters.items():
+            if key in s:
+                yield CounterMetricFamily(name, doc, value=s[key])
+        yield GaugeMetricFamily("llamactor_ready", "1 when the batcher is up", value=1 if s.get("state") == "ready" else 0)
+
+
+class Metrics:
+    def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("llamactor_http_requests", "HTTP requests by path and status",
+                                ["path", "status"], registry=self.registry)
+        self.prompt_tokens = Counter("llamactor_prompt_tokens", "Prompt tokens of finished requests", registry=self.registry)
+        self.generated_tokens = Counter("llamactor_generated_tokens", "Tokens generated", registry=self.registry)
+        self.ttft = Histogram("llamactor_time_to_first_token_seconds", "Submit to first token",
+                              buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.latency = Histogram("llamactor_request_latency_seconds", "Submit to last token",
+                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.registry.register(_BatcherCollector(stats))
+
+    def observe(self, completion: Completion) -> None:
+        self.prompt_tokens.inc(completion.usage.prompt_tokens)
+        self.generated_tokens.inc(completion.usage.completion_tokens)
+        self.ttft.observe(completion.timings.ttft_ms / 1000)
+        self.latency.observe(completion.timings.total_ms / 1000)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

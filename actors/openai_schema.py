@@ -1,0 +1,128 @@
+"""OpenAI-compatible request bodies (validated, unknown fields refused) and their mapping to llamactor.
+
+Responses use the ``openai`` package's own pydantic types, so what we send is what its client
+parses. Requests are our own models: ``extra="forbid"`` turns an unknown or misspelt parameter
+into a 400 instead of silently ignoring it, and llama.cpp-style extras (``top_k``, ``min_p``,
+``repeat_penalty``, ``ignore_eos``) are accepted as llama.cpp's server does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llamactor.errors import InvalidRequestError
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    n: int = Field(default=1, ge=1, le=16)
+    stream: bool = False
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    user: str | None = None
+    # llama.cpp server extras
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repeat_penalty: float | None = Field(default=None, gt=0)
+    ignore_eos: bool = False
+
+    def sampling(self, *, index: int = 0) -> dict[str, Any]:
+        """llamactor sampling options; with ``n`` > 1 each choice gets its own seed."""
+        out: dict[str, Any] = {k: v for k, v in {
+            "max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+            "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+            "top_k": self.top_k, "min_p": self.min_p, "repeat_penalty": self.repeat_penalty,
+        }.items() if v is not None}
+        if self.seed is not None:
+            out["seed"] = self.seed + index
+        if self.stop is not None:
+            out["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
+        if self.ignore_eos:
+            out["ignore_eos"] = True
+        return out
+
+    def check(self) -> None:
+        if self.stream and self.n > 1:
+            raise InvalidRequestError("n > 1 is not supported together with stream: true")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int] | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=1)
+    echo: bool = False
+    stream_options: StreamOptions | None = None
+
+    def check(self) -> None:
+        super().check()
+        if self.logprobs:
+            raise InvalidRequestError("logprobs is not supported by this server")
+        if self.echo:
+            raise InvalidRequestError("echo is not supported")
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
+            if len(self.prompt) != 1:
+                raise InvalidRequestError("a list of several prompts is not supported; send one request each")
+
+    def prompt_value(self) -> str | list[int]:
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
+            return self.prompt[0]  # type: ignore[return-value]
+        return self.prompt  # type: ignore[return-value]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # clients send name, tool_call_id ...; the template needs neither
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text":
+                raise InvalidRequestError(f"content parts of type {part.get('type')!r} are not supported")
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+
+
+class ChatRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    stream_options: StreamOptions | None = None
+
+    def check(self) -> None:
+        super().check()
+        if self.logprobs:
+            raise InvalidRequestError("logprobs is not supported by this server")
+
+    def sampling(self, *, index: int = 0) -> dict[str, Any]:
+        out = super().sampling(index=index)
+        if self.max_completion_tokens is not None:
+            out["max_tokens"] = self.max_completion_tokens
+        return out
+
+    def message_dicts(self) -> list[dict[str, str]]:
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+FINISH_REASON = {"stop": "stop", "length": "length", "cancelled": "stop", "context_full": "length"}

@@ -1,0 +1,229 @@
+"""The OpenAI-compatible HTTP app (FastAPI). Thin: every request goes to the same ``LLM`` handle.
+
+Handlers run on uvicorn's event loop and only await futures from the actor tree. Errors become
+OpenAI-style JSON with the status of the error class (400, 401, 413, 429 + Retry-After, 503);
+anything unexpected is a 500 with no stack trace. A client that disconnects cancels its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from openai.types import Completion as OACompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+import llamactor
+from llamactor.errors import BatcherUnavailableError, LlamactorError
+from llamactor.metrics import Metrics
+from llamactor.openai_schema import FINISH_REASON, ChatRequest, CompletionRequest, error_body
+
+log = structlog.get_logger("llamactor.http")
+
+
+class ServerState:
+    """What the app needs: the LLM once loaded, the model id, the API key, the drain flag."""
+
+    def __init__(self, model_id: str, api_key: str | None, max_body_bytes: int) -> None:
+        self.llm: llamactor.LLM | None = None
+        self.model_id = model_id
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.draining = False
+        self.metrics = Metrics(lambda: self.llm.stats() if self.llm is not None else None)
+
+
+def _error(status: int, message: str, type_: str, code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, code), status_code=status, headers=headers)
+
+
+def _from_exception(e: LlamactorError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if e.http_status == 429 else None
+    status = e.http_status if e.http_status < 500 or e.http_status == 503 else 500
+    return _error(status, str(e), e.code, e.code, headers)
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="llamactor", docs_url=None, redoc_url=None)
+    app.state.server = state
+
+    @app.middleware("http")
+    async def guard_and_log(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        start = time.perf_counter()
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
+        request.state.request_id = rid
+        response = await _guard(request, state) or await call_next(request)
+        response.headers["x-request-id"] = rid
+        state.metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+        log.info("http_request", method=request.method, path=request.url.path, status=response.status_code,
+                 request_id=rid, ms=round((time.perf_counter() - start) * 1000, 1))
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return _error(400, f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid JSON body",
+                      "invalid_request_error", "invalid_request_error")
+
+    @app.exception_handler(LlamactorError)
+    async def llamactor_error(_request: Request, exc: LlamactorError) -> JSONResponse:
+        return _from_exception(exc)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.error("http_unexpected_error", error=repr(exc))
+        return _error(500, "internal server error", "server_error")
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        stats = state.llm.stats() if state.llm is not None else {"state": "loading"}
+        ready = stats.get("state") == "ready" and not state.draining
+        status = "draining" if state.draining else stats.get("state")
+        return JSONResponse({"status": status, "running": stats.get("running"), "pending": stats.get("pending")},
+                            status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": 0,
+                                            "owned_by": "llamactor"}]}
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        llm = _ready_llm(state, body.model)
+        body.check()
+        rid = f"cmpl-{request.state.request_id}"
+        if body.stream:
+            stream = llm.stream_async(body.prompt_value(), **body.sampling())
+            return _sse(_completion_chunks(stream, rid, state), request)
+        done = await _gather(request, [llm.submit(body.prompt_value(), **body.sampling(index=i)) for i in range(body.n)])
+        for c in done:
+            state.metrics.observe(c)
+        return OACompletion(id=rid, object="text_completion", created=int(time.time()), model=state.model_id,
+                            choices=[{"index": i, "text": c.text, "finish_reason": FINISH_REASON[c.finish_reason]}
+                                     for i, c in enumerate(done)], usage=_usage(done)).model_dump(exclude_none=True)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatRequest, request: Request) -> Any:
+        llm = _ready_llm(state, body.model)
+        body.check()
+        rid = f"chatcmpl-{request.state.request_id}"
+        messages = body.message_dicts()
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            stream = llm.stream_chat_async(messages, **body.sampling())
+            return _sse(_chat_chunks(stream, rid, state, include_usage), request)
+        done = await _gather(request, [llm.submit_chat(messages, **body.sampling(index=i)) for i in range(body.n)])
+        for c in done:
+            state.metrics.observe(c)
+        return ChatCompletion(id=rid, object="chat.completion", created=int(time.time()), model=state.model_id,
+                              choices=[{"index": i, "message": {"role": "assistant", "content": c.text},
+                                        "finish_reason": FINISH_REASON[c.finish_reason]} for i, c in enumerate(done)],
+                              usage=_usage(done)).model_dump(exclude_none=True)
+
+    return app
+
+
+async def _guard(request: Request, state: ServerState) -> Response | None:
+    """Refuse before routing: bodies over the limit (413), missing or wrong API key (401)."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > state.max_body_bytes:
+        return _error(413, f"request body over {state.max_body_bytes} bytes", "invalid_request_error", "body_too_large")
+    if state.api_key and request.url.path.startswith("/v1/"):
+        if request.headers.get("authorization", "") != f"Bearer {state.api_key}":
+            return _error(401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error",
+                          "invalid_api_key")
+    return None
+
+
+def _ready_llm(state: ServerState, model: str) -> llamactor.LLM:
+    if model != state.model_id:
+        raise llamactor.InvalidRequestError(f"unknown model {model!r}; this server serves {state.model_id!r}")
+    if state.llm is None or state.draining:
+        raise BatcherUnavailableError("the model is loading or the server is shutting down")
+    return state.llm
+
+
+def _usage(done: list[llamactor.Completion]) -> dict[str, int]:
+    prompt = done[0].usage.prompt_tokens
+    completion = sum(c.usage.completion_tokens for c in done)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _gather(request: Request, futures: list[Any]) -> list[llamactor.Completion]:
+    """Await the completions; if the client disconnects first, cancel them."""
+    work = asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    disconnect = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({work, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            for f in futures:
+                f.cancel()
+            work.cancel()
+            raise llamactor.CancelledError("the client disconnected")
+        return work.result()  # type: ignore[no-any-return]
+    finally:
+        disconnect.cancel()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _sse(events: AsyncIterator[dict[str, Any]], request: Request) -> StreamingResponse:
+    async def body() -> AsyncIterator[str]:
+        async for event in events:
+            yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+        yield "data: [DONE]\n\n"
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def _stream_errors(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    """Once the 200 and headers are sent, an error can only travel as an SSE error event."""
+    try:
+        async for event in events:
+            yield event
+    except LlamactorError as e:
+        yield error_body(str(e), e.code, e.code)
+
+
+async def _completion_chunks(stream: Any, rid: str, state: ServerState) -> AsyncIterator[dict[str, Any]]:
+    async def events() -> AsyncIterator[dict[str, Any]]:
+        base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_id}
+        async for piece in stream:
+            yield {**base, "choices": [{"index": 0, "text": piece, "finish_reason": None}]}
+        c = stream.completion
+        state.metrics.observe(c)
+        yield {**base, "choices": [{"index": 0, "text": "", "finish_reason": FINISH_REASON[c.finish_reason]}],
+               "usage": _usage([c])}
+    async for event in _stream_errors(events()):
+        yield event
+
+
+async def _chat_chunks(stream: Any, rid: str, state: ServerState, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+    async def events() -> AsyncIterator[dict[str, Any]]:
+        base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": state.model_id}
+        yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+        async for piece in stream:
+            yield {**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+        c = stream.completion
+        state.metrics.observe(c)
+        yield ChatCompletionChunk(**base, choices=[{"index": 0, "delta": {}, "finish_reason": FINISH_REASON[c.finish_reason]}]
+                                  ).model_dump(exclude_none=True)
+        if include_usage:
+            yield {**base, "choices": [], "usage": _usage([c])}
+    async for event in _stream_errors(events()):
+        yield event

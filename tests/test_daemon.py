@@ -1,0 +1,145 @@
+"""The daemon as a real subprocess on loopback, driven by the official openai client."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from .daemon_helpers import API_KEY, MODEL_ID, Daemon, start_daemon
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    d = start_daemon("--n-parallel", "8", "--max-queue", "2", "--api-key", API_KEY, "--max-body-bytes", "65536")
+    yield d
+    assert d.stop() == 0
+
+
+def test_completions_and_chat_work_through_the_openai_client_streamed_and_not(daemon: Daemon) -> None:
+    client = daemon.client()
+    c = client.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert c.choices[0].text and c.usage.completion_tokens == 8 and c.choices[0].finish_reason == "length"
+    chat = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Say hi"}],
+                                          max_tokens=8, temperature=0, seed=3)
+    assert chat.choices[0].message.role == "assistant" and chat.usage.prompt_tokens > 3
+    pieces = [ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": "Say hi"}], max_tokens=8, temperature=0, seed=3,
+        stream=True) if ch.choices]
+    assert "".join(pieces) == chat.choices[0].message.content
+    text = "".join(ch.choices[0].text for ch in client.completions.create(
+        model=MODEL_ID, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True))
+    assert text == c.choices[0].text
+    several = client.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=4, n=3, temperature=0.9, seed=1)
+    assert [ch.index for ch in several.choices] == [0, 1, 2]
+    assert [m.id for m in client.models.list().data] == [MODEL_ID]
+
+
+def test_eight_concurrent_streams_all_complete(daemon: Daemon) -> None:
+    client = daemon.client()
+
+    def one(i: int) -> tuple[str, str]:
+        stream = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": f"Count to {i}"}],
+                                                max_tokens=16, temperature=0, stream=True, extra_body={"ignore_eos": True})
+        pieces, reason = [], None
+        for ch in stream:
+            pieces.append(ch.choices[0].delta.content or "")
+            reason = ch.choices[0].finish_reason or reason
+        return "".join(pieces), reason
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(8)))
+    assert all(text and reason == "length" for text, reason in results)
+
+
+def test_bad_input_gets_openai_style_4xx_errors_never_a_500(daemon: Daemon) -> None:
+    client = daemon.client()
+    with pytest.raises(openai.BadRequestError, match="unknown model"):
+        client.completions.create(model="gpt-4", prompt="hi")
+    with pytest.raises(openai.BadRequestError, match="per-sequence context"):
+        client.completions.create(model=MODEL_ID, prompt="word " * 4500, max_tokens=10)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=MODEL_ID, prompt="hi", temperature=7)
+    with pytest.raises(openai.BadRequestError, match="Extra inputs"):
+        client.completions.create(model=MODEL_ID, prompt="hi", extra_body={"temprature": 1})
+    with pytest.raises(openai.BadRequestError, match="empty"):
+        client.completions.create(model=MODEL_ID, prompt="")
+    with pytest.raises(openai.AuthenticationError):
+        daemon.client(api_key="wrong").completions.create(model=MODEL_ID, prompt="hi")
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    bad_json = httpx.post(f"{daemon.url}/v1/completions", content=b"{not json", headers=headers)
+    assert bad_json.status_code == 400 and bad_json.json()["error"]["type"] == "invalid_request_error"
+    too_big = httpx.post(f"{daemon.url}/v1/completions", content=b"x" * 70000, headers=headers)
+    assert too_big.status_code == 413 and "error" in too_big.json()
+    assert "Traceback" not in bad_json.text + too_big.text
+
+
+def test_a_full_queue_answers_429_with_retry_after_and_a_disconnect_cancels_its_request(daemon: Daemon) -> None:
+    client = daemon.client()
+    streams = [client.completions.create(model=MODEL_ID, prompt=f"Long story {i}:", max_tokens=400, stream=True,
+                                         extra_body={"ignore_eos": True}) for i in range(8)]
+    for s in streams:
+        next(iter(s))  # all eight sequences are running now
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        waiting = [pool.submit(client.completions.create, model=MODEL_ID, prompt="q", max_tokens=2) for _ in range(2)]
+        while httpx.get(f"{daemon.url}/health").json()["pending"] < 2:
+            pass  # the two requests are still on their way to the queue
+        r = httpx.post(f"{daemon.url}/v1/completions", json={"model": MODEL_ID, "prompt": "one too many", "max_tokens": 2},
+                       headers={"Authorization": f"Bearer {API_KEY}"})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        for s in streams:
+            s.close()  # disconnect: the daemon must cancel these and free their sequences
+        assert all(f.result(timeout=60).usage.completion_tokens == 2 for f in waiting)
+    metrics = httpx.get(f"{daemon.url}/metrics").text
+    assert re.search(r"^llamactor_running_sequences 0\.0$", metrics, re.M)
+    assert len([e for e in daemon.events("request_finished") if e["finish_reason"] == "cancelled"]) >= 8
+
+
+def test_health_and_metrics_report_what_was_done(daemon: Daemon) -> None:
+    assert httpx.get(f"{daemon.url}/health").status_code == 200
+    metrics = httpx.get(f"{daemon.url}/metrics").text
+    generated = float(re.search(r"^llamactor_generated_tokens_total (\S+)$", metrics, re.M).group(1))
+    assert generated >= 8
+    assert re.search(r'^llamactor_http_requests_total\{path="/v1/completions",status="429"\} 1\.0$', metrics, re.M)
+    assert "llamactor_time_to_first_token_seconds_bucket" in metrics and "llamactor_kv_cache_usage_ratio" in metrics
+    lines = daemon.events("http_request")
+    assert lines and {"method", "path", "status", "request_id", "ms"} <= set(lines[-1])
+
+
+def test_sigterm_finishes_in_flight_requests_then_exits_zero() -> None:
+    d = start_daemon("--n-parallel", "2")
+    client = d.client()
+    stream = client.completions.create(model=MODEL_ID, prompt="Tell a story:", max_tokens=40, stream=True,
+                                       extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    first = next(chunks)
+    done = threading.Event()
+    rest: list = []
+
+    def drain() -> None:
+        rest.extend(chunks)
+        done.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    assert d.stop(timeout=60) == 0
+    assert done.wait(30)
+    assert rest[-1].choices[0].finish_reason == "length"
+    assert len("".join(c.choices[0].text for c in [first, *rest])) > 0
+
+
+def test_a_model_that_cannot_load_exits_non_zero_with_a_one_line_reason(tmp_path) -> None:
+    missing = subprocess.run([sys.executable, "-m", "llamactor.cli", "serve", "--model", str(tmp_path / "nope.gguf")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "model file not found" in missing.stderr
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"not a model")
+    d = start_daemon("--model", str(bogus), wait_ready=False)
+    assert d.process.wait(60) == 1
+    assert any("cannot load the model" in line.get("text", "") for line in d.log_lines)
