@@ -9,6 +9,8 @@ from readline where the platform has it.
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from typing import Any
 
 import click
@@ -105,18 +107,23 @@ class Repl:
         messages.append({"role": "user", "content": text})
         try:
             stream = self.llm.stream_chat(messages, **self.overrides)
+        except LlamactorError as e:
+            click.echo(f"error: {type(e).__name__}: {e}")
+            return
+        # Ctrl-C while streaming cancels the request instead of raising KeyboardInterrupt at some
+        # arbitrary line; the cancel is sent from a helper thread, never inside the signal handler.
+        previous = signal.signal(signal.SIGINT, lambda *_: threading.Thread(target=stream.cancel).start())
+        try:
             for piece in stream:
                 click.echo(piece, nl=False)
             click.echo()
             reply = stream.completion.text
-        except KeyboardInterrupt:
-            stream.cancel()
-            click.echo("\n(stopped)")
-            return
         except CancelledError:
             click.echo("\n(stopped)")
             return
         except LlamactorError as e:
             click.echo(f"\nerror: {type(e).__name__}: {e}")
             return
+        finally:
+            signal.signal(signal.SIGINT, previous)
         self.history += [{"role": "user", "content": text}, {"role": "assistant", "content": reply}]

@@ -42,8 +42,8 @@ def test_bad_and_unknown_sampling_parameters_fail_before_anything_is_queued(llm:
 
 def test_a_full_queue_refuses_the_newest_request_and_serves_the_rest(start_llm) -> None:
     llm = start_llm(n_parallel=1, max_queue=2)
-    running = llm.stream("Tell me a long story:", max_tokens=60, temperature=0, ignore_eos=True)
-    next(iter(running))  # it holds the only seq_id now
+    running = iter(llm.stream("Tell me a long story:", max_tokens=60, temperature=0, ignore_eos=True))
+    next(running)  # it holds the only seq_id now (kept referenced: dropping the iterator cancels it)
     queued = [llm.submit("a", max_tokens=2), llm.submit("b", max_tokens=2)]
     refused = llm.submit("c", max_tokens=2)
     with pytest.raises(QueueFullError):

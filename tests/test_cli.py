@@ -1,0 +1,77 @@
+"""The click CLI through CliRunner, and the chat REPL in a real pseudo-terminal (pexpect)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pexpect
+from click.testing import CliRunner
+
+from llamactor.cli import main
+
+
+def test_ask_prints_a_streamed_completion_and_json_on_request() -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["ask", "The capital of France is", "--max-tokens", "6", "--temperature", "0"])
+    assert result.exit_code == 0, result.output
+    assert len(result.output.strip()) > 0
+    as_json = runner.invoke(main, ["ask", "-", "--json", "--max-tokens", "4", "--temperature", "0"],
+                            input="The capital of France is")
+    data = json.loads(as_json.output)
+    assert data["usage"]["completion_tokens"] == 4 and data["text"] and data["finish_reason"] == "length"
+
+
+def test_options_come_from_the_environment_and_a_toml_config_file(tmp_path) -> None:
+    config = tmp_path / "llamactor.toml"
+    config.write_text('max_tokens = 3\ntemperature = 0.0\n')
+    result = CliRunner().invoke(main, ["ask", "Hello", "--json", "--config", str(config)],
+                                env={"LLAMACTOR_N_CTX": "1024"})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["usage"]["completion_tokens"] == 3
+
+
+def test_info_reports_the_model_and_its_context() -> None:
+    result = CliRunner().invoke(main, ["info", "--n-ctx", "2048"])
+    info = json.loads(result.output)
+    assert info["n_ctx"] == 2048 and info["n_vocab"] == 262144 and "gemma" in info["chat_template"]
+
+
+def test_a_bad_model_path_is_a_one_line_error_not_a_traceback(tmp_path) -> None:
+    result = CliRunner().invoke(main, ["ask", "hi", "--model", str(tmp_path / "missing.gguf")])
+    assert result.exit_code != 0 and "model file not found" in result.output and "Traceback" not in result.output
+
+
+def test_the_repl_answers_resets_sets_and_ctrl_c_cancels_the_answer() -> None:
+    child = pexpect.spawn(sys.executable, ["-m", "llamactor.cli", "chat", "--n-ctx", "2048", "--temperature", "0"],
+                          encoding="utf-8", timeout=60, dimensions=(40, 200))
+    try:
+        child.expect(">>> ")
+        child.sendline("/set max_tokens 5")
+        child.expect(r"max_tokens = 5")
+        child.expect(">>> ")
+        child.sendline("Hello, who are you?")
+        child.expect(">>> ")  # the (short) answer streamed, the prompt is back
+        child.sendline("/stats")
+        child.expect(r'"requests_finished": 1')
+        child.sendline("/set temperature -3")
+        child.expect("temperature must be")
+        child.sendline("/set max_tokens 2000")
+        child.expect(">>> ")
+        child.sendline("/set ignore_eos true")
+        child.expect(">>> ")
+        child.sendline("Write a very long story about the sea.")
+        child.expect("sea.\r\n")  # the terminal's echo of the line
+        child.expect(r"\S")  # the answer has started streaming
+        child.sendintr()
+        child.expect(r"\(stopped\)")
+        child.expect(">>> ")
+        child.sendline("/stats")
+        child.expect(r'"running": 0')
+        child.sendline("/reset")
+        child.expect(r"conversation cleared")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
