@@ -51,11 +51,13 @@ class BenchSettings:
 
     @property
     def repeats(self) -> int:
-        return 1 if self.quick else 3
+        return 1 if self.quick else 5
 
 
 def uniform_prompts(n: int) -> list[str]:
-    return [f"Story {i}: once upon a time, a {ANIMALS[i % len(ANIMALS)]} named {chr(65 + i % 26)}" for i in range(n)]
+    # Distinct from the first word, so no baseline gets a prompt-prefix cache hit.
+    return [f"{ANIMALS[i % len(ANIMALS)].title()} story {i}: once upon a time, a {ANIMALS[i % len(ANIMALS)]} "
+            f"named {chr(65 + i % 26)}" for i in range(n)]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -63,9 +65,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))] if ordered else 0.0
 
 
-def _median_run(run: Callable[[], dict[str, float]], repeats: int) -> dict[str, float]:
-    runs = [run() for _ in range(repeats)]
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+def _median_runs(runs: dict[str, Callable[[], dict[str, float]]], repeats: int) -> dict[str, dict[str, float]]:
+    """Run each named measurement ``repeats`` times, interleaved, and keep each figure's median."""
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            samples[name].append(run())
+    return {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in samples.items()}
 
 
 def _llamactor_burst(llm: llamactor.LLM, prompts: list[str], max_tokens: int, **extra: Any) -> dict[str, float]:
@@ -82,42 +88,48 @@ def _llamactor_burst(llm: llamactor.LLM, prompts: list[str], max_tokens: int, **
 
 def bench_uniform(s: BenchSettings, tick: Callable[[], None]) -> list[dict[str, Any]]:
     cs, mt, kw = s.concurrencies, s.max_tokens, {"n_ctx": s.n_ctx, "n_threads": s.n_threads}
-    seq = baselines.sequential(s.model_path, uniform_prompts(2 if s.quick else 4), mt, **kw)
-    tick()
+    sequential = baselines.Sequential(s.model_path, **kw)
     rows = []
-    with llamactor.start(s.model_path, n_parallel=max(cs), n_threads=s.n_threads, n_ctx=s.n_ctx) as llm:
-        llm.ask("warm up", max_tokens=2)
-        for c in cs:
-            prompts = uniform_prompts(c)
-            ceil = _median_run(lambda: {"tokens_per_s": baselines.ceiling(s.model_path, prompts, mt, **kw).tokens_per_s},
-                               s.repeats)
-            before = llm.stats()
-            ours = _median_run(lambda: _llamactor_burst(llm, prompts, mt), s.repeats)
-            after = llm.stats()
-            steps = after["steps"] - before["steps"]
-            breakdown = {k: round((after["step_ms"][k] - before["step_ms"][k]) / max(steps, 1), 3)
-                         for k in after["step_ms"]}
-            rows.append({"concurrency": c, "sequential_tok_s": seq.tokens_per_s, "ceiling_tok_s": ceil["tokens_per_s"],
-                         "llamactor_tok_s": ours["tokens_per_s"], "llamactor_ttft_p50_ms": ours["ttft_p50_ms"],
-                         "vs_ceiling": ours["tokens_per_s"] / ceil["tokens_per_s"],
-                         "vs_sequential": ours["tokens_per_s"] / seq.tokens_per_s, "step_ms": breakdown})
-            tick()
+    try:
+        with llamactor.start(s.model_path, n_parallel=max(cs), n_threads=s.n_threads, n_ctx=s.n_ctx) as llm:
+            llm.ask("warm up", max_tokens=2)
+            for c in cs:
+                prompts = uniform_prompts(c)
+                before = llm.stats()
+                m = _median_runs({
+                    "sequential": lambda: {"tokens_per_s": sequential.run(prompts[:2], mt).tokens_per_s},
+                    "ceiling": lambda: {"tokens_per_s": baselines.ceiling(s.model_path, prompts, mt, **kw).tokens_per_s},
+                    "ours": lambda: _llamactor_burst(llm, prompts, mt)}, s.repeats)
+                after = llm.stats()
+                steps = after["steps"] - before["steps"]
+                breakdown = {k: round((after["step_ms"][k] - before["step_ms"][k]) / max(steps, 1), 3)
+                             for k in after["step_ms"]}
+                seq, ceil, ours = m["sequential"]["tokens_per_s"], m["ceiling"]["tokens_per_s"], m["ours"]
+                rows.append({"concurrency": c, "sequential_tok_s": seq, "ceiling_tok_s": ceil,
+                             "llamactor_tok_s": ours["tokens_per_s"], "llamactor_ttft_p50_ms": ours["ttft_p50_ms"],
+                             "vs_ceiling": ours["tokens_per_s"] / ceil, "vs_sequential": ours["tokens_per_s"] / seq,
+                             "step_ms": breakdown})
+                tick()
+    finally:
+        sequential.close()
     return rows
 
 
 def bench_shared_prefix(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
     c = 16
     turns = [f"Customer {i}: can I order a {ANIMALS[i % 16]}-shaped cake for Friday?" for i in range(c)]
-    out: dict[str, Any] = {"concurrency": c}
-    for mode in ("shared", "inlined"):
-        options = {"system_prompt": SYSTEM_PROMPT} if mode == "shared" else {}
-        with llamactor.start(s.model_path, n_parallel=c, n_threads=s.n_threads, n_ctx=s.n_ctx, **options) as llm:
-            prompts = turns if mode == "shared" else [SYSTEM_PROMPT + t for t in turns]
-            llm.ask(prompts[0], max_tokens=2)
-            out[mode] = _median_run(lambda: _llamactor_burst(llm, prompts, s.max_tokens), s.repeats)
-            if mode == "shared":
-                out["system_prompt_tokens"] = llm.ask(turns[0], max_tokens=1).usage.cached_tokens
-        tick()
+    common = {"n_parallel": c, "n_threads": s.n_threads, "n_ctx": s.n_ctx}
+    with llamactor.start(s.model_path, system_prompt=SYSTEM_PROMPT, **common) as shared, \
+            llamactor.start(s.model_path, **common) as inline:
+        inlined = [SYSTEM_PROMPT + t for t in turns]
+        shared.ask(turns[0], max_tokens=2)
+        inline.ask(inlined[0], max_tokens=2)
+        out: dict[str, Any] = _median_runs({"shared": lambda: _llamactor_burst(shared, turns, s.max_tokens),
+                                            "inlined": lambda: _llamactor_burst(inline, inlined, s.max_tokens)},
+                                           s.repeats)
+        out["system_prompt_tokens"] = shared.ask(turns[0], max_tokens=1).usage.cached_tokens
+    tick()
+    out["concurrency"] = c
     out["ttft_p50_ratio"] = out["shared"]["ttft_p50_ms"] / out["inlined"]["ttft_p50_ms"]
     out["throughput_ratio"] = out["shared"]["tokens_per_s"] / out["inlined"]["tokens_per_s"]
     return out
@@ -125,7 +137,7 @@ def bench_shared_prefix(s: BenchSettings, tick: Callable[[], None]) -> dict[str,
 
 def bench_arrivals(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
     rng = random.Random(42)
-    n, rate = (8, 0.75) if s.quick else (32, 0.75)  # about what 2 cores sustain; faster only builds a queue
+    n, rate = (6, 0.5) if s.quick else (24, 0.4)  # about what 2 cores sustain; faster only builds a queue
     requests = [(" ".join(rng.choice(WORDS) for _ in range(rng.randint(16, 512))), rng.randint(16, 256))
                 for _ in range(n)]
     gaps = [rng.expovariate(rate) for _ in range(n)]
@@ -147,18 +159,31 @@ def bench_arrivals(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]
 
 
 def bench_single(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
-    prompt, mt, n = uniform_prompts(1), s.max_tokens, s.repeats
-    seq = baselines.sequential(s.model_path, prompt * n, mt, n_ctx=s.n_ctx, n_threads=s.n_threads)
-    with llamactor.start(s.model_path, n_parallel=16, n_threads=s.n_threads, n_ctx=s.n_ctx) as llm:
-        llm.ask("warm up", max_tokens=2)
-        ours = [llm.ask(prompt[0], max_tokens=mt, temperature=0, ignore_eos=True) for _ in range(n)]
-        idle = _idle_cpu(llm)
+    # Prompts differ from their first word: Llama.create_completion reuses the KV of a prompt
+    # prefix it saw last, which would turn the baseline's TTFT into a cache hit.
+    prompts = iter([f"{ANIMALS[i].title()} story {i}: once upon a time" for i in range(2 * s.repeats)])
+    sequential = baselines.Sequential(s.model_path, n_ctx=s.n_ctx, n_threads=s.n_threads)
+    try:
+        with llamactor.start(s.model_path, n_parallel=16, n_threads=s.n_threads, n_ctx=s.n_ctx) as llm:
+            llm.ask("warm up", max_tokens=2)
+
+            def ours() -> dict[str, float]:
+                c = llm.ask(next(prompts), max_tokens=s.max_tokens, temperature=0, ignore_eos=True)
+                return {"ttft_ms": c.timings.ttft_ms, "tok_s": c.usage.completion_tokens / (c.timings.total_ms / 1000)}
+
+            def theirs() -> dict[str, float]:
+                r = sequential.run([next(prompts)], s.max_tokens)
+                return {"ttft_ms": r.ttft_ms[0], "tok_s": r.tokens_per_s}
+
+            m = _median_runs({"sequential": theirs, "llamactor": ours}, s.repeats)
+            idle = _idle_cpu(llm)
+    finally:
+        sequential.close()
     tick()
-    ours_tok_s = statistics.median(c.usage.completion_tokens / (c.timings.total_ms / 1000) for c in ours)
-    return {"sequential_ttft_ms": statistics.median(seq.ttft_ms), "sequential_tok_s": seq.tokens_per_s,
-            "llamactor_ttft_ms": statistics.median(c.timings.ttft_ms for c in ours), "llamactor_tok_s": ours_tok_s,
-            "ttft_delta_ms": statistics.median(c.timings.ttft_ms for c in ours) - statistics.median(seq.ttft_ms),
-            "tok_s_ratio": ours_tok_s / seq.tokens_per_s, "idle_cpu_percent": idle}
+    seq, own = m["sequential"], m["llamactor"]
+    return {"sequential_ttft_ms": seq["ttft_ms"], "sequential_tok_s": seq["tok_s"], "llamactor_ttft_ms": own["ttft_ms"],
+            "llamactor_tok_s": own["tok_s"], "ttft_delta_ms": own["ttft_ms"] - seq["ttft_ms"],
+            "tok_s_ratio": own["tok_s"] / seq["tok_s"], "idle_cpu_percent": idle}
 
 
 def _idle_cpu(llm: llamactor.LLM, seconds: float = 2.0) -> float:
@@ -171,11 +196,33 @@ def _idle_cpu(llm: llamactor.LLM, seconds: float = 2.0) -> float:
     return 100 * cpu / (time.perf_counter() - t0)
 
 
+def bench_daemon(s: BenchSettings, tick: Callable[[], None]) -> list[dict[str, Any]]:
+    """Streamed chat completions from N threads: in-process ``stream_chat`` vs the daemon over HTTP."""
+    from llamactor.bench_daemon import daemon_streams, idle_cpu_percent, in_process_streams, running_daemon
+
+    cs, rows = ([16] if s.quick else [c for c in s.concurrencies if c <= 16]), []
+    with llamactor.start(s.model_path, n_parallel=16, n_threads=s.n_threads, n_ctx=s.n_ctx) as llm, \
+            running_daemon(s.model_path, n_threads=s.n_threads, n_ctx=s.n_ctx) as (client, pid):
+        llm.ask("warm up", max_tokens=2)
+        s.results["daemon_idle"] = {"cpu_percent": idle_cpu_percent(pid)}
+        for c in cs:
+            m = _median_runs({"local": lambda: in_process_streams(llm, c, s.max_tokens),
+                              "remote": lambda: daemon_streams(client, c, s.max_tokens)}, s.repeats)
+            local, remote = m["local"], m["remote"]
+            rows.append({"concurrency": c, "in_process_tok_s": local["tokens_per_s"],
+                         "daemon_tok_s": remote["tokens_per_s"], "in_process_ttft_p50_ms": local["ttft_p50_ms"],
+                         "daemon_ttft_p50_ms": remote["ttft_p50_ms"],
+                         "daemon_vs_in_process": remote["tokens_per_s"] / local["tokens_per_s"]})
+            tick()
+    return rows
+
+
 def run(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
-    s.results = {"uniform": bench_uniform(s, tick), "shared_prefix": bench_shared_prefix(s, tick),
-                 "arrivals": bench_arrivals(s, tick), "single": bench_single(s, tick)}
+    s.results.update(uniform=bench_uniform(s, tick), shared_prefix=bench_shared_prefix(s, tick),
+                     arrivals=bench_arrivals(s, tick), single=bench_single(s, tick))
+    s.results["daemon"] = bench_daemon(s, tick)  # also fills results["daemon_idle"]
     return s.results
 
 
 def n_ticks(s: BenchSettings) -> int:
-    return 1 + len(s.concurrencies) + 2 + 1 + 1
+    return len(s.concurrencies) + 1 + 1 + 1 + (1 if s.quick else len([c for c in s.concurrencies if c <= 16]))

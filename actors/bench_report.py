@@ -19,6 +19,7 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("shared prompt c=16: TTFT p50 shared / inlined", "shared_prefix.ttft_p50_ratio", "<=", 0.5),
     ("shared prompt c=16: throughput shared / inlined", "shared_prefix.throughput_ratio", ">=", 1.5),
     ("idle: CPU % of the started tree", "single.idle_cpu_percent", "<", 1.0),
+    ("idle: CPU % of the daemon", "daemon_idle.cpu_percent", "<", 1.0),
 ]
 
 
@@ -63,7 +64,14 @@ def markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
               f"{ar['ttft_p99_ms']:.0f} ms, latency p50/p99 {ar['latency_p50_ms']:.0f}/{ar['latency_p99_ms']:.0f} ms.",
               f"Single request: TTFT {si['llamactor_ttft_ms']:.1f} ms vs {si['sequential_ttft_ms']:.1f} ms sequential; "
               f"{si['llamactor_tok_s']:.1f} vs {si['sequential_tok_s']:.1f} tok/s. "
-              f"Idle CPU {si['idle_cpu_percent']:.2f}%.", "", "| target | value | goal | met |", "|---|---:|---|---|"]
+              f"Idle CPU {si['idle_cpu_percent']:.2f}%.", "",
+              "Streamed chat completions, N threads: in-process `stream_chat` vs the daemon over loopback HTTP.", "",
+              "| concurrency | in-process tok/s | daemon tok/s | daemon / in-process | TTFT p50 in-process / daemon ms |",
+              "|---:|---:|---:|---:|---|"]
+    for r in results.get("daemon", []):
+        lines.append(f"| {r['concurrency']} | {r['in_process_tok_s']:.1f} | {r['daemon_tok_s']:.1f} | "
+                     f"{r['daemon_vs_in_process']:.3f} | {r['in_process_ttft_p50_ms']:.0f} / {r['daemon_ttft_p50_ms']:.0f} |")
+    lines += ["", "| target | value | goal | met |", "|---|---:|---|---|"]
     for v in verdicts(results):
         value = "—" if v["value"] is None else f"{v['value']:.3f}"
         lines.append(f"| {v['target']} | {value} | {v['goal']} | {'yes' if v['met'] else 'no'} |")

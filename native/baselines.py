@@ -32,24 +32,32 @@ class RunTiming:
         return self.n_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def sequential(model_path: str, prompts: list[str], max_tokens: int, *, n_ctx: int, n_threads: int) -> RunTiming:
-    """Each prompt alone through ``Llama.create_completion`` (greedy, streamed to time the first token)."""
-    llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, verbose=False)
-    try:
-        llm.create_completion("warm up", max_tokens=2, temperature=0)
+class Sequential:
+    """Each prompt alone through ``Llama.create_completion`` (greedy, streamed to time the first token).
+
+    Kept open so its runs can interleave with llamactor's: alternating the two cancels the drift
+    of a shared machine's speed over minutes.
+    """
+
+    def __init__(self, model_path: str, *, n_ctx: int, n_threads: int) -> None:
+        self.llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                                   verbose=False)
+        self.llm.create_completion("warm up", max_tokens=2, temperature=0)
+
+    def run(self, prompts: list[str], max_tokens: int) -> RunTiming:
         n_tokens, ttfts = 0, []
         start = time.perf_counter()
         for prompt in prompts:
             t0 = time.perf_counter()
             first: float | None = None
-            for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=0, stream=True):
-                if first is None:
-                    first = time.perf_counter()
-                n_tokens += 1 if chunk["choices"][0]["text"] is not None else 0
+            for _chunk in self.llm.create_completion(prompt, max_tokens=max_tokens, temperature=0, stream=True):
+                first = first or time.perf_counter()
+                n_tokens += 1
             ttfts.append(((first or time.perf_counter()) - t0) * 1000)
         return RunTiming(len(prompts), n_tokens, time.perf_counter() - start, ttfts)
-    finally:
-        llm.close()
+
+    def close(self) -> None:
+        self.llm.close()
 
 
 def ceiling(model_path: str, prompts: list[str], max_tokens: int, *, n_ctx: int, n_threads: int,

@@ -1,8 +1,8 @@
 """Sampling for a whole step at once, with torch, on the logits rows llama.cpp returned.
 
 The order follows llama.cpp's default chain: penalties, top-k, top-p, min-p, then temperature
-and the draw. A step whose rows are all plain greedy costs one ``argmax`` over the batch, no
-more. Otherwise the work is one ``topk`` over the batch with ``K`` just large enough for every
+and the draw. A step whose rows are all plain greedy costs one numpy ``argmax`` over the batch,
+no more. Otherwise the work is one ``topk`` over the batch with ``K`` just large enough for every
 row's filters, so no row ever sorts the 262k-entry vocabulary.
 """
 
@@ -106,10 +106,11 @@ def _sample_filtered(logits: torch.Tensor, specs: list[RowSpec]) -> list[int]:
 
 def sample(logits: np.ndarray, specs: list[RowSpec]) -> tuple[list[int], list[float | None]]:
     """Choose one token per row of ``logits`` ([rows, vocab] float32); return tokens and logprobs."""
+    if not any(s.penalised or s.want_logprob or not s.greedy for s in specs):
+        # numpy, not torch: one argmax per row with no thread-pool wake-up (0.08 ms vs 0.66 ms for
+        # one 262k-vocab row here, 1.2 vs 2.9 ms for 16 rows).
+        return logits.argmax(axis=1).tolist(), [None] * len(specs)
     raw = torch.from_numpy(logits)
-    plain = not any(s.penalised or s.want_logprob or not s.greedy for s in specs)
-    if plain:
-        return raw.argmax(dim=1).tolist(), [None] * len(specs)
     work = raw
     penalised = [i for i, s in enumerate(specs) if s.penalised]
     if penalised:
