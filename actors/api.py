@@ -83,12 +83,12 @@ class LLM:
     def chat(self, messages: Messages, *, timeout: float | None = None, **sampling: Any) -> Completion:
         return self._wait(self.submit_chat(messages, **sampling), timeout)
 
-    def stream(self, prompt: Prompt, **sampling: Any) -> TextStream:
+    def stream(self, prompt: Prompt, *, request_id: str | None = None, **sampling: Any) -> TextStream:
         """Text pieces as they are decoded; ``.completion`` afterwards, ``.cancel()`` any time."""
-        return self._stream({**_prompt_fields(prompt)}, sampling)
+        return self._stream(_prompt_fields(prompt), request_id, sampling)
 
-    def stream_chat(self, messages: Messages, **sampling: Any) -> TextStream:
-        return self._stream({"messages": _messages_tuple(messages)}, sampling)
+    def stream_chat(self, messages: Messages, *, request_id: str | None = None, **sampling: Any) -> TextStream:
+        return self._stream({"messages": _messages_tuple(messages)}, request_id, sampling)
 
     async def ask_async(self, prompt: Prompt, **sampling: Any) -> Completion:
         return await self._await(self.submit(prompt, **sampling))
@@ -96,11 +96,12 @@ class LLM:
     async def chat_async(self, messages: Messages, **sampling: Any) -> Completion:
         return await self._await(self.submit_chat(messages, **sampling))
 
-    def stream_async(self, prompt: Prompt, **sampling: Any) -> AsyncTextStream:
-        return self._stream_async(_prompt_fields(prompt), sampling)
+    def stream_async(self, prompt: Prompt, *, request_id: str | None = None, **sampling: Any) -> AsyncTextStream:
+        return self._stream_async(_prompt_fields(prompt), request_id, sampling)
 
-    def stream_chat_async(self, messages: Messages, **sampling: Any) -> AsyncTextStream:
-        return self._stream_async({"messages": _messages_tuple(messages)}, sampling)
+    def stream_chat_async(self, messages: Messages, *, request_id: str | None = None,
+                          **sampling: Any) -> AsyncTextStream:
+        return self._stream_async({"messages": _messages_tuple(messages)}, request_id, sampling)
 
     def cancel(self, request_id: str) -> None:
         """End ``request_id`` now; its caller gets ``CancelledError`` holding the partial completion."""
@@ -142,7 +143,7 @@ class LLM:
                 on_piece: Any) -> concurrent.futures.Future[Completion]:
         params = self.config.sampling.replace(**sampling)
         reply = ReplyChannel(on_piece=on_piece)
-        rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
+        rid = request_id or _new_request_id()
         msg = Generate(request_id=rid, params=params, reply=reply, submitted_at=time.perf_counter(), **prompt)
         future = reply.future
         with self._lock:
@@ -178,17 +179,20 @@ class LLM:
             future.cancel()
             raise
 
-    def _stream(self, prompt: dict[str, Any], sampling: dict[str, Any]) -> TextStream:
-        rid = f"req-{uuid.uuid4().hex[:16]}"
-        stream = TextStream(rid, self.cancel)
-        stream.attach(self._submit(prompt, rid, sampling, stream.push))
+    def _stream(self, prompt: dict[str, Any], request_id: str | None, sampling: dict[str, Any]) -> TextStream:
+        stream = TextStream(request_id or _new_request_id(), self.cancel)
+        stream.attach(self._submit(prompt, stream.request_id, sampling, stream.push))
         return stream
 
-    def _stream_async(self, prompt: dict[str, Any], sampling: dict[str, Any]) -> AsyncTextStream:
-        rid = f"req-{uuid.uuid4().hex[:16]}"
-        stream = AsyncTextStream(rid, self.cancel, asyncio.get_running_loop())
-        stream.attach(self._submit(prompt, rid, sampling, stream.push))
+    def _stream_async(self, prompt: dict[str, Any], request_id: str | None,
+                      sampling: dict[str, Any]) -> AsyncTextStream:
+        stream = AsyncTextStream(request_id or _new_request_id(), self.cancel, asyncio.get_running_loop())
+        stream.attach(self._submit(prompt, stream.request_id, sampling, stream.push))
         return stream
+
+
+def _new_request_id() -> str:
+    return f"req-{uuid.uuid4().hex[:16]}"
 
 
 def _prompt_fields(prompt: Prompt) -> dict[str, Any]:

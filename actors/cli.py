@@ -73,13 +73,20 @@ def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def start_tree(opts: dict[str, Any], quiet: bool = False) -> llamactor.LLM:
-    """Configure logging, then start the actor tree from the engine options in ``opts``."""
+def tree_options(opts: dict[str, Any]) -> dict[str, Any]:
+    """Configure logging from the options, and return the rest as ``llamactor.start`` keywords."""
+    opts = dict(opts)
     llamactor_logging.configure(opts.pop("log_format"), opts.pop("log_level"))
-    sampling = {k: opts.pop(k) for k in ("temperature", "max_tokens", "top_p", "top_k", "seed") if k in opts}
     if opts.get("n_threads") is None:
         opts.pop("n_threads", None)
-    opts["n_batch"] = max(512, opts["n_parallel"])
+    opts["n_batch"] = max(512, opts["n_parallel"])  # every running sequence needs a token per step
+    return opts
+
+
+def start_tree(opts: dict[str, Any], quiet: bool = False) -> llamactor.LLM:
+    """Configure logging, then start the actor tree from the engine options in ``opts``."""
+    opts = tree_options(opts)
+    sampling = {k: opts.pop(k) for k in ("temperature", "max_tokens", "top_p", "top_k", "seed") if k in opts}
     try:
         if quiet:
             return llamactor.start(**opts, **sampling)
@@ -170,12 +177,8 @@ def serve(host: str, port: int, uds: str | None, api_key: str | None, drain_time
     """The OpenAI-compatible HTTP daemon (/v1/completions, /v1/chat/completions, /health, /metrics)."""
     from llamactor.daemon import serve as run_daemon
 
-    llamactor_logging.configure(opts.pop("log_format"), opts.pop("log_level"))
-    if opts.get("n_threads") is None:
-        opts.pop("n_threads", None)
-    opts["n_batch"] = max(512, opts["n_parallel"])
     sys.exit(run_daemon(host=host, port=port, uds=uds, api_key=api_key, drain_timeout_s=drain_timeout_s,
-                        max_body_bytes=max_body_bytes, model_name=model_name, start_options=opts))
+                        max_body_bytes=max_body_bytes, model_name=model_name, start_options=tree_options(opts)))
 
 
 @main.command()

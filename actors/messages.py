@@ -27,7 +27,13 @@ class ReplyChannel:
     def send_piece(self, piece: str) -> None:
         if self.on_piece is not None and piece:
             self.n_pieces_sent += 1
-            self.on_piece(piece)
+            try:
+                self.on_piece(piece)
+            except Exception:  # noqa: BLE001 - e.g. the caller's event loop is closed
+                # A broken consumer must not crash the batcher that serves everyone else:
+                # cancel this request instead (the batcher sees the cancelled future).
+                self.on_piece = None
+                self.future.cancel()
 
     def resolve(self, completion: Completion) -> None:
         if not self.future.done():

@@ -34,6 +34,7 @@ class _Request(BaseModel):
     min_p: float | None = Field(default=None, ge=0, le=1)
     repeat_penalty: float | None = Field(default=None, gt=0)
     ignore_eos: bool = False
+    logprobs: int | bool | None = None  # accepted for compatibility; only "off" is served
 
     def sampling(self, *, index: int = 0) -> dict[str, Any]:
         """llamactor sampling options; with ``n`` > 1 each choice gets its own seed."""
@@ -53,6 +54,8 @@ class _Request(BaseModel):
     def check(self) -> None:
         if self.stream and self.n > 1:
             raise InvalidRequestError("n > 1 is not supported together with stream: true")
+        if self.logprobs:
+            raise InvalidRequestError("logprobs is not supported by this server")
 
 
 class StreamOptions(BaseModel):
@@ -68,8 +71,6 @@ class CompletionRequest(_Request):
 
     def check(self) -> None:
         super().check()
-        if self.logprobs:
-            raise InvalidRequestError("logprobs is not supported by this server")
         if self.echo:
             raise InvalidRequestError("echo is not supported")
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
@@ -105,11 +106,6 @@ class ChatRequest(_Request):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     stream_options: StreamOptions | None = None
-
-    def check(self) -> None:
-        super().check()
-        if self.logprobs:
-            raise InvalidRequestError("logprobs is not supported by this server")
 
     def sampling(self, *, index: int = 0) -> dict[str, Any]:
         out = super().sampling(index=index)

@@ -8,6 +8,7 @@ anything unexpected is a 500 with no stack trace. A client that disconnects canc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -58,13 +59,16 @@ def create_app(state: ServerState) -> FastAPI:
     @app.middleware("http")
     async def guard_and_log(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         start = time.perf_counter()
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
+        # Our own id is always unique (it keys the request inside the actors); a client's
+        # X-Request-Id is echoed back and logged beside it, never trusted to be unique.
+        rid = uuid.uuid4().hex[:16]
+        client_rid = request.headers.get("x-request-id")
         request.state.request_id = rid
         response = await _guard(request, state) or await call_next(request)
-        response.headers["x-request-id"] = rid
+        response.headers["x-request-id"] = client_rid or rid
         state.metrics.requests.labels(request.url.path, str(response.status_code)).inc()
         log.info("http_request", method=request.method, path=request.url.path, status=response.status_code,
-                 request_id=rid, ms=round((time.perf_counter() - start) * 1000, 1))
+                 request_id=rid, client_request_id=client_rid, ms=round((time.perf_counter() - start) * 1000, 1))
         return response
 
     @app.exception_handler(RequestValidationError)
@@ -85,7 +89,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        stats = state.llm.stats() if state.llm is not None else {"state": "loading"}
+        # stats() asks the actors and may wait for the current step: never on the event loop.
+        stats = await asyncio.to_thread(state.llm.stats) if state.llm is not None else {"state": "loading"}
         ready = stats.get("state") == "ready" and not state.draining
         status = "draining" if state.draining else stats.get("state")
         return JSONResponse({"status": status, "running": stats.get("running"), "pending": stats.get("pending")},
@@ -93,7 +98,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        body = await asyncio.to_thread(state.metrics.render)  # scraping asks the actors for stats
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -106,9 +112,10 @@ def create_app(state: ServerState) -> FastAPI:
         body.check()
         rid = f"cmpl-{request.state.request_id}"
         if body.stream:
-            stream = llm.stream_async(body.prompt_value(), **body.sampling())
+            stream = llm.stream_async(body.prompt_value(), request_id=rid, **body.sampling())
             return _sse(_completion_chunks(stream, rid, state), request)
-        done = await _gather(request, [llm.submit(body.prompt_value(), **body.sampling(index=i)) for i in range(body.n)])
+        done = await _gather(request, [llm.submit(body.prompt_value(), request_id=_choice_id(rid, i, body.n),
+                                                  **body.sampling(index=i)) for i in range(body.n)])
         for c in done:
             state.metrics.observe(c)
         return OACompletion(id=rid, object="text_completion", created=int(time.time()), model=state.model_id,
@@ -123,9 +130,10 @@ def create_app(state: ServerState) -> FastAPI:
         messages = body.message_dicts()
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            stream = llm.stream_chat_async(messages, **body.sampling())
+            stream = llm.stream_chat_async(messages, request_id=rid, **body.sampling())
             return _sse(_chat_chunks(stream, rid, state, include_usage), request)
-        done = await _gather(request, [llm.submit_chat(messages, **body.sampling(index=i)) for i in range(body.n)])
+        done = await _gather(request, [llm.submit_chat(messages, request_id=_choice_id(rid, i, body.n),
+                                                       **body.sampling(index=i)) for i in range(body.n)])
         for c in done:
             state.metrics.observe(c)
         return ChatCompletion(id=rid, object="chat.completion", created=int(time.time()), model=state.model_id,
@@ -156,6 +164,11 @@ def _ready_llm(state: ServerState, model: str) -> llamactor.LLM:
     return state.llm
 
 
+def _choice_id(rid: str, index: int, n: int) -> str:
+    """The llamactor request id of one choice: the HTTP id itself, or ``-<index>`` with n > 1."""
+    return rid if n == 1 else f"{rid}-{index}"
+
+
 def _usage(done: list[llamactor.Completion]) -> dict[str, int]:
     prompt = done[0].usage.prompt_tokens
     completion = sum(c.usage.completion_tokens for c in done)
@@ -172,6 +185,8 @@ async def _gather(request: Request, futures: list[Any]) -> list[llamactor.Comple
             for f in futures:
                 f.cancel()
             work.cancel()
+            with contextlib.suppress(BaseException):  # collect the gather's CancelledError: nobody else will
+                await work
             raise llamactor.CancelledError("the client disconnected")
         return work.result()  # type: ignore[no-any-return]
     finally:

@@ -74,11 +74,10 @@ def ceiling(model_path: str, prompts: list[str], max_tokens: int, *, n_ctx: int,
         wants = np.concatenate([np.array([0] * (len(t) - 1) + [1], np.int8) for t in tokenized])
         next_tokens = engine.decode(tokens, pos, seq, wants).logits.argmax(axis=1).astype(np.int32)
         ttft = (time.perf_counter() - start) * 1000
-        n_past = np.array([len(t) for t in tokenized], np.int32)
-        seq_ids, all_logits = np.arange(b, dtype=np.int32), np.ones(b, np.int8)
-        for _ in range(max_tokens - 1):
-            next_tokens = engine.decode(next_tokens, n_past, seq_ids, all_logits).logits.argmax(axis=1).astype(np.int32)
-            n_past += 1
+        n_past = [len(t) for t in tokenized]
+        for step in range(max_tokens - 1):
+            entries = [(i, int(next_tokens[i]), n_past[i] + step) for i in range(b)]
+            next_tokens = engine.decode_batch(entries).logits.argmax(axis=1)
         return RunTiming(b, b * max_tokens, time.perf_counter() - start, [ttft] * b)
     finally:
         engine.close()

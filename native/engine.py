@@ -176,6 +176,11 @@ class Engine:
                 raise EngineError(f"llama_decode returned {rc} while splitting a full step")
         return DecodeResult(result, frozenset(failed))
 
+    def decode_batch(self, entries: list[tuple[int, int, int]]) -> DecodeResult:
+        """The ADR's form: one ``(seq_id, token, pos)`` per sequence, logits for every row."""
+        seq_id, token, pos = (np.array(column, dtype=np.int32) for column in zip(*entries))
+        return self.decode(token, pos, seq_id, np.ones(len(entries), dtype=np.int8))
+
     def prefill(self, seq_id: int, tokens: list[int], n_past: int = 0) -> None:
         """Compute the KV of ``tokens`` for ``seq_id`` from position ``n_past`` (no logits kept)."""
         step = self.info.n_batch

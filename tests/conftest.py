@@ -34,8 +34,12 @@ def llm(model_path: str) -> Iterator[llamactor.LLM]:
 
 @pytest.fixture
 def start_llm(model_path: str) -> Iterator[object]:
-    """Start a tree with the given options; every tree and actor is stopped after the test."""
+    """Start a tree with the given options; every tree and actor the test started is stopped after it.
+
+    (Like pykka's own tests, but sparing the module-scoped tree: only actors new since the test
+    began are stopped.)"""
     handles: list[llamactor.LLM] = []
+    before = set(pykka.ActorRegistry.get_all())
 
     def start(**options: object) -> llamactor.LLM:
         options.setdefault("n_ctx", 2048)
@@ -46,7 +50,8 @@ def start_llm(model_path: str) -> Iterator[object]:
     yield start
     for handle in handles:
         handle.close()
-    pykka.ActorRegistry.stop_all()
+    for ref in set(pykka.ActorRegistry.get_all()) - before:
+        ref.stop()
 
 
 def batcher_ref(llm: llamactor.LLM) -> pykka.ActorRef:

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import openai
@@ -29,6 +30,7 @@ class Daemon:
     port: int
     log_lines: list[dict] = field(default_factory=list)
     ready: threading.Event = field(default_factory=threading.Event)
+    new_line: threading.Condition = field(default_factory=threading.Condition)
 
     @property
     def url(self) -> str:
@@ -39,6 +41,11 @@ class Daemon:
 
     def events(self, name: str) -> list[dict]:
         return [line for line in self.log_lines if line.get("event") == name]
+
+    def wait_for_log(self, predicate: Callable[[dict], bool], timeout: float = 30) -> bool:
+        """Block until a log line (already seen or still to come) satisfies ``predicate``."""
+        with self.new_line:
+            return self.new_line.wait_for(lambda: any(predicate(line) for line in self.log_lines), timeout)
 
     def stop(self, timeout: float = 60) -> int:
         if self.process.poll() is None:
@@ -61,7 +68,9 @@ def start_daemon(*args: str, wait_ready: bool = True, timeout: float = 120) -> D
                 line = json.loads(raw)
             except json.JSONDecodeError:
                 line = {"event": "raw", "text": raw.rstrip()}
-            daemon.log_lines.append(line)
+            with daemon.new_line:
+                daemon.log_lines.append(line)
+                daemon.new_line.notify_all()
             if line.get("event") == "model_ready":
                 daemon.ready.set()
         daemon.ready.set()  # exited: nobody will say ready

@@ -143,3 +143,28 @@ def test_a_model_that_cannot_load_exits_non_zero_with_a_one_line_reason(tmp_path
     d = start_daemon("--model", str(bogus), wait_ready=False)
     assert d.process.wait(60) == 1
     assert any("cannot load the model" in line.get("text", "") for line in d.log_lines)
+
+
+def test_a_non_streaming_client_that_disconnects_cancels_its_request(daemon: Daemon) -> None:
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{daemon.url}/v1/completions", timeout=httpx.Timeout(60, read=1.0),
+                   json={"model": MODEL_ID, "prompt": "An endless story:", "max_tokens": 3000, "ignore_eos": True},
+                   headers={"Authorization": f"Bearer {API_KEY}", "X-Request-Id": "abandoned-1"})
+    assert daemon.wait_for_log(lambda e: e.get("client_request_id") == "abandoned-1")  # logged once it ended
+    rid = next(e for e in daemon.events("http_request") if e.get("client_request_id") == "abandoned-1")["request_id"]
+    assert daemon.wait_for_log(lambda e: e.get("event") == "request_finished" and e["request_id"] == f"cmpl-{rid}")
+    finished = next(e for e in daemon.events("request_finished") if e["request_id"] == f"cmpl-{rid}")
+    assert finished["finish_reason"] == "cancelled" and finished["n_gen"] < 3000
+
+
+def test_while_the_model_loads_health_and_requests_answer_503_json() -> None:
+    from fastapi.testclient import TestClient
+
+    from llamactor.server import ServerState, create_app
+
+    client = TestClient(create_app(ServerState(MODEL_ID, api_key=None, max_body_bytes=1 << 20)))
+    health = client.get("/health")
+    assert health.status_code == 503 and health.json()["status"] == "loading"
+    r = client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "batcher_unavailable"
+    assert client.get("/v1/models").json()["data"][0]["id"] == MODEL_ID

@@ -103,3 +103,22 @@ def test_closing_with_requests_in_flight_ends_every_caller_without_hanging(model
         llm.submit("after close")
     done, _ = concurrent.futures.wait([stream.future], timeout=30)
     assert done
+
+
+def test_a_consumer_that_raises_cancels_only_its_own_request(llm: llamactor.LLM) -> None:
+    from llamactor.messages import Generate, ReplyChannel
+    from llamactor.config import SamplingParams
+    import time
+
+    def broken(_piece: str) -> None:
+        raise RuntimeError("event loop is closed")
+
+    reply = ReplyChannel(on_piece=broken)
+    msg = Generate(request_id="broken-consumer", params=SamplingParams(max_tokens=50, ignore_eos=True), reply=reply,
+                   submitted_at=time.perf_counter(), text="Hello")
+    llm._supervisor.tell(msg)
+    healthy = llm.submit("Hello", max_tokens=5, ignore_eos=True)
+    with pytest.raises(concurrent.futures.CancelledError):
+        reply.future.result(timeout=30)
+    assert healthy.result(timeout=30).usage.completion_tokens == 5
+    assert llm.stats()["restarts"] == 0
