@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 TORCH := torch==2.13.0
 SOURCES := $(wildcard actors/*.py native/*.py)
 
-.PHONY: install test chat bench bench-quick clean
+.PHONY: install test typecheck chat bench bench-quick clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ install: $(VENV)/.installed
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+typecheck: install
+	$(PY) -m mypy actors native
 
 chat: install
 	$(VENV)/bin/llamactor chat $(CHAT_ARGS)

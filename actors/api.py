@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pykka
 
@@ -115,7 +115,7 @@ class LLM:
     def stats(self) -> dict[str, Any]:
         """Counters: state, running, pending, free_seq_ids, steps, tokens_generated, restarts ..."""
         try:
-            return self._supervisor.ask(GetStats(), timeout=30)  # type: ignore[no-any-return]
+            return cast(dict[str, Any], self._supervisor.ask(GetStats(), timeout=30))
         except pykka.ActorDeadError:
             return {"state": "stopped"}
 

@@ -74,9 +74,9 @@ class BatcherActor(pykka.ThreadingActor):
             self._report_failure(e)
             raise
 
-    def on_failure(self, exception_type: Any, exception_value: BaseException, traceback: Any) -> None:
+    def on_failure(self, exception_type: Any, exception_value: BaseException | None, traceback: Any) -> None:
         log.error("batcher_failed", generation=self.generation, error=repr(exception_value))
-        self._report_failure(exception_value)
+        self._report_failure(exception_value or RuntimeError("unknown failure"))
         self.on_stop()  # pykka skips on_stop after a failure; the context must still be freed
 
     def on_stop(self) -> None:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
@@ -53,7 +53,7 @@ def daemon_streams(client: openai.OpenAI, n: int, max_tokens: int) -> dict[str, 
         start = time.perf_counter()
         first, tokens = None, 0
         for chunk in client.chat.completions.create(
-                model=MODEL_ID, messages=_messages(i), max_tokens=max_tokens, temperature=0, stream=True,
+                model=MODEL_ID, messages=cast(Any, _messages(i)), max_tokens=max_tokens, temperature=0, stream=True,
                 stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
             if chunk.choices and chunk.choices[0].delta.content:
                 first = first or time.perf_counter()

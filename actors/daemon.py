@@ -10,6 +10,7 @@ the process exits 0.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -44,7 +45,7 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
     state = ServerState(model_name or model_id_for(path), api_key, max_body_bytes)
     app = create_app(state)
     config = uvicorn.Config(app, host=host, port=port, uds=uds, log_config=None, access_log=False,
-                            timeout_graceful_shutdown=max(drain_timeout_s, 0.1), lifespan="off")
+                            timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)), lifespan="off")
     server = _DrainingServer(config, state)
     exit_code = 0
 

@@ -118,9 +118,10 @@ def create_app(state: ServerState) -> FastAPI:
                                                   **body.sampling(index=i)) for i in range(body.n)])
         for c in done:
             state.metrics.observe(c)
-        return OACompletion(id=rid, object="text_completion", created=int(time.time()), model=state.model_id,
-                            choices=[{"index": i, "text": c.text, "finish_reason": FINISH_REASON[c.finish_reason]}
-                                     for i, c in enumerate(done)], usage=_usage(done)).model_dump(exclude_none=True)
+        return OACompletion.model_validate({
+            "id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_id,
+            "choices": [{"index": i, "text": c.text, "finish_reason": FINISH_REASON[c.finish_reason]}
+                        for i, c in enumerate(done)], "usage": _usage(done)}).model_dump(exclude_none=True)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatRequest, request: Request) -> Any:
@@ -136,10 +137,11 @@ def create_app(state: ServerState) -> FastAPI:
                                                        **body.sampling(index=i)) for i in range(body.n)])
         for c in done:
             state.metrics.observe(c)
-        return ChatCompletion(id=rid, object="chat.completion", created=int(time.time()), model=state.model_id,
-                              choices=[{"index": i, "message": {"role": "assistant", "content": c.text},
-                                        "finish_reason": FINISH_REASON[c.finish_reason]} for i, c in enumerate(done)],
-                              usage=_usage(done)).model_dump(exclude_none=True)
+        return ChatCompletion.model_validate({
+            "id": rid, "object": "chat.completion", "created": int(time.time()), "model": state.model_id,
+            "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
+                         "finish_reason": FINISH_REASON[c.finish_reason]} for i, c in enumerate(done)],
+            "usage": _usage(done)}).model_dump(exclude_none=True)
 
     return app
 
@@ -177,8 +179,8 @@ def _usage(done: list[llamactor.Completion]) -> dict[str, int]:
 
 async def _gather(request: Request, futures: list[Any]) -> list[llamactor.Completion]:
     """Await the completions; if the client disconnects first, cancel them."""
-    work = asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-    disconnect = asyncio.ensure_future(_wait_disconnect(request))
+    work: asyncio.Future[Any] = asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    disconnect: asyncio.Future[Any] = asyncio.ensure_future(_wait_disconnect(request))
     try:
         await asyncio.wait({work, disconnect}, return_when=asyncio.FIRST_COMPLETED)
         if not work.done():
@@ -236,8 +238,9 @@ async def _chat_chunks(stream: Any, rid: str, state: ServerState, include_usage:
             yield {**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
         c = stream.completion
         state.metrics.observe(c)
-        yield ChatCompletionChunk(**base, choices=[{"index": 0, "delta": {}, "finish_reason": FINISH_REASON[c.finish_reason]}]
-                                  ).model_dump(exclude_none=True)
+        yield ChatCompletionChunk.model_validate(
+            {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": FINISH_REASON[c.finish_reason]}]}
+        ).model_dump(exclude_none=True)
         if include_usage:
             yield {**base, "choices": [], "usage": _usage([c])}
     async for event in _stream_errors(events()):

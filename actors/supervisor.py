@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import pykka
 import structlog
@@ -140,7 +140,7 @@ class SupervisorActor(pykka.ThreadingActor):
         stats: dict[str, Any] = {"state": self.state, "restarts": self.n_restarts, "inflight": len(self.inflight)}
         if self.batcher is not None and self.state == "ready":
             try:
-                stats.update(self.batcher.ask(GetStats(), timeout=10))
+                stats.update(cast(dict[str, Any], self.batcher.ask(GetStats(), timeout=10)))
             except (pykka.ActorDeadError, pykka.Timeout):
                 pass
         return stats

@@ -43,13 +43,13 @@ class ReusableBatch:
     def view(self, start: int = 0, n: int | None = None) -> llama_cpp.llama_batch:
         """A llama_batch over entries [start, start + n) of the filled arrays (no copy)."""
         n = self.n_tokens - start if n is None else n
-        batch = llama_cpp.llama_batch()
-        batch.n_tokens = n
-        batch.token = ctypes.cast(self.token.ctypes.data + 4 * start, ctypes.POINTER(llama_cpp.llama_token))
-        batch.embd = None
-        batch.pos = ctypes.cast(self.pos.ctypes.data + 4 * start, ctypes.POINTER(llama_cpp.llama_pos))
-        batch.n_seq_id = ctypes.cast(self._n_seq_id.ctypes.data + 4 * start, _I32P)
-        batch.seq_id = ctypes.cast(ctypes.addressof(self._seq_id_ptrs) + ctypes.sizeof(_I32P) * start,
-                                   ctypes.POINTER(ctypes.POINTER(llama_cpp.llama_seq_id)))
-        batch.logits = ctypes.cast(self.logits.ctypes.data + start, ctypes.POINTER(ctypes.c_int8))
-        return batch
+        return llama_cpp.llama_batch(
+            n_tokens=n,
+            token=ctypes.cast(self.token.ctypes.data + 4 * start, ctypes.POINTER(llama_cpp.llama_token)),
+            embd=None,
+            pos=ctypes.cast(self.pos.ctypes.data + 4 * start, ctypes.POINTER(llama_cpp.llama_pos)),
+            n_seq_id=ctypes.cast(self._n_seq_id.ctypes.data + 4 * start, _I32P),
+            seq_id=ctypes.cast(ctypes.addressof(self._seq_id_ptrs) + ctypes.sizeof(_I32P) * start,
+                               ctypes.POINTER(ctypes.POINTER(llama_cpp.llama_seq_id))),
+            logits=ctypes.cast(self.logits.ctypes.data + start, ctypes.POINTER(ctypes.c_int8)),
+        )
