@@ -8,6 +8,7 @@ Logging is configured here, once, for the whole process.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -187,15 +188,9 @@ def serve(host: str, port: int, uds: str | None, api_key: str | None, drain_time
 def info(**opts: Any) -> None:
     """Model metadata, context sizes and the chat template in use, as JSON."""
     with start_tree(opts, quiet=True) as llm:
-        data = {k: v for k, v in vars_of(llm.info).items() if k != "metadata"}
-        data["metadata"] = {k: v for k, v in llm.info.metadata.items() if len(v) < 200}
+        data = dataclasses.asdict(llm.info)
+        data["metadata"] = {k: v for k, v in data["metadata"].items() if len(v) < 200}  # not the vocab arrays
         click.echo(json.dumps(data, indent=2))
-
-
-def vars_of(obj: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
 @main.command()

@@ -23,6 +23,7 @@ from openai.types import Completion as OACompletion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 import llamactor
+from llamactor.body_limit import BodyLimitMiddleware
 from llamactor.errors import BatcherUnavailableError, LlamactorError
 from llamactor.metrics import Metrics
 from llamactor.openai_schema import FINISH_REASON, ChatRequest, CompletionRequest, error_body
@@ -143,14 +144,12 @@ def create_app(state: ServerState) -> FastAPI:
                          "finish_reason": FINISH_REASON[c.finish_reason]} for i, c in enumerate(done)],
             "usage": _usage(done)}).model_dump(exclude_none=True)
 
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=state.max_body_bytes)  # outermost: runs first
     return app
 
 
 async def _guard(request: Request, state: ServerState) -> Response | None:
-    """Refuse before routing: bodies over the limit (413), missing or wrong API key (401)."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > state.max_body_bytes:
-        return _error(413, f"request body over {state.max_body_bytes} bytes", "invalid_request_error", "body_too_large")
+    """Refuse before routing: a missing or wrong API key (401). Body size: ``BodyLimitMiddleware``."""
     if state.api_key and request.url.path.startswith("/v1/"):
         if request.headers.get("authorization", "") != f"Bearer {state.api_key}":
             return _error(401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error",

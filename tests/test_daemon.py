@@ -78,6 +78,8 @@ def test_bad_input_gets_openai_style_4xx_errors_never_a_500(daemon: Daemon) -> N
     assert bad_json.status_code == 400 and bad_json.json()["error"]["type"] == "invalid_request_error"
     too_big = httpx.post(f"{daemon.url}/v1/completions", content=b"x" * 70000, headers=headers)
     assert too_big.status_code == 413 and "error" in too_big.json()
+    chunked = httpx.post(f"{daemon.url}/v1/completions", content=iter([b"x" * 40000, b"y" * 40000]), headers=headers)
+    assert chunked.status_code == 413  # no Content-Length: counted while reading
     assert "Traceback" not in bad_json.text + too_big.text
 
 
