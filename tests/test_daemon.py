@@ -170,3 +170,15 @@ def test_while_the_model_loads_health_and_requests_answer_503_json() -> None:
     r = client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 503 and r.json()["error"]["code"] == "batcher_unavailable"
     assert client.get("/v1/models").json()["data"][0]["id"] == MODEL_ID
+
+
+def test_the_daemon_can_listen_on_a_unix_socket(tmp_path) -> None:
+    sock = str(tmp_path / "llamactor.sock")
+    d = start_daemon("--uds", sock, "--n-parallel", "1")
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://llamactor") as client:
+            assert client.get("/health").json()["status"] == "ready"
+            r = client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Hi", "max_tokens": 2})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
+    finally:
+        assert d.stop() == 0
