@@ -56,11 +56,16 @@ class SupervisorActor(pykka.ThreadingActor):
         self._fail_all(BatcherUnavailableError("llamactor was closed before this request finished"))
         self.ready.set()
 
+    def on_failure(self, exception_type: Any, exception_value: BaseException | None, traceback: Any) -> None:
+        """A bug in the supervisor itself: nobody can restart anything, so end every caller's wait."""
+        log.error("supervisor_failed", error=repr(exception_value))
+        self.on_stop()
+
     def _start_batcher(self) -> None:
         self.generation += 1
         self.batcher = BatcherActor.start(self.config, self.model_path, self.actor_ref, self.generation)
         for msg in self.inflight.values():  # replay in submission order
-            self.batcher.tell(msg)
+            _tell_quietly(self.batcher, msg)
 
     # -- messages (supervisor thread) -------------------------------------------------------
 
@@ -69,7 +74,7 @@ class SupervisorActor(pykka.ThreadingActor):
             self._on_generate(message)
         elif isinstance(message, Cancel):
             if self.batcher is not None:
-                self.batcher.tell(message)
+                _tell_quietly(self.batcher, message)
         elif isinstance(message, Forget):
             self.inflight.pop(message.request_id, None)
         elif isinstance(message, BatcherReady):
@@ -95,7 +100,9 @@ class SupervisorActor(pykka.ThreadingActor):
         me = self.actor_ref
         msg.reply.future.add_done_callback(lambda _f, rid=msg.request_id: _tell_quietly(me, Forget(rid)))
         if self.batcher is not None:
-            self.batcher.tell(msg)
+            # A batcher that just died raises ActorDeadError here; the request stays in
+            # inflight and is replayed when its BatcherFailed arrives and a new one starts.
+            _tell_quietly(self.batcher, msg)
 
     def _on_batcher_failed(self, msg: BatcherFailed) -> None:
         if msg.generation != self.generation or self.state in ("failed", "stopped"):

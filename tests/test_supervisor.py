@@ -17,8 +17,10 @@ def test_a_crashed_batcher_is_restarted_and_a_queued_request_still_completes(sta
     llm = start_llm(n_parallel=2, batch_size=8, batch_timeout_ms=300)
     queued = llm.submit("Hello there", max_tokens=4, temperature=0, ignore_eos=True)  # waits for its window
     batcher_ref(llm).tell(NotAMessage())
+    right_after = [llm.submit(f"Right after the crash {i}", max_tokens=2) for i in range(4)]  # may meet the dead ref
     completion = queued.result(timeout=60)
     assert completion.usage.completion_tokens == 4
+    assert all(f.result(timeout=60).usage.completion_tokens <= 2 for f in right_after)
     stats = llm.stats()
     assert stats["restarts"] == 1 and stats["generation"] == 2 and stats["state"] == "ready"
 
