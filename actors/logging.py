@@ -32,11 +32,12 @@ def configure(fmt: LogFormat | str = "auto", level: str = "info") -> None:
         renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     else:
         raise ValueError(f"log format must be auto, console or json, got {fmt!r}")
+    timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            timestamper,
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
             renderer,
@@ -45,7 +46,17 @@ def configure(fmt: LogFormat | str = "auto", level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=max(level_no, logging.WARNING), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    # pykka and uvicorn log through the standard library: render their lines the same way, so a
+    # JSON log stream stays one JSON object per line (tracebacks included).
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name, timestamper],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    *([structlog.processors.format_exc_info] if fmt == "json" else []), renderer],
+    ))
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(max(level_no, logging.WARNING))
 
 
 def configure_default() -> None:
