@@ -19,7 +19,16 @@ import structlog
 
 from llamactor.config import Config
 from llamactor.errors import ContextFullError, LlamactorError, QueueFullError
-from llamactor.messages import BatcherFailed, BatcherReady, Cancel, FlushDue, Generate, GetStats, Step
+from llamactor.messages import (
+    BatcherFailed,
+    BatcherReady,
+    Cancel,
+    FlushDue,
+    Generate,
+    GetStats,
+    Step,
+    tell_quietly,
+)
 from llamactor.native.engine import Engine
 from llamactor.native.sampling import sample
 from llamactor.prompts import PromptBuilder
@@ -66,7 +75,7 @@ class BatcherActor(pykka.ThreadingActor):
                                        batch_size=cfg.flush_batch_size, batch_timeout_s=cfg.batch_timeout_ms / 1000,
                                        max_queue=cfg.max_queue, shared_prefixes=tuple(prefixes))
             if self.supervisor is not None:
-                self.supervisor.tell(BatcherReady(self.generation, self.engine.info))
+                tell_quietly(self.supervisor, BatcherReady(self.generation, self.engine.info))
             log.info("batcher_started", generation=self.generation, n_ctx=self.engine.info.n_ctx,
                      n_ctx_seq=self.engine.info.n_ctx_seq, n_parallel=cfg.n_parallel,
                      n_prefix_tokens=self.n_prefix_tokens)
@@ -88,10 +97,7 @@ class BatcherActor(pykka.ThreadingActor):
     def _report_failure(self, error: BaseException) -> None:
         self._cancel_timer()
         if self.supervisor is not None:
-            try:
-                self.supervisor.tell(BatcherFailed(self.generation, repr(error)))
-            except pykka.ActorDeadError:
-                pass
+            tell_quietly(self.supervisor, BatcherFailed(self.generation, repr(error)))
 
     # -- messages (batcher thread) ----------------------------------------------------------
 
@@ -147,7 +153,8 @@ class BatcherActor(pykka.ThreadingActor):
         deadline = self.scheduler.flush_deadline()
         if deadline is not None and self._timer is None:
             self._timer_id += 1
-            self._timer = threading.Timer(max(0.0, deadline - now), self.actor_ref.tell, (FlushDue(self._timer_id),))
+            self._timer = threading.Timer(max(0.0, deadline - now), tell_quietly,
+                                          (self.actor_ref, FlushDue(self._timer_id)))
             self._timer.daemon = True
             self._timer.start()
 

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pykka
+
 from llamactor.completion import Completion
 from llamactor.config import SamplingParams
 
@@ -122,3 +124,11 @@ class RestartBatcher:
     """Supervisor's backoff timer -> supervisor: start a new batcher now."""
 
     generation: int
+
+
+def tell_quietly(ref: pykka.ActorRef[Any], message: Any) -> None:
+    """``tell``, except that a dead recipient (the tree is stopping or restarting) is not an error."""
+    try:
+        ref.tell(message)
+    except pykka.ActorDeadError:
+        pass

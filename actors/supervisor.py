@@ -21,7 +21,16 @@ import structlog
 from llamactor.batcher import BatcherActor
 from llamactor.config import Config
 from llamactor.errors import BatcherRestartedError, BatcherUnavailableError
-from llamactor.messages import BatcherFailed, BatcherReady, Cancel, Forget, Generate, GetStats, RestartBatcher
+from llamactor.messages import (
+    BatcherFailed,
+    BatcherReady,
+    Cancel,
+    Forget,
+    Generate,
+    GetStats,
+    RestartBatcher,
+    tell_quietly,
+)
 
 log = structlog.get_logger("llamactor.supervisor")
 
@@ -65,7 +74,7 @@ class SupervisorActor(pykka.ThreadingActor):
         self.generation += 1
         self.batcher = BatcherActor.start(self.config, self.model_path, self.actor_ref, self.generation)
         for msg in self.inflight.values():  # replay in submission order
-            _tell_quietly(self.batcher, msg)
+            tell_quietly(self.batcher, msg)
 
     # -- messages (supervisor thread) -------------------------------------------------------
 
@@ -74,7 +83,7 @@ class SupervisorActor(pykka.ThreadingActor):
             self._on_generate(message)
         elif isinstance(message, Cancel):
             if self.batcher is not None:
-                _tell_quietly(self.batcher, message)
+                tell_quietly(self.batcher, message)
         elif isinstance(message, Forget):
             self.inflight.pop(message.request_id, None)
         elif isinstance(message, BatcherReady):
@@ -98,11 +107,11 @@ class SupervisorActor(pykka.ThreadingActor):
             return
         self.inflight[msg.request_id] = msg
         me = self.actor_ref
-        msg.reply.future.add_done_callback(lambda _f, rid=msg.request_id: _tell_quietly(me, Forget(rid)))
+        msg.reply.future.add_done_callback(lambda _f, rid=msg.request_id: tell_quietly(me, Forget(rid)))
         if self.batcher is not None:
             # A batcher that just died raises ActorDeadError here; the request stays in
             # inflight and is replayed when its BatcherFailed arrives and a new one starts.
-            _tell_quietly(self.batcher, msg)
+            tell_quietly(self.batcher, msg)
 
     def _on_batcher_failed(self, msg: BatcherFailed) -> None:
         if msg.generation != self.generation or self.state in ("failed", "stopped"):
@@ -128,7 +137,7 @@ class SupervisorActor(pykka.ThreadingActor):
         delay = min(0.05 * 2 ** (len(self.restart_times) - 1), 5.0)
         log.warning("batcher_restarting", generation=self.generation, delay_s=delay, reason=msg.reason,
                     requests_replayed=len(self.inflight))
-        self._restart_timer = threading.Timer(delay, _tell_quietly, (self.actor_ref, RestartBatcher(self.generation)))
+        self._restart_timer = threading.Timer(delay, tell_quietly, (self.actor_ref, RestartBatcher(self.generation)))
         self._restart_timer.daemon = True
         self._restart_timer.start()
 
@@ -151,10 +160,3 @@ class SupervisorActor(pykka.ThreadingActor):
             except (pykka.ActorDeadError, pykka.Timeout):
                 pass
         return stats
-
-
-def _tell_quietly(ref: pykka.ActorRef[Any], message: Any) -> None:
-    try:
-        ref.tell(message)
-    except pykka.ActorDeadError:
-        pass  # the tree is shutting down; nobody is left to tell
