@@ -222,12 +222,12 @@ class BatcherActor(pykka.ThreadingActor):
             seq.n_past += chunk.n_tokens
         logits = result.logits if len(rows) == len(result.logits) else result.logits[rows]
         t_sample = time.perf_counter()
-        tokens, logprobs = sample(logits, [s.state.row_spec(s.token_ids) for s in to_sample])
+        sampled = sample(logits, [s.state.row_spec(s.token_ids) for s in to_sample])
         self.step_ms["sample"] += (time.perf_counter() - t_sample) * 1000
-        for seq, token, logprob in zip(to_sample, tokens, logprobs):
+        for seq, token, logprob, top in zip(to_sample, sampled.tokens, sampled.logprobs, sampled.top):
             if seq.first_token_at is None:
                 seq.first_token_at = now
-            reason = seq.state.accept(seq, token, logprob, self.engine.tokenizer, self.engine.info.n_ctx_seq)
+            reason = seq.state.accept(seq, token, logprob, top, self.engine.tokenizer, self.engine.info.n_ctx_seq)
             if reason is not None:
                 self._finish(seq, reason)
             elif seq.request.reply.future.done():  # the caller cancelled its future

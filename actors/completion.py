@@ -29,6 +29,15 @@ class Timings:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token: its text, its log-probability, and the most likely alternatives."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Completion:
     request_id: str
     text: str
@@ -36,7 +45,7 @@ class Completion:
     finish_reason: FinishReason
     usage: Usage
     timings: Timings
-    logprobs: tuple[float, ...] | None = None  # log-probability of each chosen token, if asked
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per generated token, if asked
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -35,7 +35,8 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    logprobs: bool = False
+    logprobs: bool = False  # report each chosen token's log-probability
+    top_logprobs: int = 0  # and this many most likely alternatives at each position (implies logprobs)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -54,6 +55,10 @@ class SamplingParams:
         _require(-2.0 <= self.frequency_penalty <= 2.0,
                  f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         _require(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+        _require(isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= 20,
+                 f"top_logprobs must be in [0, 20], got {self.top_logprobs!r}")
+        if self.top_logprobs and not self.logprobs:
+            object.__setattr__(self, "logprobs", True)
         _require(len(self.stop) <= 16 and all(isinstance(s, str) and s for s in self.stop),
                  "stop must be at most 16 non-empty strings")
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from llamactor.completion import Completion
 from llamactor.errors import InvalidRequestError
 
 
@@ -34,7 +35,6 @@ class _Request(BaseModel):
     min_p: float | None = Field(default=None, ge=0, le=1)
     repeat_penalty: float | None = Field(default=None, gt=0)
     ignore_eos: bool = False
-    logprobs: int | bool | None = None  # accepted for compatibility; only "off" is served
 
     def sampling(self, *, index: int = 0) -> dict[str, Any]:
         """llamactor sampling options; with ``n`` > 1 each choice gets its own seed."""
@@ -54,8 +54,11 @@ class _Request(BaseModel):
     def check(self) -> None:
         if self.stream and self.n > 1:
             raise InvalidRequestError("n > 1 is not supported together with stream: true")
-        if self.logprobs:
-            raise InvalidRequestError("logprobs is not supported by this server")
+        if self.stream and self.wants_logprobs():
+            raise InvalidRequestError("logprobs are not supported together with stream: true")
+
+    def wants_logprobs(self) -> bool:
+        return False
 
 
 class StreamOptions(BaseModel):
@@ -65,7 +68,7 @@ class StreamOptions(BaseModel):
 
 class CompletionRequest(_Request):
     prompt: str | list[int] | list[str]
-    logprobs: int | None = Field(default=None, ge=0, le=1)
+    logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
     stream_options: StreamOptions | None = None
 
@@ -76,6 +79,15 @@ class CompletionRequest(_Request):
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
             if len(self.prompt) != 1:
                 raise InvalidRequestError("a list of several prompts is not supported; send one request each")
+
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None
+
+    def sampling(self, *, index: int = 0) -> dict[str, Any]:
+        out = super().sampling(index=index)
+        if self.logprobs is not None:
+            out.update(logprobs=True, top_logprobs=self.logprobs)
+        return out
 
     def prompt_value(self) -> str | list[int]:
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
@@ -105,12 +117,23 @@ class ChatRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     stream_options: StreamOptions | None = None
+
+    def wants_logprobs(self) -> bool:
+        return self.logprobs
+
+    def check(self) -> None:
+        super().check()
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequestError("top_logprobs needs logprobs: true")
 
     def sampling(self, *, index: int = 0) -> dict[str, Any]:
         out = super().sampling(index=index)
         if self.max_completion_tokens is not None:
             out["max_tokens"] = self.max_completion_tokens
+        if self.logprobs:
+            out.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         return out
 
     def message_dicts(self) -> list[dict[str, str]]:
@@ -119,6 +142,29 @@ class ChatRequest(_Request):
 
 def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def chat_logprobs(c: Completion) -> dict[str, Any] | None:
+    """A chat choice's ``logprobs`` object, as OpenAI shapes it."""
+    if c.logprobs is None:
+        return None
+
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+    return {"content": [{**entry(t.token, t.logprob), "top_logprobs": [entry(a, v) for a, v in t.top]}
+                        for t in c.logprobs]}
+
+
+def completion_logprobs(c: Completion, n_top: int) -> dict[str, Any] | None:
+    """A legacy completion choice's ``logprobs`` object (tokens, token_logprobs, top, offsets)."""
+    if c.logprobs is None:
+        return None
+    offsets, at = [], 0
+    for t in c.logprobs:
+        offsets.append(at)
+        at += len(t.token)
+    return {"tokens": [t.token for t in c.logprobs], "token_logprobs": [t.logprob for t in c.logprobs],
+            "top_logprobs": [dict(t.top) for t in c.logprobs] if n_top else None, "text_offset": offsets}
 
 
 FINISH_REASON = {"stop": "stop", "length": "length", "cancelled": "stop", "context_full": "length"}

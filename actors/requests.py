@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from llamactor.completion import Completion, Timings, Usage
+from llamactor.completion import Completion, Timings, TokenLogprob, Usage
 from llamactor.config import SamplingParams
 from llamactor.errors import CancelledError, LlamactorError
 from llamactor.native.sampling import RowSpec
@@ -29,7 +29,7 @@ class RequestState:
     params: SamplingParams
     rng: np.random.Generator
     text: TextAssembler
-    logprobs: list[float] | None = None
+    logprobs: list[TokenLogprob] | None = None
     n_generated: int = 0
     spec: RowSpec | None = field(default=None)
 
@@ -43,20 +43,21 @@ class RequestState:
         p = self.params
         if self.spec is None:
             self.spec = RowSpec(p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty, p.presence_penalty,
-                                p.frequency_penalty, self.rng, (), p.logprobs)
+                                p.frequency_penalty, self.rng, (), p.logprobs, p.top_logprobs)
         if p.has_penalties and p.repeat_last_n > 0:
             self.spec.recent_tokens = token_ids[-p.repeat_last_n:]
         return self.spec
 
-    def accept(self, seq: Sequence, token: int, logprob: float | None, tokenizer: Tokenizer,
-               n_ctx_seq: int) -> str | None:
+    def accept(self, seq: Sequence, token: int, logprob: float | None, top: list[tuple[int, float]],
+               tokenizer: Tokenizer, n_ctx_seq: int) -> str | None:
         """Take the sampled ``token``; stream its text; return a finish reason, or None to go on."""
         if tokenizer.is_eog(token) and not self.params.ignore_eos:
             return "stop"
         seq.token_ids.append(token)
         self.n_generated += 1
         if self.logprobs is not None and logprob is not None:
-            self.logprobs.append(logprob)
+            text = tokenizer.token_text
+            self.logprobs.append(TokenLogprob(text(token), logprob, tuple((text(t), lp) for t, lp in top)))
         seq.request.reply.send_piece(self.text.push(tokenizer.token_bytes(token)))
         if self.text.stopped:
             return "stop"

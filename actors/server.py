@@ -26,7 +26,14 @@ import llamactor
 from llamactor.body_limit import BodyLimitMiddleware
 from llamactor.errors import BatcherUnavailableError, LlamactorError
 from llamactor.metrics import Metrics
-from llamactor.openai_schema import FINISH_REASON, ChatRequest, CompletionRequest, error_body
+from llamactor.openai_schema import (
+    FINISH_REASON,
+    ChatRequest,
+    CompletionRequest,
+    chat_logprobs,
+    completion_logprobs,
+    error_body,
+)
 
 log = structlog.get_logger("llamactor.http")
 
@@ -121,8 +128,9 @@ def create_app(state: ServerState) -> FastAPI:
             state.metrics.observe(c)
         return OACompletion.model_validate({
             "id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_id,
-            "choices": [{"index": i, "text": c.text, "finish_reason": FINISH_REASON[c.finish_reason]}
-                        for i, c in enumerate(done)], "usage": _usage(done)}).model_dump(exclude_none=True)
+            "choices": [{"index": i, "text": c.text, "finish_reason": FINISH_REASON[c.finish_reason],
+                         "logprobs": completion_logprobs(c, body.logprobs or 0)} for i, c in enumerate(done)],
+            "usage": _usage(done)}).model_dump(exclude_none=True)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatRequest, request: Request) -> Any:
@@ -141,7 +149,8 @@ def create_app(state: ServerState) -> FastAPI:
         return ChatCompletion.model_validate({
             "id": rid, "object": "chat.completion", "created": int(time.time()), "model": state.model_id,
             "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
-                         "finish_reason": FINISH_REASON[c.finish_reason]} for i, c in enumerate(done)],
+                         "finish_reason": FINISH_REASON[c.finish_reason], "logprobs": chat_logprobs(c)}
+                        for i, c in enumerate(done)],
             "usage": _usage(done)}).model_dump(exclude_none=True)
 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=state.max_body_bytes)  # outermost: runs first

@@ -32,6 +32,7 @@ class RowSpec:
     rng: np.random.Generator
     recent_tokens: Sequence[int]  # the last repeat_last_n tokens (prompt + generated)
     want_logprob: bool
+    top_logprobs: int = 0  # how many most likely alternatives to report with the chosen token
 
     @property
     def greedy(self) -> bool:
@@ -104,12 +105,22 @@ def _sample_filtered(logits: torch.Tensor, specs: list[RowSpec]) -> list[int]:
     return ids.gather(1, pick).squeeze(1).tolist()
 
 
-def sample(logits: np.ndarray, specs: list[RowSpec]) -> tuple[list[int], list[float | None]]:
-    """Choose one token per row of ``logits`` ([rows, vocab] float32); return tokens and logprobs."""
+@dataclass(slots=True)
+class Sampled:
+    """One step's choices: a token per row, and for rows that asked, its log-probability under
+    the raw distribution and the ``top_logprobs`` most likely ``(token, logprob)`` pairs."""
+
+    tokens: list[int]
+    logprobs: list[float | None]
+    top: list[list[tuple[int, float]]]
+
+
+def sample(logits: np.ndarray, specs: list[RowSpec]) -> Sampled:
+    """Choose one token per row of ``logits`` ([rows, vocab] float32)."""
     if not any(s.penalised or s.want_logprob or not s.greedy for s in specs):
         # numpy, not torch: one argmax per row with no thread-pool wake-up (0.08 ms vs 0.66 ms for
         # one 262k-vocab row here, 1.2 vs 2.9 ms for 16 rows).
-        return logits.argmax(axis=1).tolist(), [None] * len(specs)
+        return Sampled(logits.argmax(axis=1).tolist(), [None] * len(specs), [[] for _ in specs])
     raw = torch.from_numpy(logits)
     work = raw
     penalised = [i for i, s in enumerate(specs) if s.penalised]
@@ -128,10 +139,18 @@ def sample(logits: np.ndarray, specs: list[RowSpec]) -> tuple[list[int], list[fl
         for i, t in zip(sampled_rows, _sample_filtered(rows, [specs[i] for i in sampled_rows])):
             tokens[i] = t
     logprobs: list[float | None] = [None] * len(specs)
+    top: list[list[tuple[int, float]]] = [[] for _ in specs]
     wanted = [i for i, s in enumerate(specs) if s.want_logprob]
     if wanted:
-        lse = torch.logsumexp(raw[wanted], dim=1)
-        chosen = raw[wanted, torch.tensor([tokens[i] for i in wanted])]
+        rows = raw[wanted]
+        lse = torch.logsumexp(rows, dim=1)
+        chosen = rows[torch.arange(len(wanted)), torch.tensor([tokens[i] for i in wanted])]
         for i, lp in zip(wanted, (chosen - lse).tolist()):
             logprobs[i] = lp
-    return tokens, logprobs
+        k = max(specs[i].top_logprobs for i in wanted)
+        if k > 0:
+            vals, ids = rows.topk(k, dim=1)
+            for j, i in enumerate(wanted):
+                n = specs[i].top_logprobs
+                top[i] = list(zip(ids[j, :n].tolist(), (vals[j, :n] - lse[j]).tolist()))
+    return Sampled(tokens, logprobs, top)

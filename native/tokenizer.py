@@ -46,6 +46,10 @@ class Tokenizer:
             piece = self._piece_cache[token] = self._piece(token, special=False)
         return piece
 
+    def token_text(self, token: int) -> str:
+        """One token's text on its own (a partial UTF-8 character shows as U+FFFD)."""
+        return self.token_bytes(token).decode("utf-8", errors="replace")
+
     def special_text(self, token: int) -> str:
         return self._piece(token, special=True).decode("utf-8", errors="replace") if token >= 0 else ""
 

@@ -42,6 +42,22 @@ def test_completions_and_chat_work_through_the_openai_client_streamed_and_not(da
     assert [m.id for m in client.models.list().data] == [MODEL_ID]
 
 
+def test_logprobs_with_top_alternatives_in_chat_and_legacy_completions(daemon: Daemon) -> None:
+    client = daemon.client()
+    chat = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Count to three"}],
+                                          max_tokens=4, temperature=0, logprobs=True, top_logprobs=2,
+                                          extra_body={"ignore_eos": True})
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens == 4
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in content)  # greedy
+    legacy = client.completions.create(model=MODEL_ID, prompt="One, two,", max_tokens=3, temperature=0, logprobs=1,
+                                       extra_body={"ignore_eos": True})
+    lp = legacy.choices[0].logprobs
+    assert len(lp.tokens) == 3 and all(v <= 0 for v in lp.token_logprobs) and len(lp.top_logprobs[0]) == 1
+    assert lp.text_offset[0] == 0 and "".join(lp.tokens) == legacy.choices[0].text
+
+
 def test_eight_concurrent_streams_all_complete(daemon: Daemon) -> None:
     client = daemon.client()
 
@@ -71,6 +87,9 @@ def test_bad_input_gets_openai_style_4xx_errors_never_a_500(daemon: Daemon) -> N
         client.completions.create(model=MODEL_ID, prompt="hi", extra_body={"temprature": 1})
     with pytest.raises(openai.BadRequestError, match="empty"):
         client.completions.create(model=MODEL_ID, prompt="")
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], stream=True,
+                                       logprobs=True)
     with pytest.raises(openai.AuthenticationError):
         daemon.client(api_key="wrong").completions.create(model=MODEL_ID, prompt="hi")
     headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}

@@ -76,36 +76,39 @@ def test_a_step_that_does_not_fit_the_kv_cache_fails_only_the_sequences_that_do_
 
 def test_greedy_rows_cost_one_argmax_and_match_numpy(engine: Engine) -> None:
     logits = np.random.default_rng(1).standard_normal((3, 1000)).astype(np.float32)
-    tokens, logprobs = sample(logits, [spec(), spec(), spec()])
-    assert tokens == list(np.argmax(logits, axis=1)) and logprobs == [None] * 3
+    result = sample(logits, [spec(), spec(), spec()])
+    assert result.tokens == list(np.argmax(logits, axis=1)) and result.logprobs == [None] * 3
 
 
 def test_seeded_sampling_repeats_and_top_k_one_is_greedy() -> None:
     logits = np.random.default_rng(2).standard_normal((2, 5000)).astype(np.float32)
-    draws_a = [sample(logits, [spec(temperature=1.0, rng=np.random.default_rng(7))] * 2)[0] for _ in range(1)]
-    draws_b = [sample(logits, [spec(temperature=1.0, rng=np.random.default_rng(7))] * 2)[0] for _ in range(1)]
+    draws_a = sample(logits, [spec(temperature=1.0, rng=np.random.default_rng(7))] * 2).tokens
+    draws_b = sample(logits, [spec(temperature=1.0, rng=np.random.default_rng(7))] * 2).tokens
     assert draws_a == draws_b
-    tokens, _ = sample(logits, [spec(temperature=1.5, top_k=1), spec(temperature=0.7, top_k=1)])
-    assert tokens == list(np.argmax(logits, axis=1))
+    greedy_by_top_k = sample(logits, [spec(temperature=1.5, top_k=1), spec(temperature=0.7, top_k=1)]).tokens
+    assert greedy_by_top_k == list(np.argmax(logits, axis=1))
 
 
 def test_top_p_and_min_p_never_draw_outside_the_nucleus() -> None:
     logits = np.full((1, 1000), -10.0, np.float32)
     logits[0, [3, 4, 5]] = [5.0, 4.9, 4.8]
     rng = np.random.default_rng(3)
-    drawn = {sample(logits, [spec(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0, rng=rng)])[0][0] for _ in range(50)}
+    drawn = {sample(logits, [spec(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0, rng=rng)]).tokens[0] for _ in range(50)}
     assert drawn <= {3, 4, 5} and len(drawn) > 1
-    drawn = {sample(logits, [spec(temperature=1.0, top_k=0, top_p=1.0, min_p=0.5, rng=rng)])[0][0] for _ in range(50)}
+    drawn = {sample(logits, [spec(temperature=1.0, top_k=0, top_p=1.0, min_p=0.5, rng=rng)]).tokens[0] for _ in range(50)}
     assert drawn <= {3, 4, 5}
 
 
 def test_penalties_push_down_recent_tokens_and_logprobs_are_from_the_raw_distribution() -> None:
     logits = np.zeros((1, 10), np.float32)
     logits[0, 2], logits[0, 3] = 2.0, 1.9
-    tokens, logprobs = sample(logits.copy(), [spec(repeat_penalty=1.5, recent_tokens=[2], want_logprob=True)])
-    assert tokens == [3]
+    result = sample(logits.copy(), [spec(repeat_penalty=1.5, recent_tokens=[2], want_logprob=True, top_logprobs=2)])
+    assert result.tokens == [3]
     raw = logits[0] - np.log(np.exp(logits[0]).sum())
-    assert logprobs[0] == pytest.approx(float(raw[3]), abs=1e-5)
+    assert result.logprobs[0] == pytest.approx(float(raw[3]), abs=1e-5)
+    # the alternatives are the raw distribution's most likely tokens, best first
+    assert [t for t, _ in result.top[0]] == [2, 3]
+    assert result.top[0][0][1] == pytest.approx(float(raw[2]), abs=1e-5)
 
 
 def test_decode_batch_takes_the_adrs_entries_and_matches_the_mixed_form(engine: Engine) -> None:

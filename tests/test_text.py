@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import llamactor
 
 
@@ -27,9 +29,15 @@ def test_the_same_seed_gives_the_same_text_and_other_seeds_vary(llm: llamactor.L
     assert len(set(texts)) >= 2
 
 
-def test_logprobs_are_returned_per_generated_token_when_asked(llm: llamactor.LLM) -> None:
-    c = llm.ask("One, two, three,", max_tokens=5, temperature=0, logprobs=True, ignore_eos=True)
-    assert c.logprobs is not None and len(c.logprobs) == 5 and all(lp <= 0 for lp in c.logprobs)
+def test_logprobs_are_returned_per_generated_token_with_the_top_alternatives(llm: llamactor.LLM) -> None:
+    c = llm.ask("One, two, three,", max_tokens=5, temperature=0, top_logprobs=3, ignore_eos=True)
+    assert c.logprobs is not None and len(c.logprobs) == 5
+    assert "".join(lp.token for lp in c.logprobs) == c.text
+    for lp in c.logprobs:
+        assert lp.logprob <= 0 and len(lp.top) == 3
+        assert lp.top[0] == (lp.token, pytest.approx(lp.logprob))  # greedy: the chosen token is the best
+        assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
+    assert llm.ask("One, two,", max_tokens=2).logprobs is None
 
 
 def test_chat_applies_the_template_and_stops_at_the_end_of_turn(llm: llamactor.LLM) -> None:
