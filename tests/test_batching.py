@@ -74,3 +74,17 @@ def test_the_async_api_serves_many_tasks_on_one_event_loop(llm: llamactor.LLM) -
 
     pieces, completion = asyncio.run(collect())
     assert "".join(pieces) == completion.text and completion.usage.completion_tokens <= 6
+
+
+def test_several_event_loops_in_several_threads_share_one_tree(llm: llamactor.LLM) -> None:
+    import asyncio
+
+    async def one_loop(tag: int) -> list[str]:
+        async def streamed(i: int) -> str:
+            return "".join([p async for p in llm.stream_async(f"Loop {tag} item {i}:", max_tokens=4, ignore_eos=True)])
+        plain = await llm.ask_async(f"Loop {tag}:", max_tokens=4, ignore_eos=True)
+        return [plain.text, *await asyncio.gather(*(streamed(i) for i in range(3)))]
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda tag: asyncio.run(one_loop(tag)), range(3)))
+    assert len(results) == 3 and all(len(texts) == 4 and all(texts) for texts in results)
