@@ -122,12 +122,10 @@ def create_app(state: ServerState) -> FastAPI:
         if body.stream:
             stream = llm.stream_async(body.prompt_value(), request_id=rid, **body.sampling())
             return _sse(_completion_chunks(stream, rid, state), request)
-        done = await _gather(request, [llm.submit(body.prompt_value(), request_id=_choice_id(rid, i, body.n),
-                                                  **body.sampling(index=i)) for i in range(body.n)])
-        for c in done:
-            state.metrics.observe(c)
+        done = await _complete(request, state, body.n, lambda i: llm.submit(
+            body.prompt_value(), request_id=_choice_id(rid, i, body.n), **body.sampling(index=i)))
         return OACompletion.model_validate({
-            "id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_id,
+            **_envelope(rid, "text_completion", state),
             "choices": [{"index": i, "text": c.text, "finish_reason": FINISH_REASON[c.finish_reason],
                          "logprobs": completion_logprobs(c, body.logprobs or 0)} for i, c in enumerate(done)],
             "usage": _usage(done)}).model_dump(exclude_none=True)
@@ -142,12 +140,10 @@ def create_app(state: ServerState) -> FastAPI:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             stream = llm.stream_chat_async(messages, request_id=rid, **body.sampling())
             return _sse(_chat_chunks(stream, rid, state, include_usage), request)
-        done = await _gather(request, [llm.submit_chat(messages, request_id=_choice_id(rid, i, body.n),
-                                                       **body.sampling(index=i)) for i in range(body.n)])
-        for c in done:
-            state.metrics.observe(c)
+        done = await _complete(request, state, body.n, lambda i: llm.submit_chat(
+            messages, request_id=_choice_id(rid, i, body.n), **body.sampling(index=i)))
         return ChatCompletion.model_validate({
-            "id": rid, "object": "chat.completion", "created": int(time.time()), "model": state.model_id,
+            **_envelope(rid, "chat.completion", state),
             "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
                          "finish_reason": FINISH_REASON[c.finish_reason], "logprobs": chat_logprobs(c)}
                         for i, c in enumerate(done)],
@@ -172,6 +168,20 @@ def _ready_llm(state: ServerState, model: str) -> llamactor.LLM:
     if state.llm is None or state.draining:
         raise BatcherUnavailableError("the model is loading or the server is shutting down")
     return state.llm
+
+
+def _envelope(rid: str, kind: str, state: ServerState) -> dict[str, Any]:
+    """The fields every completion object and chunk starts with."""
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": state.model_id}
+
+
+async def _complete(request: Request, state: ServerState, n: int,
+                    submit: Callable[[int], Any]) -> list[llamactor.Completion]:
+    """Submit the ``n`` choices, await them (cancelling on disconnect), count them in the metrics."""
+    done = await _gather(request, [submit(i) for i in range(n)])
+    for c in done:
+        state.metrics.observe(c)
+    return done
 
 
 def _choice_id(rid: str, index: int, n: int) -> str:
@@ -227,7 +237,7 @@ async def _stream_errors(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator
 
 async def _completion_chunks(stream: Any, rid: str, state: ServerState) -> AsyncIterator[dict[str, Any]]:
     async def events() -> AsyncIterator[dict[str, Any]]:
-        base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_id}
+        base = _envelope(rid, "text_completion", state)
         async for piece in stream:
             yield {**base, "choices": [{"index": 0, "text": piece, "finish_reason": None}]}
         c = stream.completion
@@ -240,7 +250,7 @@ async def _completion_chunks(stream: Any, rid: str, state: ServerState) -> Async
 
 async def _chat_chunks(stream: Any, rid: str, state: ServerState, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
     async def events() -> AsyncIterator[dict[str, Any]]:
-        base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": state.model_id}
+        base = _envelope(rid, "chat.completion.chunk", state)
         yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
         async for piece in stream:
             yield {**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
