@@ -52,8 +52,6 @@ class _Request(BaseModel):
         return out
 
     def check(self) -> None:
-        if self.stream and self.n > 1:
-            raise InvalidRequestError("n > 1 is not supported together with stream: true")
         if self.stream and self.wants_logprobs():
             raise InvalidRequestError("logprobs are not supported together with stream: true")
 

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from openai.types import Completion as OACompletion
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion
 
 import llamactor
 from llamactor.body_limit import BodyLimitMiddleware
@@ -34,6 +33,7 @@ from llamactor.openai_schema import (
     completion_logprobs,
     error_body,
 )
+from llamactor.sse import chat_chunks, completion_chunks, sse_response, usage
 
 log = structlog.get_logger("llamactor.http")
 
@@ -120,15 +120,17 @@ def create_app(state: ServerState) -> FastAPI:
         body.check()
         rid = f"cmpl-{request.state.request_id}"
         if body.stream:
-            stream = llm.stream_async(body.prompt_value(), request_id=rid, **body.sampling())
-            return _sse(_completion_chunks(stream, rid, state), request)
+            streams = [llm.stream_async(body.prompt_value(), request_id=_choice_id(rid, i, body.n),
+                                        **body.sampling(index=i)) for i in range(body.n)]
+            return sse_response(completion_chunks(streams, lambda: _envelope(rid, "text_completion", state),
+                                                  state.metrics.observe))
         done = await _complete(request, state, body.n, lambda i: llm.submit(
             body.prompt_value(), request_id=_choice_id(rid, i, body.n), **body.sampling(index=i)))
         return OACompletion.model_validate({
             **_envelope(rid, "text_completion", state),
             "choices": [{"index": i, "text": c.text, "finish_reason": FINISH_REASON[c.finish_reason],
                          "logprobs": completion_logprobs(c, body.logprobs or 0)} for i, c in enumerate(done)],
-            "usage": _usage(done)}).model_dump(exclude_none=True)
+            "usage": usage(done)}).model_dump(exclude_none=True)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatRequest, request: Request) -> Any:
@@ -138,8 +140,10 @@ def create_app(state: ServerState) -> FastAPI:
         messages = body.message_dicts()
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            stream = llm.stream_chat_async(messages, request_id=rid, **body.sampling())
-            return _sse(_chat_chunks(stream, rid, state, include_usage), request)
+            streams = [llm.stream_chat_async(messages, request_id=_choice_id(rid, i, body.n), **body.sampling(index=i))
+                       for i in range(body.n)]
+            return sse_response(chat_chunks(streams, lambda: _envelope(rid, "chat.completion.chunk", state),
+                                            state.metrics.observe, include_usage))
         done = await _complete(request, state, body.n, lambda i: llm.submit_chat(
             messages, request_id=_choice_id(rid, i, body.n), **body.sampling(index=i)))
         return ChatCompletion.model_validate({
@@ -147,7 +151,7 @@ def create_app(state: ServerState) -> FastAPI:
             "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
                          "finish_reason": FINISH_REASON[c.finish_reason], "logprobs": chat_logprobs(c)}
                         for i, c in enumerate(done)],
-            "usage": _usage(done)}).model_dump(exclude_none=True)
+            "usage": usage(done)}).model_dump(exclude_none=True)
 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=state.max_body_bytes)  # outermost: runs first
     return app
@@ -189,12 +193,6 @@ def _choice_id(rid: str, index: int, n: int) -> str:
     return rid if n == 1 else f"{rid}-{index}"
 
 
-def _usage(done: list[llamactor.Completion]) -> dict[str, int]:
-    prompt = done[0].usage.prompt_tokens
-    completion = sum(c.usage.completion_tokens for c in done)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
 async def _gather(request: Request, futures: list[Any]) -> list[llamactor.Completion]:
     """Await the completions; if the client disconnects first, cancel them."""
     work: asyncio.Future[Any] = asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
@@ -216,50 +214,3 @@ async def _gather(request: Request, futures: list[Any]) -> list[llamactor.Comple
 async def _wait_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def _sse(events: AsyncIterator[dict[str, Any]], request: Request) -> StreamingResponse:
-    async def body() -> AsyncIterator[str]:
-        async for event in events:
-            yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
-        yield "data: [DONE]\n\n"
-    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-async def _stream_errors(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-    """Once the 200 and headers are sent, an error can only travel as an SSE error event."""
-    try:
-        async for event in events:
-            yield event
-    except LlamactorError as e:
-        yield error_body(str(e), e.code, e.code)
-
-
-async def _completion_chunks(stream: Any, rid: str, state: ServerState) -> AsyncIterator[dict[str, Any]]:
-    async def events() -> AsyncIterator[dict[str, Any]]:
-        base = _envelope(rid, "text_completion", state)
-        async for piece in stream:
-            yield {**base, "choices": [{"index": 0, "text": piece, "finish_reason": None}]}
-        c = stream.completion
-        state.metrics.observe(c)
-        yield {**base, "choices": [{"index": 0, "text": "", "finish_reason": FINISH_REASON[c.finish_reason]}],
-               "usage": _usage([c])}
-    async for event in _stream_errors(events()):
-        yield event
-
-
-async def _chat_chunks(stream: Any, rid: str, state: ServerState, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
-    async def events() -> AsyncIterator[dict[str, Any]]:
-        base = _envelope(rid, "chat.completion.chunk", state)
-        yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-        async for piece in stream:
-            yield {**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
-        c = stream.completion
-        state.metrics.observe(c)
-        yield ChatCompletionChunk.model_validate(
-            {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": FINISH_REASON[c.finish_reason]}]}
-        ).model_dump(exclude_none=True)
-        if include_usage:
-            yield {**base, "choices": [], "usage": _usage([c])}
-    async for event in _stream_errors(events()):
-        yield event

@@ -39,6 +39,19 @@ def test_completions_and_chat_work_through_the_openai_client_streamed_and_not(da
     assert text == c.choices[0].text
     several = client.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=4, n=3, temperature=0.9, seed=1)
     assert [ch.index for ch in several.choices] == [0, 1, 2]
+    texts, reasons = ["", ""], [None, None]
+    for ch in client.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=4, n=2, temperature=0.9, seed=1,
+                                        stream=True, extra_body={"ignore_eos": True}):
+        for choice in ch.choices:
+            texts[choice.index] += choice.text
+            reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    assert all(texts) and reasons == ["length", "length"]  # (texts may differ from `several`: other batch shape)
+    chat_texts = ["", ""]
+    for ch in client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}], n=2,
+                                             max_tokens=4, temperature=0.9, seed=5, stream=True):
+        for choice in ch.choices:
+            chat_texts[choice.index] += choice.delta.content or ""
+    assert all(chat_texts)
     assert [m.id for m in client.models.list().data] == [MODEL_ID]
 
 
