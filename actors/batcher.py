@@ -258,6 +258,3 @@ class BatcherActor(pykka.ThreadingActor):
                 "kv_used": kv_used, "kv_size": self.engine.info.n_ctx,
                 "kv_usage": round(kv_used / self.engine.info.n_ctx, 4), **self.counters,
                 "step_ms": {k: round(v, 3) for k, v in self.step_ms.items()}}
-
-    def engine_info(self) -> Any:
-        return self.engine.info

@@ -45,10 +45,6 @@ class ReplyChannel:
         if not self.future.done():
             self.future.set_exception(error)
 
-    @property
-    def streaming(self) -> bool:
-        return self.on_piece is not None
-
 
 @dataclass(frozen=True, slots=True)
 class Generate:

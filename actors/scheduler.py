@@ -75,10 +75,6 @@ class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
     admitted: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, prefix seq_id or -1)
 
-    @property
-    def n_tokens(self) -> int:
-        return sum(c.n_tokens for c in self.chunks)
-
 
 def common_prefix_len(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
     n = min(len(a), len(b))
@@ -111,9 +107,6 @@ class Scheduler:
             raise QueueFullError(f"{waiting_for_a_sequence} requests already wait for a free sequence "
                                  f"(max_queue={self.max_queue})")
         self.pending.append(seq)
-
-    def has_work(self) -> bool:
-        return bool(self.running or self.pending)
 
     def flush_deadline(self) -> float | None:
         """When the oldest waiting request's window ends, if a timer is what it waits for."""
