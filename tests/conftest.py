@@ -67,13 +67,19 @@ def reference_engine(model_path: str) -> Iterator[Engine]:
     e.close()
 
 
+def decode_prompt(engine: Engine, seq_id: int, tokens: list[int], n_past: int = 0) -> np.ndarray:
+    """Decode ``tokens`` on ``seq_id`` from ``n_past`` in one batch; a copy of the last row's logits."""
+    n = len(tokens)
+    result = engine.decode(np.array(tokens, np.int32), np.arange(n_past, n_past + n, dtype=np.int32),
+                           np.full(n, seq_id, np.int32), np.array([0] * (n - 1) + [1], np.int8))
+    assert not result.failed_seq_ids
+    return result.logits[0].copy()
+
+
 def top2_margin(engine: Engine, tokens: list[int]) -> float:
     """Logit gap between the best and second-best next token after ``tokens``, decoded alone."""
     engine.clear()
-    n = len(tokens)
-    logits = engine.decode(np.array(tokens, np.int32), np.arange(n, dtype=np.int32), np.zeros(n, np.int32),
-                           np.array([0] * (n - 1) + [1], np.int8)).logits[0]
-    top = np.sort(logits)[-2:]
+    top = np.sort(decode_prompt(engine, 0, tokens))[-2:]
     return float(top[1] - top[0])
 
 

@@ -10,20 +10,14 @@ import pytest
 from llamactor.native.engine import Engine
 from llamactor.native.sampling import RowSpec, sample
 
+from .conftest import decode_prompt
+
 
 @pytest.fixture(scope="module")
 def engine(model_path: str) -> Iterator[Engine]:
     e = Engine(model_path, n_ctx=1024, n_batch=256, n_ubatch=256, n_seq_max=4, n_threads=2)
     yield e
     e.close()
-
-
-def decode_prompt(engine: Engine, seq_id: int, tokens: list[int], n_past: int = 0) -> np.ndarray:
-    n = len(tokens)
-    result = engine.decode(np.array(tokens, np.int32), np.arange(n_past, n_past + n, dtype=np.int32),
-                           np.full(n, seq_id, np.int32), np.array([0] * (n - 1) + [1], np.int8))
-    assert not result.failed_seq_ids
-    return result.logits[0].copy()
 
 
 def spec(**kw: object) -> RowSpec:
