@@ -8,6 +8,7 @@ Logging is configured here, once, for the whole process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -86,15 +87,11 @@ def tree_options(opts: dict[str, Any]) -> dict[str, Any]:
 
 def start_tree(opts: dict[str, Any], quiet: bool = False) -> llamactor.LLM:
     """Configure logging, then start the actor tree from the engine options in ``opts``."""
-    opts = tree_options(opts)
-    sampling = {k: opts.pop(k) for k in ("temperature", "max_tokens", "top_p", "top_k", "seed") if k in opts}
-    try:
-        if quiet:
-            return llamactor.start(**opts, **sampling)
-        with _Status(f"loading {opts.get('model') or 'the default model (Gemma 3 270M)'} …"):
-            return llamactor.start(**opts, **sampling)
-    except LlamactorError as e:
-        raise click.ClickException(str(e)) from e
+    opts = tree_options(opts)  # sampling options among them become the tree's defaults
+    status = contextlib.nullcontext() if quiet else _Status(
+        f"loading {opts.get('model') or 'the default model (Gemma 3 270M)'} …")
+    with status:
+        return llamactor.start(**opts)
 
 
 class _Status:
@@ -132,6 +129,7 @@ def main() -> None:
 @main.command()
 @engine_options
 @sampling_options
+@handle_errors
 def chat(**opts: Any) -> None:
     """Interactive chat (REPL) with streaming answers. /help lists the commands."""
     from llamactor.repl import Repl
