@@ -14,6 +14,12 @@ from typing import Any
 from llamactor.errors import InvalidRequestError
 
 
+# Sequences one llama context may hold: llama.cpp's LLAMA_MAX_SEQ (256) halved, because the
+# engine gives every sequence a shadow id (native/batch.py). Running sequences, pinned system
+# prompts (and, later, cached prefixes) share them.
+MAX_SEQUENCES = 128
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise InvalidRequestError(message)
@@ -102,7 +108,8 @@ class Config:
     stats_interval_s: float = 10.0  # how often the batcher logs a batcher_stats line while busy
 
     def __post_init__(self) -> None:
-        _require(self.n_parallel >= 1, f"n_parallel must be >= 1, got {self.n_parallel}")
+        _require(1 <= self.n_parallel <= MAX_SEQUENCES - 2,
+                 f"n_parallel must be in [1, {MAX_SEQUENCES - 2}], got {self.n_parallel}")
         _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")
         _require(self.n_batch >= self.n_parallel,
                  f"n_batch ({self.n_batch}) must be >= n_parallel ({self.n_parallel}): every running "
@@ -114,6 +121,7 @@ class Config:
         _require(self.max_queue >= 1, f"max_queue must be >= 1, got {self.max_queue}")
         _require(self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}")
         _require(self.system_prompt is None or self.system_prompt != "", "system_prompt must not be empty")
+
 
     @property
     def flush_batch_size(self) -> int:

@@ -4,6 +4,11 @@ llama_batch_init allocates one malloc'd ``seq_id`` array per token; filling thos
 Python-level pointer dereference per token. Here every token's ``seq_id`` pointer is set once,
 at construction, to its own slot of one flat int32 array, so a whole step is filled with a few
 numpy slice assignments (seed 004: one batch at ``n_batch`` capacity, reused).
+
+Every token carries two seq_ids: its sequence's and that sequence's *shadow* (``seq_id +
+shadow_offset``). A KV cell then always belongs to at least two sequences, which keeps llama.cpp's
+sliding-window cache from recycling it once it falls out of its sequence's window (it reuses only
+cells with a single owner): cached prefixes keep every cell a later request may attach.
 """
 
 from __future__ import annotations
@@ -19,15 +24,16 @@ _I32P = ctypes.POINTER(ctypes.c_int32)
 class ReusableBatch:
     """One fixed-capacity batch. Used by the batcher thread only."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, shadow_offset: int) -> None:
         self.capacity = capacity
+        self.shadow_offset = shadow_offset
         self.token = np.zeros(capacity, dtype=np.int32)
         self.pos = np.zeros(capacity, dtype=np.int32)
-        self.seq_id = np.zeros(capacity, dtype=np.int32)
+        self.seq_id = np.zeros((capacity, 2), dtype=np.int32)  # [sequence, its shadow] per token
         self.logits = np.zeros(capacity, dtype=np.int8)
-        self._n_seq_id = np.ones(capacity, dtype=np.int32)
+        self._n_seq_id = np.full(capacity, 2, dtype=np.int32)
         base = self.seq_id.ctypes.data
-        self._seq_id_ptrs = (_I32P * capacity)(*(ctypes.cast(base + 4 * i, _I32P) for i in range(capacity)))
+        self._seq_id_ptrs = (_I32P * capacity)(*(ctypes.cast(base + 8 * i, _I32P) for i in range(capacity)))
         self.n_tokens = 0
 
     def fill(self, token: np.ndarray, pos: np.ndarray, seq_id: np.ndarray, logits: np.ndarray) -> None:
@@ -36,7 +42,9 @@ class ReusableBatch:
             raise ValueError(f"{n} tokens exceed the batch capacity {self.capacity}")
         self.token[:n] = token
         self.pos[:n] = pos
-        self.seq_id[:n] = seq_id
+        self.seq_id[:n, 0] = seq_id
+        self.seq_id[:n, 1] = seq_id
+        self.seq_id[:n, 1] += self.shadow_offset
         self.logits[:n] = logits
         self.n_tokens = n
 

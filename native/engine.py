@@ -4,6 +4,11 @@ Only the batcher actor's thread may call an ``Engine`` method after construction
 contexts are not thread-safe). Return codes of ``llama_decode`` become typed outcomes: 1 (no KV
 slot) retries the step in halves down to single tokens and reports the sequences that still do
 not fit; anything else negative raises ``EngineError``, which crashes the batcher on purpose.
+
+Sequence ids: callers use ``0 .. n_seq_max - 1``; the context holds twice as many, because each
+sequence has a shadow id that co-owns all its cells (see ``native/batch.py``). Every KV operation
+applies to both, so to a caller the shadows do not exist. Hence ``MAX_SEQUENCES`` is half of
+llama.cpp's ``LLAMA_MAX_SEQ``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass, field
 import llama_cpp
 import numpy as np
 
+from llamactor.config import MAX_SEQUENCES
 from llamactor.errors import EngineError, ModelLoadError
 from llamactor.native.batch import ReusableBatch
 from llamactor.native.chat_template import ChatTemplate
@@ -70,6 +76,8 @@ class Engine:
     def __init__(self, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
                  n_threads: int, n_gpu_layers: int = 0) -> None:
         _init_backend()
+        if not 1 <= n_seq_max <= MAX_SEQUENCES:
+            raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}], got {n_seq_max}")
         if not os.path.isfile(model_path):
             raise ModelLoadError(f"model file not found: {model_path}")
         mparams = llama_cpp.llama_model_default_params()
@@ -81,10 +89,14 @@ class Engine:
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_ubatch
-        cparams.n_seq_max = n_seq_max
+        cparams.n_seq_max = 2 * n_seq_max  # each sequence and its shadow
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.kv_unified = True  # one KV pool: a shared prefix is stored once, not per sequence
+        # Shadows keep sliding-window cells alive as long as their sequence holds them, so the
+        # SWA cache must have as many cells as the full one (it does anyway once n_swa * n_seq_max
+        # exceeds n_ctx, e.g. 512 * 256 for Gemma 3: no extra memory at the usual sizes).
+        cparams.swa_full = True
         cparams.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         if not self.ctx:
@@ -106,12 +118,13 @@ class Engine:
             n_params=llama_cpp.llama_model_n_params(self.model), size_bytes=llama_cpp.llama_model_size(self.model),
             n_vocab=self.n_vocab, n_ctx_train=llama_cpp.llama_model_n_ctx_train(self.model),
             n_ctx=n_ctx_real, n_ctx_seq=n_ctx_seq, n_batch=llama_cpp.llama_n_batch(self.ctx),
-            n_ubatch=llama_cpp.llama_n_ubatch(self.ctx), n_seq_max=llama_cpp.llama_n_seq_max(self.ctx),
+            n_ubatch=llama_cpp.llama_n_ubatch(self.ctx), n_seq_max=llama_cpp.llama_n_seq_max(self.ctx) // 2,
             n_threads=n_threads, chat_template=self.chat_template.name,
             metadata={k: v for k, v in metadata.items() if k != "tokenizer.chat_template"},
         )
-        self.batch = ReusableBatch(self.info.n_batch)
-        self._scratch = ReusableBatch(self.info.n_batch)  # sub-batches when a step must be split
+        self._shadow = self.info.n_seq_max
+        self.batch = ReusableBatch(self.info.n_batch, self._shadow)
+        self._scratch = ReusableBatch(self.info.n_batch, self._shadow)  # sub-batches when a step must be split
 
     def _metadata(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -195,19 +208,24 @@ class Engine:
     # -- KV cache ---------------------------------------------------------------------------
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
+        """Remove ``seq_id`` from its cells at positions [p0, p1) (-1: open end); freed when unowned."""
         llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
+        llama_cpp.llama_memory_seq_rm(self.memory, seq_id + self._shadow, p0, p1)
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Let ``dst`` share ``src``'s cells at positions [p0, p1): no copy in the unified cache."""
         llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
-
-    def seq_keep(self, seq_id: int) -> None:
-        llama_cpp.llama_memory_seq_keep(self.memory, seq_id)
+        llama_cpp.llama_memory_seq_cp(self.memory, src, dst + self._shadow, p0, p1)
 
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)
 
     def seq_pos_max(self, seq_id: int) -> int:
         return llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id)
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """The lowest position of ``seq_id`` still in the sliding-window cache (-1: none)."""
+        return llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id)
 
     def close(self) -> None:
         if self.ctx:
