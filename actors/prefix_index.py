@@ -1,0 +1,297 @@
+"""The prefix index: which token prefixes have KV cells in the unified cache, and on which seq_ids.
+
+Pure bookkeeping (no threads, no llama calls), run on the batcher's thread through the scheduler.
+It is a radix tree whose nodes are *physical* runs of KV cells: a node's tokens sit at positions
+``[start, end)`` and every seq_id in ``node.seq_ids`` holds those very cells (llama.cpp's unified
+cache keeps a set of seq_ids per cell; ``seq_cp`` adds an id to cells, ``seq_rm`` removes it and
+frees a cell when its set empties). A sequence is a path from the root to its ``leaf`` node, so a
+node's ``seq_ids`` contain its children's. Two sequences that computed the same tokens on their
+own own different cells: the tree may hold sibling nodes with equal tokens.
+
+Tracked sequences are either *running* (the scheduler's) or *entries*: finished requests whose
+KV stays as a cached prefix, and pinned entries (the configured system prompt) that are never
+evicted. The index also owns the pool of seq_ids. What it decides about the KV cache (drop an
+entry, trim its tail) it returns as ``KvOp`` values for the batcher to apply to the engine, in
+order, before the step that follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class KvOp:
+    """``seq_rm(seq_id, p0, -1)`` (``p0 = 0``: the whole sequence), or with ``src`` set,
+    ``seq_cp(src, seq_id, 0, p0)``: attach the first ``p0`` cells of ``src`` to ``seq_id``."""
+
+    seq_id: int
+    p0: int = 0
+    src: int = -1
+
+    def __post_init__(self) -> None:
+        if self.seq_id < 0 or self.p0 < 0 or (self.src >= 0 and self.p0 == 0):
+            raise ValueError(f"bad KV operation {self!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    n_tokens: int  # leading tokens whose KV is in the cache
+    seq_id: int  # a sequence holding them (-1 when n_tokens == 0)
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    tokens: list[int]
+    start: int  # position of tokens[0]
+    parent: Node | None
+    seq_ids: set[int] = field(default_factory=set)
+    children: list[Node] = field(default_factory=list)
+    last_used: float = 0.0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PrefixIndex:
+    """Radix tree of KV cells, the seq_id pool and LRU eviction. Batcher thread only."""
+
+    def __init__(self, *, n_seq_ids: int, n_cells: int) -> None:
+        if n_seq_ids < 1 or n_cells < 1:
+            raise ValueError("the index needs at least one seq_id and one cell")
+        self.n_cells = n_cells  # KV cells in the context
+        self.root = Node([], 0, None)
+        self.leaf: dict[int, Node] = {}  # every tracked seq_id -> the node its KV ends in
+        self.entries: dict[int, bool] = {}  # cached seq_ids -> pinned
+        self.free_ids: list[int] = list(range(n_seq_ids - 1, -1, -1))  # popped from the end: 0 first
+        self.cells_used = 0
+        self.counters = {"lookups": 0, "hits": 0, "hit_tokens": 0, "evicted_entries": 0, "evicted_cells": 0}
+
+    # -- questions ----------------------------------------------------------------------------
+
+    def lookup(self, tokens: Sequence[int], *, pinned_only: bool = False) -> Match:
+        """The longest prefix of ``tokens`` that has KV cells, and a sequence that holds it
+        (``pinned_only``: held by a pinned entry)."""
+        best_n, best_node = 0, self.root
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            for child in node.children:
+                if pinned_only and not any(self.entries.get(s) for s in child.seq_ids):
+                    continue
+                if child.start < len(tokens) and child.tokens[0] == tokens[child.start]:
+                    n = child.start + common_prefix_len(child.tokens, tokens[child.start:child.end])
+                    if n > best_n:
+                        best_n, best_node = n, child
+                    if n == child.end:
+                        stack.append(child)
+        holders = [s for s in best_node.seq_ids if self.entries.get(s)] if pinned_only else best_node.seq_ids
+        return Match(best_n, min(holders) if best_n else -1)
+
+    def is_running(self, seq_id: int) -> bool:
+        return seq_id in self.leaf and seq_id not in self.entries
+
+    def length(self, seq_id: int) -> int:
+        """How many cells ``seq_id`` holds (its positions are 0 .. length - 1)."""
+        return self.leaf[seq_id].end
+
+    def tokens(self, seq_id: int) -> list[int]:
+        return [t for node in reversed(list(self._path(self.leaf[seq_id]))) for t in node.tokens]
+
+    def cache_cells(self) -> int:
+        """Cells held by unpinned entries alone: what evicting every entry would free."""
+        return sum(len(n.tokens) for n in self._nodes()
+                   if all(self.entries.get(s) is False for s in n.seq_ids))
+
+    def pinned_cells(self) -> int:
+        return sum(len(n.tokens) for n in self._nodes() if any(self.entries.get(s) for s in n.seq_ids))
+
+    def stats(self) -> dict[str, int]:
+        return {"entries": sum(not pinned for pinned in self.entries.values()), "cells": self.cache_cells(),
+                "pinned_cells": self.pinned_cells(), **self.counters}
+
+    # -- sequences ----------------------------------------------------------------------------
+
+    def allocate(self, now: float) -> tuple[int, list[KvOp]]:
+        """A free seq_id, dropping the least useful entry if none is free (``IndexError``: none can be)."""
+        ops: list[KvOp] = []
+        if not self.free_ids:
+            victim = self._redundant_entry()
+            if victim is None:
+                victim = self._lru_entry(any_owner=True)
+            if victim is None:
+                raise IndexError("every seq_id is running or pinned")
+            ops.append(self._drop(victim))
+        seq_id = self.free_ids.pop()
+        self.leaf[seq_id] = self.root
+        return seq_id, ops
+
+    def attach(self, seq_id: int, match: Match, now: float) -> list[KvOp]:
+        """Give the fresh ``seq_id`` the first ``match.n_tokens`` cells of ``match.seq_id`` (seq_cp)."""
+        if self.leaf.get(seq_id) is not self.root:
+            raise ValueError(f"seq_id {seq_id} is not a fresh sequence")
+        self.counters["lookups"] += 1
+        if match.n_tokens == 0:
+            return []
+        node = self.leaf[match.seq_id]
+        while node.start >= match.n_tokens:
+            assert node.parent is not None
+            node = node.parent
+        if node.end > match.n_tokens:
+            node = self._split(node, match.n_tokens - node.start)
+        self.leaf[seq_id] = node
+        for n in self._path(node):
+            n.seq_ids.add(seq_id)
+            n.last_used = now
+        self.counters["hits"] += 1
+        self.counters["hit_tokens"] += match.n_tokens
+        return [KvOp(seq_id, match.n_tokens, src=match.seq_id)]
+
+    def extend(self, seq_id: int, tokens: Sequence[int], now: float) -> None:
+        """``seq_id`` computed the KV of ``tokens`` at its next positions."""
+        if not tokens:
+            return
+        leaf = self.leaf[seq_id]
+        if leaf is not self.root and leaf.seq_ids == {seq_id}:
+            leaf.tokens.extend(tokens)  # its own cells, and nobody branches off them: grow in place
+        else:
+            child = Node(list(tokens), leaf.end, leaf, {seq_id})
+            leaf.children.append(child)
+            self.leaf[seq_id] = leaf = child
+        leaf.last_used = now
+        self.cells_used += len(tokens)
+
+    def finish(self, seq_id: int, now: float, *, keep: bool, budget_cells: int | None = None) -> list[KvOp]:
+        """A running sequence ends. With ``keep`` its KV becomes a cached entry (entries it
+        extends are dropped: it holds their cells now), then LRU tails go until the entries hold
+        at most ``budget_cells``; without, its cells are released."""
+        leaf = self.leaf[seq_id]
+        if not keep or leaf is self.root or self._covered(seq_id, entries_only=True):
+            return [self._drop(seq_id)]
+        self.entries[seq_id] = False
+        leaf.last_used = now
+        ops = [self._drop(e) for node in self._path(leaf) for e in list(node.seq_ids)
+               if e != seq_id and self.entries.get(e) is False and self.leaf[e] is node]
+        if budget_cells is not None:
+            ops += self.evict(self.cache_cells() - budget_cells)
+        return ops
+
+    def pin(self, seq_id: int) -> None:
+        """Make the sequence (a prefilled system prompt) a pinned entry: never evicted."""
+        self.entries[seq_id] = True
+
+    def release(self, seq_id: int) -> None:
+        """Forget ``seq_id`` whose cells llama.cpp already removed (a failed decode)."""
+        self._drop(seq_id)
+
+    def evict(self, n_cells: int) -> list[KvOp]:
+        """Free at least ``n_cells`` cells held by entries alone, least recently used tails first;
+        a tail is trimmed (``seq_rm`` from a position) rather than its entry dropped where that
+        is enough. Running sequences lose nothing. Returns the operations (maybe too few)."""
+        ops: list[KvOp] = []
+        while n_cells > 0:
+            victim = self._lru_entry(any_owner=False)
+            if victim is None:
+                break
+            own = self._own_tail(victim)
+            if own > n_cells:
+                keep = self.leaf[victim].end - n_cells
+                self._truncate(victim, keep)
+                ops.append(KvOp(victim, keep))
+                self.counters["evicted_cells"] += n_cells
+                break
+            n_cells -= own
+            self.counters["evicted_cells"] += own
+            self.counters["evicted_entries"] += 1
+            ops.append(self._drop(victim))
+        return ops
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _path(self, node: Node) -> Iterator[Node]:
+        """``node`` and its ancestors, the root excluded."""
+        while node.parent is not None:
+            yield node
+            node = node.parent
+
+    def _nodes(self) -> Iterator[Node]:
+        stack = list(self.root.children)
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children)
+
+    def _split(self, node: Node, at: int) -> Node:
+        """Cut ``node`` after ``at`` tokens; return the head (same cells, now two nodes)."""
+        assert 0 < at < len(node.tokens) and node.parent is not None
+        head = Node(node.tokens[:at], node.start, node.parent, set(node.seq_ids), [node], node.last_used)
+        node.parent.children[node.parent.children.index(node)] = head
+        node.tokens, node.start, node.parent = node.tokens[at:], node.start + at, head
+        return head
+
+    def _drop(self, seq_id: int) -> KvOp:
+        for node in list(self._path(self.leaf[seq_id])):
+            node.seq_ids.discard(seq_id)
+            if not node.seq_ids:
+                self._remove_node(node)
+        del self.leaf[seq_id]
+        self.entries.pop(seq_id, None)
+        self.free_ids.append(seq_id)
+        return KvOp(seq_id)
+
+    def _remove_node(self, node: Node) -> None:
+        assert node.parent is not None and not node.children
+        node.parent.children.remove(node)
+        self.cells_used -= len(node.tokens)
+
+    def _truncate(self, seq_id: int, n: int) -> None:
+        """Keep only the first ``n`` cells of ``seq_id``, whose tail beyond ``n`` it owns alone."""
+        node = self.leaf[seq_id]
+        while node.start >= n:
+            assert node.parent is not None and node.seq_ids == {seq_id}
+            parent = node.parent
+            self._remove_node(node)
+            node = parent
+        if node.end > n:
+            assert node.seq_ids == {seq_id}
+            self.cells_used -= node.end - n
+            del node.tokens[n - node.start:]
+        self.leaf[seq_id] = node
+
+    def _own_tail(self, seq_id: int) -> int:
+        """Cells that only ``seq_id`` holds (all at the end of its path)."""
+        n = 0
+        for node in self._path(self.leaf[seq_id]):
+            if node.seq_ids != {seq_id}:
+                break
+            n += len(node.tokens)
+        return n
+
+    def _covered(self, seq_id: int, *, entries_only: bool) -> bool:
+        """Another sequence (an entry, if ``entries_only``) holds every cell of ``seq_id``."""
+        holders = self.leaf[seq_id].seq_ids - {seq_id}
+        return any(s in self.entries for s in holders) if entries_only else bool(holders)
+
+    def _redundant_entry(self) -> int | None:
+        return next((e for e, pinned in self.entries.items() if not pinned and self._covered(e, entries_only=False)),
+                    None)
+
+    def _lru_entry(self, *, any_owner: bool) -> int | None:
+        """The unpinned entry whose last cells were used longest ago (owning some alone, unless
+        ``any_owner``)."""
+        best, best_time = None, float("inf")
+        for e, pinned in self.entries.items():
+            leaf = self.leaf[e]
+            if not pinned and leaf.last_used < best_time and (any_owner or leaf.seq_ids == {e}):
+                best, best_time = e, leaf.last_used
+        return best
