@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, cast, overload
 
 import pykka
 
@@ -26,6 +26,7 @@ from llamactor.models import resolve_model_path
 from llamactor.streams import AsyncTextStream, TextStream
 from llamactor.supervisor import SupervisorActor
 
+MAX_CHOICES = 64  # choices of one prompt per call (n, best_of)
 Prompt = str | Sequence[int]
 Messages = Sequence[Mapping[str, Any]]
 
@@ -68,7 +69,8 @@ class LLM:
 
     # -- submitting -------------------------------------------------------------------------
 
-    def submit(self, prompt: Prompt, *, request_id: str | None = None, **sampling: Any) -> concurrent.futures.Future[Completion]:
+    def submit(self, prompt: Prompt, *, request_id: str | None = None,
+               **sampling: Any) -> concurrent.futures.Future[Completion]:
         """Queue a raw completion of ``prompt`` (text or token ids); returns its future at once."""
         return self._submit(_prompt_fields(prompt), request_id, sampling, None)
 
@@ -77,11 +79,41 @@ class LLM:
         """Queue a chat completion: ``messages`` rendered with the model's chat template."""
         return self._submit({"messages": _messages_tuple(messages)}, request_id, sampling, None)
 
-    def ask(self, prompt: Prompt, *, timeout: float | None = None, **sampling: Any) -> Completion:
-        return self._wait(self.submit(prompt, **sampling), timeout)
+    def submit_n(self, prompt: Prompt, n: int, *, request_id: str | None = None,
+                 **sampling: Any) -> list[concurrent.futures.Future[Completion]]:
+        """``n`` completions of one prompt, whose KV is computed once and shared by all ``n``.
 
-    def chat(self, messages: Messages, *, timeout: float | None = None, **sampling: Any) -> Completion:
-        return self._wait(self.submit_chat(messages, **sampling), timeout)
+        With a ``seed``, choice ``i`` uses ``seed + i``; request ids are ``<request_id>-<i>``."""
+        return self._submit_n(_prompt_fields(prompt), n, request_id, sampling)
+
+    def submit_chat_n(self, messages: Messages, n: int, *, request_id: str | None = None,
+                      **sampling: Any) -> list[concurrent.futures.Future[Completion]]:
+        return self._submit_n({"messages": _messages_tuple(messages)}, n, request_id, sampling)
+
+    @overload
+    def ask(self, prompt: Prompt, *, n: None = None, timeout: float | None = None, **sampling: Any) -> Completion: ...
+    @overload
+    def ask(self, prompt: Prompt, *, n: int, timeout: float | None = None, **sampling: Any) -> list[Completion]: ...
+
+    def ask(self, prompt: Prompt, *, n: int | None = None, timeout: float | None = None,
+            **sampling: Any) -> Completion | list[Completion]:
+        """One completion; with ``n``, a list of ``n`` (the prompt computed once)."""
+        if n is None:
+            return self._wait(self.submit(prompt, **sampling), timeout)
+        return [self._wait(f, timeout) for f in self.submit_n(prompt, n, **sampling)]
+
+    @overload
+    def chat(self, messages: Messages, *, n: None = None, timeout: float | None = None,
+             **sampling: Any) -> Completion: ...
+    @overload
+    def chat(self, messages: Messages, *, n: int, timeout: float | None = None,
+             **sampling: Any) -> list[Completion]: ...
+
+    def chat(self, messages: Messages, *, n: int | None = None, timeout: float | None = None,
+             **sampling: Any) -> Completion | list[Completion]:
+        if n is None:
+            return self._wait(self.submit_chat(messages, **sampling), timeout)
+        return [self._wait(f, timeout) for f in self.submit_chat_n(messages, n, **sampling)]
 
     def stream(self, prompt: Prompt, *, request_id: str | None = None, **sampling: Any) -> TextStream:
         """Text pieces as they are decoded; ``.completion`` afterwards, ``.cancel()`` any time."""
@@ -95,6 +127,12 @@ class LLM:
 
     async def chat_async(self, messages: Messages, **sampling: Any) -> Completion:
         return await self._await(self.submit_chat(messages, **sampling))
+
+    async def ask_n_async(self, prompt: Prompt, n: int, **sampling: Any) -> list[Completion]:
+        return list(await asyncio.gather(*(self._await(f) for f in self.submit_n(prompt, n, **sampling))))
+
+    async def chat_n_async(self, messages: Messages, n: int, **sampling: Any) -> list[Completion]:
+        return list(await asyncio.gather(*(self._await(f) for f in self.submit_chat_n(messages, n, **sampling))))
 
     def stream_async(self, prompt: Prompt, *, request_id: str | None = None, **sampling: Any) -> AsyncTextStream:
         return self._stream_async(_prompt_fields(prompt), request_id, sampling)
@@ -156,6 +194,17 @@ class LLM:
         except pykka.ActorDeadError:
             reply.fail(BatcherUnavailableError("llamactor is closed"))
         return future
+
+    def _submit_n(self, prompt: dict[str, Any], n: int, request_id: str | None,
+                  sampling: dict[str, Any]) -> list[concurrent.futures.Future[Completion]]:
+        if not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+            raise InvalidRequestError(f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}")
+        rid = request_id or _new_request_id()
+        seed = sampling.get("seed")
+        # Submitted together, so the batcher admits them together: the first computes the
+        # prompt, the others wait one step and attach its KV (see Scheduler).
+        return [self._submit(prompt, f"{rid}-{i}", {**sampling, **({"seed": seed + i} if seed is not None else {})},
+                             None) for i in range(n)]
 
     def _on_done(self, request_id: str) -> Any:
         def done(future: concurrent.futures.Future[Completion]) -> None:

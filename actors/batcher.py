@@ -17,9 +17,10 @@ import numpy as np
 import pykka
 import structlog
 
-from llamactor.config import Config
+from llamactor.config import MAX_SEQUENCES, Config
 from llamactor.errors import ContextFullError, LlamactorError, QueueFullError
 from llamactor.messages import (
+    AuditKv,
     BatcherFailed,
     BatcherReady,
     Cancel,
@@ -30,10 +31,11 @@ from llamactor.messages import (
     tell_quietly,
 )
 from llamactor.native.engine import Engine
+from llamactor.prefix_index import KvOp, PrefixIndex
 from llamactor.native.sampling import sample
 from llamactor.prompts import PromptBuilder
 from llamactor.requests import RequestState, finish_request
-from llamactor.scheduler import Scheduler, Sequence, SharedPrefix, StepPlan
+from llamactor.scheduler import Scheduler, Sequence, StepPlan
 
 log = structlog.get_logger("llamactor.batcher")
 
@@ -57,31 +59,37 @@ class BatcherActor(pykka.ThreadingActor):
     # -- lifecycle (batcher thread) ---------------------------------------------------------
 
     def on_start(self) -> None:
-        """Load the model, create the context, prefill the shared system prompt once."""
+        """Load the model, create the context, prefill the shared system prompt once (pinned)."""
         try:
             cfg = self.config
-            n_prefix_seqs = 2 if cfg.system_prompt else 0
             self.engine = Engine(self.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
-                                 n_seq_max=cfg.n_parallel + n_prefix_seqs, n_threads=cfg.n_threads,
-                                 n_gpu_layers=cfg.n_gpu_layers)
+                                 n_seq_max=MAX_SEQUENCES, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers)
             self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template, cfg.system_prompt)
-            prefixes = []
-            for i, tokens in enumerate(self.prompts.shared_prefix_tokens()):
-                seq_id = cfg.n_parallel + i
-                self.engine.prefill(seq_id, tokens)
-                prefixes.append(SharedPrefix(seq_id, tuple(tokens)))
-            self.n_prefix_tokens = sum(len(p.token_ids) for p in prefixes)
+            self.index = PrefixIndex(n_seq_ids=self.engine.info.n_seq_max, n_cells=self.engine.info.n_ctx)
+            for tokens in self.prompts.shared_prefix_tokens():
+                self._prefill_pinned(tokens)
             self.scheduler = Scheduler(n_parallel=cfg.n_parallel, n_batch=self.engine.info.n_batch,
                                        batch_size=cfg.flush_batch_size, batch_timeout_s=cfg.batch_timeout_ms / 1000,
-                                       max_queue=cfg.max_queue, shared_prefixes=tuple(prefixes))
+                                       max_queue=cfg.max_queue, index=self.index, keep_finished=cfg.prefix_cache,
+                                       cache_budget_cells=cfg.prefix_cache_cells)
             if self.supervisor is not None:
                 tell_quietly(self.supervisor, BatcherReady(self.generation, self.engine.info))
             log.info("batcher_started", generation=self.generation, n_ctx=self.engine.info.n_ctx,
                      n_ctx_seq=self.engine.info.n_ctx_seq, n_parallel=cfg.n_parallel,
-                     n_prefix_tokens=self.n_prefix_tokens)
+                     n_seq_max=self.engine.info.n_seq_max, prefix_cache=cfg.prefix_cache,
+                     n_pinned_tokens=self.index.pinned_cells())
         except Exception as e:
             self._report_failure(e)
             raise
+
+    def _prefill_pinned(self, tokens: list[int]) -> None:
+        """Compute a system prompt's KV (sharing what an earlier pinned prompt holds) and pin it."""
+        seq_id, _ = self.index.allocate(0.0)
+        match = self.index.lookup(tokens[:-1])
+        self._apply(self.index.attach(seq_id, match, 0.0))
+        self.engine.prefill(seq_id, tokens[match.n_tokens:], n_past=match.n_tokens)
+        self.index.extend(seq_id, tokens[match.n_tokens:], 0.0)
+        self.index.pin(seq_id)
 
     def on_failure(self, exception_type: Any, exception_value: BaseException | None, traceback: Any) -> None:
         log.error("batcher_failed", generation=self.generation, error=repr(exception_value))
@@ -115,6 +123,8 @@ class BatcherActor(pykka.ThreadingActor):
             self._on_cancel(message.request_id)
         elif isinstance(message, GetStats):
             return self.stats()
+        elif isinstance(message, AuditKv):
+            return self._audit_kv()
         else:
             raise TypeError(f"batcher got an unknown message: {message!r}")
         self._arm()
@@ -169,9 +179,10 @@ class BatcherActor(pykka.ThreadingActor):
     def _step(self) -> None:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule(t0)
+        self._apply(plan.kv_ops)
         if not plan.chunks:
             return
-        self._attach_shared_prefixes(plan)
+        self.counters["tokens_cached"] += sum(seq.n_cached for seq in plan.admitted)
         t1 = time.perf_counter()
         result = self._run(plan)
         t2 = time.perf_counter()
@@ -185,12 +196,13 @@ class BatcherActor(pykka.ThreadingActor):
         c["decode"] += (t2 - t1) * 1000
         c["postprocess"] += (t3 - t2) * 1000
 
-    def _attach_shared_prefixes(self, plan: StepPlan) -> None:
-        for seq, source in plan.admitted:
-            self.engine.seq_rm(seq.seq_id)  # a reused seq_id must start empty
-            if source >= 0:
-                self.engine.seq_cp(source, seq.seq_id, 0, seq.n_cached)
-            self.counters["tokens_cached"] += seq.n_cached
+    def _apply(self, ops: list[KvOp]) -> None:
+        """Carry out the prefix index's decisions on the llama context, in order."""
+        for op in ops:
+            if op.src >= 0:
+                self.engine.seq_cp(op.src, op.seq_id, 0, op.p0)
+            else:
+                self.engine.seq_rm(op.seq_id, op.p0, -1)
 
     def _run(self, plan: StepPlan) -> Any:
         tokens: list[int] = []
@@ -219,7 +231,7 @@ class BatcherActor(pykka.ThreadingActor):
                 continue
             if seq.n_past < seq.n_prompt:
                 self.counters["prompt_tokens_computed"] += min(chunk.n_tokens, seq.n_prompt - seq.n_past)
-            seq.n_past += chunk.n_tokens
+            self.scheduler.computed(chunk, now)
         logits = result.logits if len(rows) == len(result.logits) else result.logits[rows]
         t_sample = time.perf_counter()
         sampled = sample(logits, [s.state.row_spec(s.token_ids) for s in to_sample])
@@ -243,18 +255,30 @@ class BatcherActor(pykka.ThreadingActor):
             log.info("batcher_stats", **self.stats())
 
     def _finish(self, seq: Sequence, reason: str, error: LlamactorError | None = None) -> None:
-        was_running = seq in self.scheduler.running
-        self.scheduler.finish(seq)
-        if was_running:
-            self.engine.seq_rm(seq.seq_id)
+        # A sequence that found no KV room was already removed from the context by the engine.
+        self._apply(self.scheduler.finish(seq, time.perf_counter(), kv_lost=reason == "context_full"))
         self.counters["requests_finished"] += 1
         finish_request(seq, reason, error)
 
+    def _audit_kv(self) -> list[str]:
+        """Every sequence the index tracks holds positions 0 .. length - 1 in llama.cpp, sliding-window
+        cells included (its shadow keeps them), and every other seq_id holds nothing."""
+        problems = []
+        for seq_id in range(self.engine.info.n_seq_max):
+            length = self.index.length(seq_id) if seq_id in self.index.leaf else 0
+            pos_min, pos_max = self.engine.seq_pos_min(seq_id), self.engine.seq_pos_max(seq_id)
+            if pos_max != length - 1 or pos_min != (0 if length else -1):
+                problems.append(f"seq {seq_id}: index holds {length} cells, llama.cpp positions {pos_min}..{pos_max}")
+        return problems
+
     def stats(self) -> dict[str, Any]:
-        s = self.scheduler
-        kv_used = self.n_prefix_tokens + sum(seq.n_past - seq.n_cached for seq in s.running)
+        s, info = self.scheduler, self.engine.info
+        cache = self.index.stats()
         return {"generation": self.generation, "running": len(s.running), "pending": len(s.pending),
-                "free_seq_ids": len(s.free_seq_ids), "n_parallel": self.config.n_parallel,
-                "kv_used": kv_used, "kv_size": self.engine.info.n_ctx,
-                "kv_usage": round(kv_used / self.engine.info.n_ctx, 4), **self.counters,
+                "free_seq_ids": s.n_free, "n_parallel": self.config.n_parallel,
+                "kv_used": self.index.cells_used, "kv_size": info.n_ctx,
+                "kv_usage": round(self.index.cells_used / info.n_ctx, 4), **self.counters,
+                # entries may use every seq_id that running sequences and pinned prompts leave
+                "prefix_cache": {**cache, "max_entries": info.n_seq_max - s.n_parallel
+                                 - (len(self.index.entries) - cache["entries"])},
                 "step_ms": {k: round(v, 3) for k, v in self.step_ms.items()}}

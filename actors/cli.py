@@ -52,6 +52,10 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--max-queue", envvar="LLAMACTOR_MAX_QUEUE", type=int, default=256, show_default=True),
         click.option("--system", "system_prompt", envvar="LLAMACTOR_SYSTEM_PROMPT", default=None,
                      help="System prompt shared by every request (its KV is computed once)."),
+        click.option("--prefix-cache/--no-prefix-cache", envvar="LLAMACTOR_PREFIX_CACHE", default=True,
+                     show_default=True, help="Keep finished requests' KV so later requests reuse shared prefixes."),
+        click.option("--prefix-cache-cells", envvar="LLAMACTOR_PREFIX_CACHE_CELLS", type=int, default=None,
+                     help="Most KV cells cached prefixes may hold (default: whatever running requests leave)."),
         click.option("--log-format", envvar="LLAMACTOR_LOG_FORMAT", type=click.Choice(["auto", "console", "json"]),
                      default="auto", show_default=True),
         click.option("--log-level", envvar="LLAMACTOR_LOG_LEVEL", default="warning", show_default=True,
@@ -188,6 +192,10 @@ def info(**opts: Any) -> None:
     with start_tree(opts, quiet=True) as llm:
         data = dataclasses.asdict(llm.info)
         data["metadata"] = {k: v for k, v in data["metadata"].items() if len(v) < 200}  # not the vocab arrays
+        cache = llm.stats().get("prefix_cache", {})
+        data["n_parallel"] = llm.config.n_parallel
+        data["prefix_cache"] = {"enabled": llm.config.prefix_cache, "max_cells": llm.config.prefix_cache_cells,
+                                "max_entries": cache.get("max_entries"), "pinned_cells": cache.get("pinned_cells")}
         click.echo(json.dumps(data, indent=2))
 
 

@@ -13,7 +13,7 @@ FinishReason = Literal["stop", "length", "cancelled", "context_full"]
 class Usage:
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int  # prompt tokens taken from the shared system prompt's KV, not recomputed
+    cached_tokens: int  # prompt tokens whose KV was attached from the prefix cache, not computed
 
     @property
     def total_tokens(self) -> int:

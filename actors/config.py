@@ -16,7 +16,7 @@ from llamactor.errors import InvalidRequestError
 
 # Sequences one llama context may hold: llama.cpp's LLAMA_MAX_SEQ (256) halved, because the
 # engine gives every sequence a shadow id (native/batch.py). Running sequences, pinned system
-# prompts (and, later, cached prefixes) share them.
+# prompts and cached prefixes share them.
 MAX_SEQUENCES = 128
 
 
@@ -101,7 +101,9 @@ class Config:
     batch_size: int | None = None  # pending requests that flush at once; None = n_parallel
     batch_timeout_ms: float = 20.0  # the longest a lone request waits for company
     max_queue: int = 256  # requests waiting for a free seq_id beyond which QueueFullError
-    system_prompt: str | None = None  # prefilled once and shared by every sequence via seq_cp
+    system_prompt: str | None = None  # prefilled once, pinned in the prefix cache, attached via seq_cp
+    prefix_cache: bool = True  # keep finished requests' KV as cached prefixes for later requests
+    prefix_cache_cells: int | None = None  # most KV cells cached prefixes may hold; None: all that is free
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_restarts: int = 5  # batcher restarts allowed within restart_window_s before giving up
     restart_window_s: float = 60.0
@@ -121,7 +123,8 @@ class Config:
         _require(self.max_queue >= 1, f"max_queue must be >= 1, got {self.max_queue}")
         _require(self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}")
         _require(self.system_prompt is None or self.system_prompt != "", "system_prompt must not be empty")
-
+        _require(self.prefix_cache_cells is None or self.prefix_cache_cells >= 0,
+                 f"prefix_cache_cells must be >= 0 or None, got {self.prefix_cache_cells}")
 
     @property
     def flush_batch_size(self) -> int:

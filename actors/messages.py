@@ -93,6 +93,11 @@ class GetStats:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditKv:
+    """Asked of the batcher (tests, debugging): where its prefix index and llama.cpp's cells differ."""
+
+
+@dataclass(frozen=True, slots=True)
 class Forget:
     """Caller's future callback -> supervisor: ``request_id`` is done, drop it from in-flight."""
 

@@ -1,10 +1,12 @@
 """What to run next: the pure scheduling policy of the batcher (no threads, no llama calls).
 
-It holds the waiting queue, the running sequences and the seq_id pool, decides when the waiting
-requests flush (``batch_size`` of them, or the oldest has waited ``batch_timeout_s``; once
-sequences are running, newcomers join at the next step), and packs one step's token budget
-(``n_batch``): one decode token per generating sequence first, then prompt chunks of sequences
-still prefilling, so a long prompt is prefilled over several steps instead of stalling the others.
+It holds the waiting queue and the running sequences, decides when the waiting requests flush
+(``batch_size`` of them, or the oldest has waited ``batch_timeout_s``; once sequences are running,
+newcomers join at the next step), admits each with the longest prefix the ``PrefixIndex`` has KV
+for, and packs one step's token budget (``n_batch``): one decode token per generating sequence
+first, then prompt chunks of sequences still prefilling, so a long prompt is prefilled over
+several steps instead of stalling the others. When the step's tokens need more KV cells than are
+free, least recently used cached prefixes are evicted (running sequences never are).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from llamactor.errors import QueueFullError
 from llamactor.messages import Generate
+from llamactor.prefix_index import KvOp, Match, PrefixIndex, common_prefix_len
 
 
 @dataclass(slots=True, eq=False)
@@ -50,14 +53,6 @@ class Sequence:
 
 
 @dataclass(frozen=True, slots=True)
-class SharedPrefix:
-    """A prompt prefix prefilled once on its own reserved ``seq_id``, attached to others by seq_cp."""
-
-    seq_id: int
-    token_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
 class Chunk:
     """``n_tokens`` of ``seq``'s unprocessed tokens, from position ``seq.n_past``, in this step."""
 
@@ -73,36 +68,45 @@ class Chunk:
 @dataclass(slots=True)
 class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
-    admitted: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, prefix seq_id or -1)
-
-
-def common_prefix_len(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    admitted: list[Sequence] = field(default_factory=list)
+    kv_ops: list[KvOp] = field(default_factory=list)  # to apply, in order, before the decode
 
 
 class Scheduler:
-    """Pending queue, running set and seq_id pool. Called only from the batcher's thread."""
+    """Pending queue, running set and prefix index. Called only from the batcher's thread.
+
+    ``keep_finished``: a finished sequence's KV stays in the index as a cached prefix (the prefix
+    cache); otherwise only pinned entries (the configured system prompt) are ever attached.
+    ``share_min_tokens``: a request waits (stays pending) while a running sequence is still
+    computing at least this many more of its prompt than the cache holds -- or all of what it
+    could reuse, as ``n`` choices of one prompt do -- and attaches those cells once computed.
+    """
 
     def __init__(self, *, n_parallel: int, n_batch: int, batch_size: int, batch_timeout_s: float,
-                 max_queue: int, shared_prefixes: tuple[SharedPrefix, ...] = ()) -> None:
+                 max_queue: int, index: PrefixIndex, keep_finished: bool = True,
+                 cache_budget_cells: int | None = None, share_min_tokens: int = 32) -> None:
         if n_batch < n_parallel:
             raise ValueError("n_batch must be >= n_parallel")
+        self.n_parallel = n_parallel
         self.n_batch = n_batch
         self.batch_size = batch_size
         self.batch_timeout_s = batch_timeout_s
         self.max_queue = max_queue
-        self.shared_prefixes = shared_prefixes
+        self.index = index
+        self.keep_finished = keep_finished
+        self.cache_budget_cells = cache_budget_cells
+        self.share_min_tokens = share_min_tokens
         self.pending: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.free_seq_ids: deque[int] = deque(range(n_parallel))
+
+    @property
+    def n_free(self) -> int:
+        """Sequences that may still start: ``n_parallel`` less the running ones."""
+        return self.n_parallel - len(self.running)
 
     def add(self, seq: Sequence) -> None:
-        # Requests that will get a free seq_id at the next flush are not queued in this sense.
-        waiting_for_a_sequence = len(self.pending) - len(self.free_seq_ids)
+        # Requests that will start at the next flush are not queued in this sense.
+        waiting_for_a_sequence = len(self.pending) - self.n_free
         if waiting_for_a_sequence >= self.max_queue:
             raise QueueFullError(f"{waiting_for_a_sequence} requests already wait for a free sequence "
                                  f"(max_queue={self.max_queue})")
@@ -121,11 +125,10 @@ class Scheduler:
         return deadline is None or now >= deadline
 
     def schedule(self, now: float) -> StepPlan:
-        """Admit what may start now, then pack this step's token budget."""
+        """Admit what may start now, pack this step's token budget, make KV room for it."""
         plan = StepPlan()
         if self.flush_due(now):
-            while self.pending and self.free_seq_ids:
-                plan.admitted.append(self._admit(self.pending.popleft(), now))
+            self._admit_pending(plan, now)
         budget = self.n_batch
         decoding = [s for s in self.running if s.n_unprocessed == 1]
         for seq in decoding:
@@ -138,31 +141,69 @@ class Scheduler:
                 n = min(seq.n_unprocessed, budget)
                 plan.chunks.append(Chunk(seq, n))
                 budget -= n
+        shortfall = sum(c.n_tokens for c in plan.chunks) - (self.index.n_cells - self.index.cells_used)
+        if shortfall > 0:
+            plan.kv_ops += self.index.evict(shortfall)
         return plan
 
-    def _admit(self, seq: Sequence, now: float) -> tuple[Sequence, int]:
-        seq.seq_id = self.free_seq_ids.popleft()
-        seq.admitted_at = now
-        self.running.append(seq)
-        source, best = -1, 0
-        for prefix in self.shared_prefixes:
-            n = common_prefix_len(prefix.token_ids, seq.token_ids)
-            if n > best:
-                source, best = prefix.seq_id, n
-        # At least one prompt token must be computed so the step yields logits to sample from.
-        seq.n_cached = seq.n_past = min(best, seq.n_prompt - 1)
-        return seq, (source if seq.n_cached > 0 else -1)
+    def computed(self, chunk: Chunk, now: float) -> None:
+        """The chunk's tokens are in KV now: record them in the index and move ``n_past`` on."""
+        seq = chunk.seq
+        self.index.extend(seq.seq_id, seq.token_ids[seq.n_past:seq.n_past + chunk.n_tokens], now)
+        seq.n_past += chunk.n_tokens
 
-    def finish(self, seq: Sequence) -> None:
-        """Forget ``seq`` wherever it is; a running one gives its seq_id back to the pool."""
-        if seq in self.running:
-            self.running.remove(seq)
-            self.free_seq_ids.append(seq.seq_id)
-        elif seq in self.pending:
+    def finish(self, seq: Sequence, now: float, *, kv_lost: bool = False) -> list[KvOp]:
+        """Forget ``seq`` wherever it is. A running one's KV becomes a cached entry (or is freed);
+        ``kv_lost``: llama.cpp already removed its cells (a failed decode)."""
+        if seq in self.pending:
             self.pending.remove(seq)
+            return []
+        if seq not in self.running:
+            return []
+        self.running.remove(seq)
+        if kv_lost:
+            self.index.release(seq.seq_id)
+            return []
+        return self.index.finish(seq.seq_id, now, keep=self.keep_finished, budget_cells=self.cache_budget_cells)
 
     def find(self, request_id: str) -> Sequence | None:
         for seq in (*self.running, *self.pending):
             if seq.request_id == request_id:
                 return seq
         return None
+
+    # -- admission ----------------------------------------------------------------------------
+
+    def _admit_pending(self, plan: StepPlan, now: float) -> None:
+        waiting: list[Sequence] = []
+        while self.pending and self.n_free > 0:
+            seq = self.pending.popleft()
+            reusable = seq.token_ids[:seq.n_prompt - 1]  # at least one prompt token is computed, for logits
+            match = self._lookup(reusable)
+            if self._worth_waiting(reusable, match):
+                waiting.append(seq)
+                continue
+            seq_id, ops = self.index.allocate(now)
+            if ops:  # an entry was dropped to free the seq_id: it may have been the match
+                match = self._lookup(reusable)
+            plan.kv_ops += ops + self.index.attach(seq_id, match, now)
+            seq.seq_id, seq.admitted_at = seq_id, now
+            seq.n_cached = seq.n_past = match.n_tokens
+            self.running.append(seq)
+            plan.admitted.append(seq)
+        self.pending.extendleft(reversed(waiting))
+
+    def _lookup(self, tokens: list[int]) -> Match:
+        return self.index.lookup(tokens, pinned_only=not self.keep_finished)
+
+    def _worth_waiting(self, reusable: list[int], match: Match) -> bool:
+        """A running sequence still prefilling will soon hold more of ``reusable`` than the cache."""
+        if not self.keep_finished or match.n_tokens >= len(reusable):
+            return False
+        for other in self.running:
+            if other.n_past < other.n_prompt:
+                shared = common_prefix_len(reusable, other.token_ids[:other.n_prompt])
+                gain = shared - match.n_tokens
+                if gain > 0 and (gain >= self.share_min_tokens or shared == len(reusable)):
+                    return True
+        return False
