@@ -35,10 +35,26 @@ class _BatcherCollector(Collector):
         counters = {"steps": ("llamactor_steps", "Decode steps (one llama_decode each)"),
                     "step_sequences": ("llamactor_step_sequences", "Sequences summed over steps (/ steps = mean batch size)"),
                     "restarts": ("llamactor_batcher_restarts", "Times the supervisor restarted the batcher"),
-                    "tokens_cached": ("llamactor_prompt_tokens_cached", "Prompt tokens attached from the shared system prompt")}
+                    "tokens_cached": ("llamactor_prompt_tokens_cached", "Prompt tokens attached from cached KV, not computed"),
+                    "prompt_tokens_computed": ("llamactor_prompt_tokens_computed", "Prompt tokens computed by llama_decode")}
         for key, (name, doc) in counters.items():
             if key in s:
                 yield CounterMetricFamily(name, doc, value=s[key])
+        cache = s.get("prefix_cache", {})
+        for key, (name, doc) in {
+                "lookups": ("llamactor_prefix_cache_lookups", "Admissions that looked for a cached prefix"),
+                "hits": ("llamactor_prefix_cache_hits", "Admissions that attached a cached prefix"),
+                "hit_tokens": ("llamactor_prefix_cache_hit_tokens", "Prompt tokens attached from the prefix cache"),
+                "evicted_entries": ("llamactor_prefix_cache_evictions", "Cached prefixes dropped under KV pressure"),
+                "evicted_cells": ("llamactor_prefix_cache_evicted_cells", "KV cells freed by evicting or trimming")}.items():
+            if key in cache:
+                yield CounterMetricFamily(name, doc, value=cache[key])
+        for key, (name, doc) in {"entries": ("llamactor_prefix_cache_entries", "Cached prefixes held"),
+                                 "cells": ("llamactor_prefix_cache_cells", "KV cells held by cached prefixes alone"),
+                                 "pinned_cells": ("llamactor_prefix_cache_pinned_cells",
+                                                  "KV cells of pinned prefixes (the system prompt)")}.items():
+            if key in cache:
+                yield GaugeMetricFamily(name, doc, value=cache[key])
         yield GaugeMetricFamily("llamactor_ready", "1 when the batcher is up", value=1 if s.get("state") == "ready" else 0)
 
 

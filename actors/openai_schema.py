@@ -69,9 +69,19 @@ class CompletionRequest(_Request):
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
     stream_options: StreamOptions | None = None
+    best_of: int | None = Field(default=None, ge=1, le=16)
+
+    @property
+    def n_generated(self) -> int:
+        """Choices to generate: ``best_of`` of them (the ``n`` best are returned), else ``n``."""
+        return self.best_of or self.n
 
     def check(self) -> None:
         super().check()
+        if self.best_of is not None and self.best_of < self.n:
+            raise InvalidRequestError(f"best_of ({self.best_of}) must be >= n ({self.n})")
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise InvalidRequestError("best_of cannot be streamed")
         if self.echo:
             raise InvalidRequestError("echo is not supported")
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
@@ -85,6 +95,8 @@ class CompletionRequest(_Request):
         out = super().sampling(index=index)
         if self.logprobs is not None:
             out.update(logprobs=True, top_logprobs=self.logprobs)
+        elif self.n_generated > self.n:
+            out["logprobs"] = True  # best_of ranks the choices by their mean log-probability
         return out
 
     def prompt_value(self) -> str | list[int]:
@@ -136,6 +148,14 @@ class ChatRequest(_Request):
 
     def message_dicts(self) -> list[dict[str, str]]:
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+def best_of(done: list[Completion], n: int) -> list[Completion]:
+    """The ``n`` choices with the highest mean token log-probability, in their original order."""
+    def mean_logprob(c: Completion) -> float:
+        return sum(t.logprob for t in c.logprobs) / len(c.logprobs) if c.logprobs else float("-inf")
+    ranked = sorted(range(len(done)), key=lambda i: mean_logprob(done[i]), reverse=True)[:n]
+    return [done[i] for i in sorted(ranked)]
 
 
 def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from llamactor.metrics import Metrics
 from llamactor.openai_schema import (
     FINISH_REASON,
     ChatRequest,
+    best_of,
     CompletionRequest,
     chat_logprobs,
     completion_logprobs,
@@ -124,13 +125,15 @@ def create_app(state: ServerState) -> FastAPI:
                                         **body.sampling(index=i)) for i in range(body.n)]
             return sse_response(completion_chunks(streams, lambda: _envelope(rid, "text_completion", state),
                                                   state.metrics.observe))
-        done = await _complete(request, state, body.n, lambda i: llm.submit(
-            body.prompt_value(), request_id=_choice_id(rid, i, body.n), **body.sampling(index=i)))
+        generated = await _complete(request, state, body.n_generated, lambda i: llm.submit(
+            body.prompt_value(), request_id=_choice_id(rid, i, body.n_generated), **body.sampling(index=i)))
+        done = best_of(generated, body.n) if body.n_generated > body.n else generated
         return OACompletion.model_validate({
             **_envelope(rid, "text_completion", state),
             "choices": [{"index": i, "text": c.text, "finish_reason": FINISH_REASON[c.finish_reason],
-                         "logprobs": completion_logprobs(c, body.logprobs or 0)} for i, c in enumerate(done)],
-            "usage": usage(done)}).model_dump(exclude_none=True)
+                         "logprobs": completion_logprobs(c, body.logprobs) if body.logprobs is not None else None}
+                        for i, c in enumerate(done)],
+            "usage": usage(generated)}).model_dump(exclude_none=True)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatRequest, request: Request) -> Any:

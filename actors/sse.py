@@ -63,9 +63,13 @@ async def merged(streams: list[AsyncTextStream]) -> AsyncIterator[tuple[int, str
             task.cancel()
 
 
-def usage(done: list[Completion]) -> dict[str, int]:
+def usage(done: list[Completion]) -> dict[str, Any]:
+    """OpenAI's usage object for the choices of one prompt: its tokens count once, and the cached
+    ones are those no choice had to compute (``n`` choices share the prompt's KV)."""
     prompt, completion = done[0].usage.prompt_tokens, sum(c.usage.completion_tokens for c in done)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = min(c.usage.cached_tokens for c in done)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 async def completion_chunks(streams: list[AsyncTextStream], envelope: Envelope,

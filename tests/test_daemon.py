@@ -71,6 +71,34 @@ def test_logprobs_with_top_alternatives_in_chat_and_legacy_completions(daemon: D
     assert lp.text_offset[0] == 0 and "".join(lp.tokens) == legacy.choices[0].text
 
 
+def test_the_next_chat_turn_reports_its_cached_prompt_tokens_streamed_and_not(daemon: Daemon) -> None:
+    client = daemon.client()
+    history = [{"role": "system", "content": "You are a ship's cook who answers in one short sentence. " * 8},
+               {"role": "user", "content": "What is for dinner?"}]
+    first = client.chat.completions.create(model=MODEL_ID, messages=history, max_tokens=12, temperature=0)
+    history += [{"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "And for dessert?"}]
+    second = client.chat.completions.create(model=MODEL_ID, messages=history, max_tokens=12, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    chunks = list(client.chat.completions.create(model=MODEL_ID, messages=history, max_tokens=4, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
+    metrics = httpx.get(f"{daemon.url}/metrics").text
+    hit_tokens = float(re.search(r"^llamactor_prefix_cache_hit_tokens_total (\S+)$", metrics, re.M).group(1))
+    assert hit_tokens >= second.usage.prompt_tokens_details.cached_tokens
+    assert re.search(r"^llamactor_prefix_cache_entries \d", metrics, re.M)
+
+
+def test_best_of_generates_several_and_returns_the_most_likely(daemon: Daemon) -> None:
+    client = daemon.client()
+    c = client.completions.create(model=MODEL_ID, prompt="The lighthouse keeper", max_tokens=6, temperature=1.0,
+                                  best_of=3, n=1, seed=4, extra_body={"ignore_eos": True})
+    assert len(c.choices) == 1 and c.choices[0].logprobs is None  # ranked by log-probability, not returned
+    assert c.usage.completion_tokens == 18  # all three were generated
+    with pytest.raises(openai.BadRequestError, match="best_of"):
+        client.completions.create(model=MODEL_ID, prompt="x", max_tokens=2, best_of=1, n=2)
+
+
 def test_eight_concurrent_streams_all_complete(daemon: Daemon) -> None:
     client = daemon.client()
 

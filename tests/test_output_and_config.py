@@ -64,3 +64,24 @@ def test_config_from_kwargs_routes_sampling_names_and_refuses_unknown_options() 
     assert cfg.n_parallel == 2 and cfg.sampling.temperature == 0.0 and cfg.sampling.max_tokens == 8
     with pytest.raises(InvalidRequestError, match="n_paralel"):
         Config.from_kwargs(n_paralel=2)
+
+
+def test_best_of_keeps_the_choices_with_the_highest_mean_logprob_in_their_order() -> None:
+    from llamactor.completion import Completion, Timings, TokenLogprob, Usage
+    from llamactor.openai_schema import best_of
+
+    def choice(name: str, logprobs: list[float]) -> Completion:
+        return Completion(name, name, (), "stop", Usage(1, len(logprobs), 0), Timings(0, 0, 0, 0),
+                          tuple(TokenLogprob("t", lp) for lp in logprobs))
+
+    done = [choice("a", [-3.0, -1.0]), choice("b", [-0.5]), choice("c", [-1.0, -1.2]), choice("d", [-4.0])]
+    assert [c.text for c in best_of(done, 2)] == ["b", "c"]
+    assert [c.text for c in best_of(done, 1)] == ["b"]
+
+
+def test_the_prefix_cache_options_are_validated() -> None:
+    assert Config(prefix_cache=False, prefix_cache_cells=0).prefix_cache_cells == 0
+    with pytest.raises(InvalidRequestError, match="prefix_cache_cells"):
+        Config(prefix_cache_cells=-1)
+    with pytest.raises(InvalidRequestError, match="n_parallel"):
+        Config(n_parallel=127, n_batch=512)
