@@ -42,8 +42,9 @@ def _quiet_log(level: int, text: bytes, user_data: int) -> None:
 def _init_backend() -> None:
     global _backend_ready
     with _backend_lock:
+        # Every time: llama_cpp.Llama (the benchmark's baseline) installs its own log callback.
+        llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
         if not _backend_ready:
-            llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _backend_ready = True
 
