@@ -3,8 +3,9 @@
 Everything runs in one process, one after the other, on the same model and thread count, so the
 ratios compare like with like. Workloads (seed issue 4): *uniform* (distinct short prompts,
 fixed new tokens, greedy, EOG ignored), *shared system prompt* (configured vs inlined),
-*arrivals* (Poisson arrivals, mixed prompt and output lengths), *single* (one request alone), and
-the idle CPU use of a started tree.
+*arrivals* (Poisson arrivals, mixed prompt and output lengths), *single* (one request alone), the
+idle CPU use of a started tree, the daemon (``bench_daemon``), and the prefix cache's *multiturn*
+and *few-shot* workloads (``bench_prefix``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class BenchSettings:
     full: bool = False
     n_threads: int = 2
     n_ctx: int = 8192
+    peer_server: str | None = None  # a llama-server binary: adds the "peer" workload
     results: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -217,12 +219,35 @@ def bench_daemon(s: BenchSettings, tick: Callable[[], None]) -> list[dict[str, A
     return rows
 
 
-def run(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
-    s.results.update(uniform=bench_uniform(s, tick), shared_prefix=bench_shared_prefix(s, tick),
-                     arrivals=bench_arrivals(s, tick), single=bench_single(s, tick))
-    s.results["daemon"] = bench_daemon(s, tick)  # also fills results["daemon_idle"]
+def workloads(s: BenchSettings) -> dict[str, tuple[int, Callable[[BenchSettings, Callable[[], None]], Any]]]:
+    """Every workload by its results key: (progress ticks, function)."""
+    from llamactor import bench_peer, bench_prefix
+
+    n_daemon = 1 if s.quick else len([c for c in s.concurrencies if c <= 16])
+    found: dict[str, tuple[int, Callable[[BenchSettings, Callable[[], None]], Any]]] = {
+        "uniform": (len(s.concurrencies), bench_uniform), "shared_prefix": (1, bench_shared_prefix),
+        "arrivals": (1, bench_arrivals), "single": (1, bench_single),
+        "daemon": (n_daemon, bench_daemon),  # also fills results["daemon_idle"]
+        "multiturn": (4, bench_prefix.bench_multiturn), "few_shot": (2, bench_prefix.bench_few_shot)}
+    if s.peer_server:
+        found["peer"] = (2, bench_peer.bench_peer)
+    return found
+
+
+def run(s: BenchSettings, tick: Callable[[], None], only: list[str] | None = None) -> dict[str, Any]:
+    """Run the workloads; one that fails is recorded as ``{"error": ...}`` and the others go on."""
+    for name, (_, workload) in workloads(s).items():
+        if only is None or name in only:
+            try:
+                s.results[name] = workload(s, tick)
+            except Exception as e:  # noqa: BLE001 - reported in the results, and by the exit code
+                s.results[name] = {"error": f"{type(e).__name__}: {e}"}
     return s.results
 
 
-def n_ticks(s: BenchSettings) -> int:
-    return len(s.concurrencies) + 1 + 1 + 1 + (1 if s.quick else len([c for c in s.concurrencies if c <= 16]))
+def failures(results: dict[str, Any]) -> dict[str, str]:
+    return {name: r["error"] for name, r in results.items() if isinstance(r, dict) and "error" in r}
+
+
+def n_ticks(s: BenchSettings, only: list[str] | None = None) -> int:
+    return sum(n for name, (n, _) in workloads(s).items() if only is None or name in only)

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import httpx
@@ -68,26 +68,36 @@ def daemon_streams(client: openai.OpenAI, n: int, max_tokens: int) -> dict[str, 
 
 
 @contextlib.contextmanager
-def running_daemon(model_path: str, *, n_threads: int, n_ctx: int) -> Iterator[tuple[openai.OpenAI, int]]:
+def running_server(command: Callable[[int], list[str]], timeout_s: float = 120) -> Iterator[tuple[str, int]]:
+    """Start ``command(port)`` on a free loopback port; once ``/health`` answers 200, yield its URL and pid."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "llamactor.cli", "serve", "--port", str(port), "--model", model_path,
-                             "--model-name", MODEL_ID, "--n-parallel", "16", "--n-threads", str(n_threads),
-                             "--n-ctx", str(n_ctx), "--log-level", "warning"], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(command(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + timeout_s
         while not _healthy(url):  # a benchmark, not a test: polling the health check is what a client does
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the benchmark daemon did not become ready")
+                raise RuntimeError(f"the benchmark server {command(port)[0]} did not become ready")
             time.sleep(0.2)
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
-        _run_warmup(client)
-        yield client, proc.pid
+        yield url, proc.pid
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+@contextlib.contextmanager
+def running_daemon(model_path: str, *, n_threads: int, n_ctx: int) -> Iterator[tuple[openai.OpenAI, int]]:
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-m", "llamactor.cli", "serve", "--port", str(port), "--model", model_path,
+                "--model-name", MODEL_ID, "--n-parallel", "16", "--n-threads", str(n_threads), "--n-ctx", str(n_ctx),
+                "--log-level", "warning"]
+
+    with running_server(command) as (url, pid):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
+        _run_warmup(client)
+        yield client, pid
 
 
 def _healthy(url: str) -> bool:

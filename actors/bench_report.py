@@ -20,17 +20,28 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("shared prompt c=16: throughput shared / inlined", "shared_prefix.throughput_ratio", ">=", 1.5),
     ("idle: CPU % of the started tree", "single.idle_cpu_percent", "<", 1.0),
     ("idle: CPU % of the daemon", "daemon_idle.cpu_percent", "<", 1.0),
+    # multiturn rows: 8 users x 6 turns, then 32 users on 8 sequences (quick runs: 4 x 3, 8 on 4)
+    ("multiturn 8×6: later-turn TTFT p50, cache / no cache", "multiturn[0].ttft_later_p50_ratio", "<=", 0.35),
+    ("multiturn 8×6: wall time, cache / no cache", "multiturn[0].wall_ratio", "<=", 0.6),
+    ("multiturn 8×6: prompt tokens computed / new tokens", "multiturn[0].computed_vs_new", "<=", 1.5),
+    ("multiturn 32 users on 8: history tokens from cache", "multiturn[1].cache_on.history_from_cache", ">=", 0.8),
 ]
 
 
 def lookup(results: dict[str, Any], path: str) -> float | None:
-    head, _, rest = path.partition(".")
-    if head.startswith("uniform["):
-        c = int(head[len("uniform["):-1])
-        row = next((r for r in results.get("uniform", []) if r["concurrency"] == c), None)
-        return None if row is None else row[rest]
-    section = results.get(head)
-    return None if section is None else section.get(rest)
+    """``section.key`` or ``section[i].key.subkey``; ``uniform[c]`` picks the row of concurrency c."""
+    head, *keys = path.split(".")
+    name, _, index = head.partition("[")
+    node: Any = results.get(name)
+    if isinstance(node, dict) and "error" in node:
+        return None
+    if index and node is not None:
+        i = int(index[:-1])
+        rows = node if name != "uniform" else [r for r in node if r["concurrency"] == i]
+        node = rows[0] if name == "uniform" and rows else (rows[i] if name != "uniform" and i < len(rows) else None)
+    for key in keys:
+        node = None if node is None else node.get(key)
+    return node
 
 
 def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -45,40 +56,111 @@ def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
 def markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = [f"Run {meta['timestamp']} on {meta['machine']}, model {meta['model']}, "
              f"{meta['settings']['n_threads']} threads, {meta['settings']['max_tokens']} new tokens per request "
-             f"({'quick' if meta['settings']['quick'] else 'full'} run).", "",
-             "| concurrency | sequential tok/s | ceiling tok/s | llamactor tok/s | vs ceiling | vs sequential "
-             "| step ms: decode / sample / other |", "|---:|---:|---:|---:|---:|---:|---|"]
-    for r in results["uniform"]:
-        ms = r["step_ms"]
-        lines.append(f"| {r['concurrency']} | {r['sequential_tok_s']:.1f} | {r['ceiling_tok_s']:.1f} | "
-                     f"{r['llamactor_tok_s']:.1f} | {r['vs_ceiling']:.3f} | {r['vs_sequential']:.2f} | "
-                     f"{ms['decode']:.1f} / {ms['sample']:.2f} / "
-                     f"{ms['schedule'] + ms['postprocess'] - ms['sample']:.2f} |")
-    sp, ar, si = results["shared_prefix"], results["arrivals"], results["single"]
-    lines += ["", f"Shared system prompt ({sp['system_prompt_tokens']} tokens), {sp['concurrency']} concurrent: "
-              f"TTFT p50 {sp['shared']['ttft_p50_ms']:.0f} ms shared vs {sp['inlined']['ttft_p50_ms']:.0f} ms inlined "
-              f"({sp['ttft_p50_ratio']:.2f}×); throughput {sp['shared']['tokens_per_s']:.1f} vs "
-              f"{sp['inlined']['tokens_per_s']:.1f} tok/s ({sp['throughput_ratio']:.2f}×).",
-              f"Arrivals ({ar['requests']} requests, Poisson {ar['rate_per_s']:g}/s, prompts 16–512 words, "
-              f"16–256 new tokens): {ar['tokens_per_s']:.1f} tok/s, TTFT p50/p99 {ar['ttft_p50_ms']:.0f}/"
-              f"{ar['ttft_p99_ms']:.0f} ms, latency p50/p99 {ar['latency_p50_ms']:.0f}/{ar['latency_p99_ms']:.0f} ms.",
-              f"Single request: TTFT {si['llamactor_ttft_ms']:.1f} ms vs {si['sequential_ttft_ms']:.1f} ms sequential; "
-              f"{si['llamactor_tok_s']:.1f} vs {si['sequential_tok_s']:.1f} tok/s. "
-              f"Idle CPU {si['idle_cpu_percent']:.2f}%.", "",
-              "Streamed chat completions, N threads: in-process `stream_chat` vs the daemon over loopback HTTP.", "",
-              "| concurrency | in-process tok/s | daemon tok/s | daemon / in-process | TTFT p50 in-process / daemon ms |",
-              "|---:|---:|---:|---:|---|"]
-    for r in results.get("daemon", []):
-        lines.append(f"| {r['concurrency']} | {r['in_process_tok_s']:.1f} | {r['daemon_tok_s']:.1f} | "
-                     f"{r['daemon_vs_in_process']:.3f} | {r['in_process_ttft_p50_ms']:.0f} / {r['daemon_ttft_p50_ms']:.0f} |")
-    lines += ["", "| target | value | goal | met |", "|---|---:|---|---|"]
+             f"({'quick' if meta['settings']['quick'] else 'full'} run).", ""]
+    failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
+    ok = {k: v for k, v in results.items() if k not in failed}
+    for section in (_uniform, _others, _daemon, _multiturn, _few_shot, _peer):
+        lines += section(ok)
+    lines += [f"**{name} failed**: {error}" for name, error in failed.items()] + ([""] if failed else [])
+    lines += ["| target | value | goal | met |", "|---|---:|---|---|"]
     for v in verdicts(results):
-        value = "—" if v["value"] is None else f"{v['value']:.3f}"
-        lines.append(f"| {v['target']} | {value} | {v['goal']} | {'yes' if v['met'] else 'no'} |")
+        if v["value"] is None:
+            continue  # a workload left out of this run
+        lines.append(f"| {v['target']} | {v['value']:.3f} | {v['goal']} | {'yes' if v['met'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
 
+def _uniform(results: dict[str, Any]) -> list[str]:
+    if "uniform" not in results:
+        return []
+    lines = ["| concurrency | sequential tok/s | ceiling tok/s | llamactor tok/s | vs ceiling | vs sequential "
+             "| step ms: decode / sample / other |", "|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results["uniform"]:
+        lines.append(f"| {r['concurrency']} | {r['sequential_tok_s']:.1f} | {r['ceiling_tok_s']:.1f} | "
+                     f"{r['llamactor_tok_s']:.1f} | {r['vs_ceiling']:.3f} | {r['vs_sequential']:.2f} | "
+                     f"{_step_ms(r['step_ms'])} |")
+    return lines + [""]
+
+
+def _step_ms(ms: dict[str, float]) -> str:
+    return f"{ms['decode']:.1f} / {ms['sample']:.2f} / {ms['schedule'] + ms['postprocess'] - ms['sample']:.2f}"
+
+
+def _others(results: dict[str, Any]) -> list[str]:
+    lines = []
+    if sp := results.get("shared_prefix"):
+        lines.append(f"Shared system prompt ({sp['system_prompt_tokens']} tokens), {sp['concurrency']} concurrent: "
+                     f"TTFT p50 {sp['shared']['ttft_p50_ms']:.0f} ms shared vs {sp['inlined']['ttft_p50_ms']:.0f} ms "
+                     f"inlined ({sp['ttft_p50_ratio']:.2f}×); throughput {sp['shared']['tokens_per_s']:.1f} vs "
+                     f"{sp['inlined']['tokens_per_s']:.1f} tok/s ({sp['throughput_ratio']:.2f}×).")
+    if ar := results.get("arrivals"):
+        lines.append(f"Arrivals ({ar['requests']} requests, Poisson {ar['rate_per_s']:g}/s, prompts 16–512 words, "
+                     f"16–256 new tokens): {ar['tokens_per_s']:.1f} tok/s, TTFT p50/p99 {ar['ttft_p50_ms']:.0f}/"
+                     f"{ar['ttft_p99_ms']:.0f} ms, latency p50/p99 {ar['latency_p50_ms']:.0f}/{ar['latency_p99_ms']:.0f} ms.")
+    if si := results.get("single"):
+        lines.append(f"Single request: TTFT {si['llamactor_ttft_ms']:.1f} ms vs {si['sequential_ttft_ms']:.1f} ms "
+                     f"sequential; {si['llamactor_tok_s']:.1f} vs {si['sequential_tok_s']:.1f} tok/s. "
+                     f"Idle CPU {si['idle_cpu_percent']:.2f}%.")
+    return lines + [""] if lines else []
+
+
+def _daemon(results: dict[str, Any]) -> list[str]:
+    if "daemon" not in results:
+        return []
+    lines = ["Streamed chat completions, N threads: in-process `stream_chat` vs the daemon over loopback HTTP.", "",
+             "| concurrency | in-process tok/s | daemon tok/s | daemon / in-process | TTFT p50 in-process / daemon ms |",
+             "|---:|---:|---:|---:|---|"]
+    for r in results["daemon"]:
+        lines.append(f"| {r['concurrency']} | {r['in_process_tok_s']:.1f} | {r['daemon_tok_s']:.1f} | "
+                     f"{r['daemon_vs_in_process']:.3f} | {r['in_process_ttft_p50_ms']:.0f} / {r['daemon_ttft_p50_ms']:.0f} |")
+    return lines + [""]
+
+
+def _multiturn(results: dict[str, Any]) -> list[str]:
+    if "multiturn" not in results:
+        return []
+    lines = ["Multi-turn chat: U users at once, each its own ~300-token persona, the history re-sent every turn "
+             "through `LLM.chat`, 32 new tokens a turn, greedy; prefix cache on vs off.", "",
+             "| users × turns (sequences, n_ctx) | cache | wall s | TTFT p50/p90 turn 1 ms | TTFT p50/p90 later ms "
+             "| prompt tokens sent / computed / new | history from cache | step ms: decode / sample / other |",
+             "|---|---|---:|---|---|---|---:|---|"]
+    for r in results["multiturn"]:
+        for key in ("cache_on", "cache_off"):
+            m = r[key]
+            lines.append(f"| {r['users']} × {r['turns']} ({r['n_parallel']}, {r['n_ctx']}) | {key[6:]} | "
+                         f"{m['wall_s']:.1f} | {m['ttft_turn1_p50_ms']:.0f} / {m['ttft_turn1_p90_ms']:.0f} | "
+                         f"{m['ttft_later_p50_ms']:.0f} / {m['ttft_later_p90_ms']:.0f} | {m['prompt_tokens_sent']} / "
+                         f"{m['prompt_tokens_computed']} / {m['prompt_tokens_new']} | {m['history_from_cache']:.1%} | "
+                         f"{_step_ms(m['step_ms'])} |")
+    return lines + [""]
+
+
+def _few_shot(results: dict[str, Any]) -> list[str]:
+    if not (fs := results.get("few_shot")):
+        return []
+    on, off = fs["cache_on"], fs["cache_off"]
+    return [f"Few-shot: {fs['requests']} requests at once sharing a {fs['shared_prefix_tokens']}-token prefix, distinct "
+            f"questions: TTFT p50 {on['ttft_p50_ms']:.0f} ms with the cache vs {off['ttft_p50_ms']:.0f} ms without "
+            f"({fs['ttft_p50_ratio']:.2f}×), wall {on['wall_s']:.1f} vs {off['wall_s']:.1f} s ({fs['wall_ratio']:.2f}×), "
+            f"prompt tokens computed {on['prompt_tokens_computed']} vs {off['prompt_tokens_computed']} "
+            f"(of {on['prompt_tokens_sent']} sent).", ""]
+
+
+def _peer(results: dict[str, Any]) -> list[str]:
+    if not (p := results.get("peer")):
+        return []
+    ours, theirs = p["llamactor"], p["llama_server"]
+    return [f"Against llama.cpp's llama-server (same engine, {p['n_parallel']} parallel, unified KV): {p['users']} users "
+            f"× {p['turns']} turns over `/v1/completions`, plain transcripts, history re-sent, 32 tokens a turn. "
+            f"Wall {ours['wall_s']:.1f} s llamactor vs {theirs['wall_s']:.1f} s llama-server ({p['wall_ratio']:.2f}×); "
+            f"later-turn TTFT p50 {ours['ttft_later_p50_ms']:.0f} vs {theirs['ttft_later_p50_ms']:.0f} ms "
+            f"({p['ttft_later_p50_ratio']:.2f}×), p90 {ours['ttft_later_p90_ms']:.0f} vs "
+            f"{theirs['ttft_later_p90_ms']:.0f} ms.", ""]
+
+
 def plot(results: dict[str, Any], path: Path) -> bool:
+    if not isinstance(results.get("uniform"), list) or "tokens_per_s" not in results.get("arrivals", {}):
+        return False
     try:
         import matplotlib
 

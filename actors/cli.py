@@ -206,7 +206,11 @@ def info(**opts: Any) -> None:
 @click.option("--n-threads", type=int, default=None)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-results", show_default=True)
 @click.option("--docs", is_flag=True, help="Also write the table and plot into docs/performance.md.")
-def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out_dir: str, docs: bool) -> None:
+@click.option("--only", default=None, help="Comma-separated workloads, e.g. multiturn,few_shot (default: all).")
+@click.option("--peer-server", envvar="LLAMACTOR_PEER_SERVER", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="A llama-server binary: also compare multi-turn chat against it.")
+def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out_dir: str, docs: bool,
+          only: str | None, peer_server: str | None) -> None:
     """Measure llamactor against sequential create_completion and the raw batched-decode ceiling."""
     from llamactor import bench as bench_mod
     from llamactor import bench_report
@@ -215,14 +219,23 @@ def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out
 
     llamactor_logging.configure("auto", "warning")
     settings = bench_mod.BenchSettings(model_path=resolve_model_path(model), quick=quick, full=full,
-                                       n_threads=n_threads or default_n_threads())
-    with click.progressbar(length=bench_mod.n_ticks(settings), label="benchmarking", file=sys.stderr) as bar:
-        results = bench_mod.run(settings, lambda: bar.update(1))
+                                       n_threads=n_threads or default_n_threads(), peer_server=peer_server)
+    names = only.split(",") if only else None
+    unknown = set(names or ()) - set(bench_mod.workloads(settings))
+    if unknown:
+        raise click.BadParameter(f"unknown workload(s) {', '.join(sorted(unknown))}; "
+                                 f"known: {', '.join(bench_mod.workloads(settings))}", param_hint="--only")
+    if docs and names:
+        raise click.BadParameter("--docs records a full run; leave out --only", param_hint="--docs")
+    with click.progressbar(length=bench_mod.n_ticks(settings, names), label="benchmarking", file=sys.stderr) as bar:
+        results = bench_mod.run(settings, lambda: bar.update(1), names)
     meta = {"quick": quick, "full": full, "n_threads": settings.n_threads, "max_tokens": settings.max_tokens,
-            "repeats": settings.repeats, "n_ctx": settings.n_ctx}
+            "repeats": settings.repeats, "n_ctx": settings.n_ctx, "peer_server": peer_server}
     path, table = bench_report.write(results, meta, Path(settings.model_path).name, Path(out_dir))
     click.echo(table)
     click.echo(f"results: {path}")
+    if failed := bench_mod.failures(results):
+        raise click.ClickException("workload(s) failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
     if docs:
         bench_report.update_docs(table, path.with_suffix(".png"), Path("docs"))
 
