@@ -31,8 +31,8 @@ from llamactor.messages import (
     tell_quietly,
 )
 from llamactor.native.engine import Engine
-from llamactor.prefix_index import KvOp, PrefixIndex
 from llamactor.native.sampling import sample
+from llamactor.prefix_index import KvOp, PrefixIndex
 from llamactor.prompts import PromptBuilder
 from llamactor.requests import RequestState, finish_request
 from llamactor.scheduler import Scheduler, Sequence, StepPlan
@@ -48,7 +48,7 @@ class BatcherActor(pykka.ThreadingActor):
         self.model_path = model_path
         self.supervisor = supervisor
         self.generation = generation
-        self.counters = {"steps": 0, "tokens_generated": 0, "prompt_tokens_computed": 0, "tokens_cached": 0,
+        self.counters = {"steps": 0, "tokens_generated": 0, "prompt_tokens_computed": 0,
                          "requests_finished": 0, "step_sequences": 0}
         self.step_ms = {"schedule": 0.0, "decode": 0.0, "sample": 0.0, "postprocess": 0.0}
         self._step_queued = False
@@ -83,12 +83,10 @@ class BatcherActor(pykka.ThreadingActor):
             raise
 
     def _prefill_pinned(self, tokens: list[int]) -> None:
-        """Compute a system prompt's KV (sharing what an earlier pinned prompt holds) and pin it."""
+        """Compute a system prompt's KV on a fresh seq_id and pin it in the index."""
         seq_id, _ = self.index.allocate(0.0)
-        match = self.index.lookup(tokens[:-1])
-        self._apply(self.index.attach(seq_id, match, 0.0))
-        self.engine.prefill(seq_id, tokens[match.n_tokens:], n_past=match.n_tokens)
-        self.index.extend(seq_id, tokens[match.n_tokens:], 0.0)
+        self.engine.prefill(seq_id, tokens)
+        self.index.extend(seq_id, tokens, 0.0)
         self.index.pin(seq_id)
 
     def on_failure(self, exception_type: Any, exception_value: BaseException | None, traceback: Any) -> None:
@@ -182,7 +180,6 @@ class BatcherActor(pykka.ThreadingActor):
         self._apply(plan.kv_ops)
         if not plan.chunks:
             return
-        self.counters["tokens_cached"] += sum(seq.n_cached for seq in plan.admitted)
         t1 = time.perf_counter()
         result = self._run(plan)
         t2 = time.perf_counter()
@@ -278,7 +275,7 @@ class BatcherActor(pykka.ThreadingActor):
                 "free_seq_ids": s.n_free, "n_parallel": self.config.n_parallel,
                 "kv_used": self.index.cells_used, "kv_size": info.n_ctx,
                 "kv_usage": round(self.index.cells_used / info.n_ctx, 4), **self.counters,
+                "tokens_cached": cache["hit_tokens"],
                 # entries may use every seq_id that running sequences and pinned prompts leave
-                "prefix_cache": {**cache, "max_entries": info.n_seq_max - s.n_parallel
-                                 - (len(self.index.entries) - cache["entries"])},
+                "prefix_cache": {**cache, "max_entries": info.n_seq_max - s.n_parallel - cache["pinned"]},
                 "step_ms": {k: round(v, 3) for k, v in self.step_ms.items()}}

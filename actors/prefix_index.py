@@ -117,7 +117,8 @@ class PrefixIndex:
         return sum(len(n.tokens) for n in self._nodes() if any(self.entries.get(s) for s in n.seq_ids))
 
     def stats(self) -> dict[str, int]:
-        return {"entries": sum(not pinned for pinned in self.entries.values()), "cells": self.cache_cells(),
+        n_pinned = sum(self.entries.values())
+        return {"entries": len(self.entries) - n_pinned, "cells": self.cache_cells(), "pinned": n_pinned,
                 "pinned_cells": self.pinned_cells(), **self.counters}
 
     # -- sequences ----------------------------------------------------------------------------
