@@ -93,7 +93,9 @@ def _others(results: dict[str, Any]) -> list[str]:
         lines.append(f"Shared system prompt ({sp['system_prompt_tokens']} tokens), {sp['concurrency']} concurrent: "
                      f"TTFT p50 {sp['shared']['ttft_p50_ms']:.0f} ms shared vs {sp['inlined']['ttft_p50_ms']:.0f} ms "
                      f"inlined ({sp['ttft_p50_ratio']:.2f}×); throughput {sp['shared']['tokens_per_s']:.1f} vs "
-                     f"{sp['inlined']['tokens_per_s']:.1f} tok/s ({sp['throughput_ratio']:.2f}×).")
+                     f"{sp['inlined']['tokens_per_s']:.1f} tok/s ({sp['throughput_ratio']:.2f}×), both without the "
+                     f"prefix cache; inlined with the prefix cache: TTFT p50 {sp['cached']['ttft_p50_ms']:.0f} ms, "
+                     f"{sp['cached']['tokens_per_s']:.1f} tok/s.")
     if ar := results.get("arrivals"):
         lines.append(f"Arrivals ({ar['requests']} requests, Poisson {ar['rate_per_s']:g}/s, prompts 16–512 words, "
                      f"16–256 new tokens): {ar['tokens_per_s']:.1f} tok/s, TTFT p50/p99 {ar['ttft_p50_ms']:.0f}/"
