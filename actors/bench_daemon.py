@@ -87,13 +87,16 @@ def running_server(command: Callable[[int], list[str]], timeout_s: float = 120) 
         proc.wait(60)
 
 
+def serve_command(model_path: str, model_name: str, *options: str) -> Callable[[int], list[str]]:
+    """``llamactor serve`` of ``model_path`` under ``model_name``, for ``running_server``."""
+    return lambda port: [sys.executable, "-m", "llamactor.cli", "serve", "--port", str(port), "--model", model_path,
+                         "--model-name", model_name, "--log-level", "warning", *options]
+
+
 @contextlib.contextmanager
 def running_daemon(model_path: str, *, n_threads: int, n_ctx: int) -> Iterator[tuple[openai.OpenAI, int]]:
-    def command(port: int) -> list[str]:
-        return [sys.executable, "-m", "llamactor.cli", "serve", "--port", str(port), "--model", model_path,
-                "--model-name", MODEL_ID, "--n-parallel", "16", "--n-threads", str(n_threads), "--n-ctx", str(n_ctx),
-                "--log-level", "warning"]
-
+    command = serve_command(model_path, MODEL_ID, "--n-parallel", "16", "--n-threads", str(n_threads),
+                            "--n-ctx", str(n_ctx))
     with running_server(command) as (url, pid):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
         _run_warmup(client)

@@ -11,7 +11,6 @@ slot's last prompt in KV: ``cache_prompt``).
 from __future__ import annotations
 
 import concurrent.futures
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import openai
 
 from llamactor.bench import BenchSettings, percentile
-from llamactor.bench_daemon import running_server
+from llamactor.bench_daemon import running_server, serve_command
 from llamactor.bench_prefix import QUESTIONS, persona
 
 N_USERS, N_TURNS, N_PARALLEL, MAX_TOKENS = 8, 6, 8, 32
@@ -52,12 +51,13 @@ def multiturn_http(client: openai.OpenAI, n_users: int, n_turns: int) -> dict[st
 
 def bench_peer(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
     n_users, n_turns = (4, 3) if s.quick else (N_USERS, N_TURNS)
-    ours = ["--n-parallel", str(N_PARALLEL), "--n-ctx", str(s.n_ctx), "--n-threads", str(s.n_threads)]
+    ours = serve_command(s.model_path, "peer", "--n-parallel", str(N_PARALLEL), "--n-ctx", str(s.n_ctx),
+                         "--n-threads", str(s.n_threads))
     theirs = [s.peer_server or "", "-m", s.model_path, "-np", str(N_PARALLEL), "-c", str(s.n_ctx), "-t", str(s.n_threads),
               "-tb", str(s.n_threads), "-kvu", "--host", "127.0.0.1"]
     out: dict[str, Any] = {"users": n_users, "turns": n_turns, "n_parallel": N_PARALLEL}
     for name, command in (("llama_server", lambda port: [*theirs, "--port", str(port)]),
-                          ("llamactor", lambda port: _llamactor_serve(s.model_path, port, ours))):
+                          ("llamactor", ours)):
         with running_server(command) as (url, _pid):
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
             client.completions.create(model="peer", prompt="warm up", max_tokens=2)
@@ -66,8 +66,3 @@ def bench_peer(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
     out["wall_ratio"] = out["llamactor"]["wall_s"] / out["llama_server"]["wall_s"]
     out["ttft_later_p50_ratio"] = out["llamactor"]["ttft_later_p50_ms"] / out["llama_server"]["ttft_later_p50_ms"]
     return out
-
-
-def _llamactor_serve(model_path: str, port: int, options: list[str]) -> list[str]:
-    return [sys.executable, "-m", "llamactor.cli", "serve", "--port", str(port), "--model", model_path,
-            "--model-name", "peer", "--log-level", "warning", *options]

@@ -98,9 +98,6 @@ class PrefixIndex:
         holders = [s for s in best_node.seq_ids if self.entries.get(s)] if pinned_only else best_node.seq_ids
         return Match(best_n, min(holders) if best_n else -1)
 
-    def is_running(self, seq_id: int) -> bool:
-        return seq_id in self.leaf and seq_id not in self.entries
-
     def length(self, seq_id: int) -> int:
         """How many cells ``seq_id`` holds (its positions are 0 .. length - 1)."""
         return self.leaf[seq_id].end

@@ -202,7 +202,7 @@ class Scheduler:
             return False
         for other in self.running:
             if other.n_past < other.n_prompt:
-                shared = common_prefix_len(reusable, other.token_ids[:other.n_prompt])
+                shared = min(common_prefix_len(reusable, other.token_ids), other.n_prompt)
                 gain = shared - match.n_tokens
                 if gain > 0 and (gain >= self.share_min_tokens or shared == len(reusable)):
                     return True

@@ -28,8 +28,8 @@ from llamactor.metrics import Metrics
 from llamactor.openai_schema import (
     FINISH_REASON,
     ChatRequest,
-    best_of,
     CompletionRequest,
+    best_of,
     chat_logprobs,
     completion_logprobs,
     error_body,
