@@ -23,6 +23,7 @@ from llamactor.errors import BatcherUnavailableError, InvalidRequestError, Model
 from llamactor.logging import configure_default
 from llamactor.messages import Cancel, Generate, GetStats, ReplyChannel
 from llamactor.models import resolve_model_path
+from llamactor.policy import DEFAULT_PRIORITY, parse_priority
 from llamactor.streams import AsyncTextStream, TextStream
 from llamactor.supervisor import SupervisorActor
 
@@ -68,6 +69,9 @@ class LLM:
         self._closing = False
 
     # -- submitting -------------------------------------------------------------------------
+    # Every method takes sampling options (``max_tokens``, ``temperature``, ``stop`` ...; see
+    # ``SamplingParams``) and ``priority``: "high", "normal" (default), "low" or an int, lower
+    # first; a waiting request gains 0.1 level per second (``Config.priority_aging_per_s``).
 
     def submit(self, prompt: Prompt, *, request_id: str | None = None,
                **sampling: Any) -> concurrent.futures.Future[Completion]:
@@ -179,10 +183,13 @@ class LLM:
 
     def _submit(self, prompt: dict[str, Any], request_id: str | None, sampling: dict[str, Any],
                 on_piece: Any) -> concurrent.futures.Future[Completion]:
+        sampling = dict(sampling)
+        priority = parse_priority(sampling.pop("priority", DEFAULT_PRIORITY))
         params = self.config.sampling.replace(**sampling)
         reply = ReplyChannel(on_piece=on_piece)
         rid = request_id or _new_request_id()
-        msg = Generate(request_id=rid, params=params, reply=reply, submitted_at=time.perf_counter(), **prompt)
+        msg = Generate(request_id=rid, params=params, reply=reply, submitted_at=time.perf_counter(),
+                       priority=priority, **prompt)
         future = reply.future
         with self._lock:
             if self._closing:

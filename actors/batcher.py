@@ -18,7 +18,7 @@ import pykka
 import structlog
 
 from llamactor.config import MAX_SEQUENCES, Config
-from llamactor.errors import ContextFullError, LlamactorError, QueueFullError
+from llamactor.errors import ContextFullError, LlamactorError, QueueFullError, StepAbortedError
 from llamactor.messages import (
     AuditKv,
     BatcherFailed,
@@ -32,10 +32,12 @@ from llamactor.messages import (
 )
 from llamactor.native.engine import Engine
 from llamactor.native.sampling import sample
+from llamactor.policy import Policy
 from llamactor.prefix_index import KvOp, PrefixIndex
 from llamactor.prompts import PromptBuilder
 from llamactor.requests import RequestState, finish_request
 from llamactor.scheduler import Scheduler, Sequence, StepPlan
+from llamactor.watchdog import Watchdog
 
 log = structlog.get_logger("llamactor.batcher")
 
@@ -49,12 +51,13 @@ class BatcherActor(pykka.ThreadingActor):
         self.supervisor = supervisor
         self.generation = generation
         self.counters = {"steps": 0, "tokens_generated": 0, "prompt_tokens_computed": 0,
-                         "requests_finished": 0, "step_sequences": 0}
+                         "tokens_recomputed": 0, "requests_finished": 0, "step_sequences": 0}
         self.step_ms = {"schedule": 0.0, "decode": 0.0, "sample": 0.0, "postprocess": 0.0}
         self._step_queued = False
         self._timer: threading.Timer | None = None
         self._timer_id = 0
         self._last_stats_log = time.perf_counter()
+        self.watchdog: Watchdog | None = None
 
     # -- lifecycle (batcher thread) ---------------------------------------------------------
 
@@ -63,7 +66,8 @@ class BatcherActor(pykka.ThreadingActor):
         try:
             cfg = self.config
             self.engine = Engine(self.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
-                                 n_seq_max=MAX_SEQUENCES, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers)
+                                 n_seq_max=MAX_SEQUENCES, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
+                                 test_hang=cfg.watchdog_test_hang and self.generation == 1)
             self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template, cfg.system_prompt)
             self.index = PrefixIndex(n_seq_ids=self.engine.info.n_seq_max, n_cells=self.engine.info.n_ctx)
             for tokens in self.prompts.shared_prefix_tokens():
@@ -71,7 +75,12 @@ class BatcherActor(pykka.ThreadingActor):
             self.scheduler = Scheduler(n_parallel=cfg.n_parallel, n_batch=self.engine.info.n_batch,
                                        batch_size=cfg.flush_batch_size, batch_timeout_s=cfg.batch_timeout_ms / 1000,
                                        max_queue=cfg.max_queue, index=self.index, keep_finished=cfg.prefix_cache,
-                                       cache_budget_cells=cfg.prefix_cache_cells)
+                                       cache_budget_cells=cfg.prefix_cache_cells,
+                                       policy=Policy(cfg.schedule_policy, cfg.priority_aging_per_s))
+            if cfg.watchdog_timeout_s > 0:
+                self.watchdog = Watchdog(cfg.watchdog_timeout_s, self.engine.abort_flag, self._on_watchdog_fired)
+            if self.engine.test_hang is not None:
+                self.engine.test_hang.arm()  # the first step's decode hangs until the watchdog aborts it
             if self.supervisor is not None:
                 tell_quietly(self.supervisor, BatcherReady(self.generation, self.engine.info))
             log.info("batcher_started", generation=self.generation, n_ctx=self.engine.info.n_ctx,
@@ -96,6 +105,8 @@ class BatcherActor(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         self._cancel_timer()
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if getattr(self, "engine", None) is not None:
             self.engine.close()
             self.engine = None  # type: ignore[assignment]
@@ -103,7 +114,13 @@ class BatcherActor(pykka.ThreadingActor):
     def _report_failure(self, error: BaseException) -> None:
         self._cancel_timer()
         if self.supervisor is not None:
-            tell_quietly(self.supervisor, BatcherFailed(self.generation, repr(error)))
+            tell_quietly(self.supervisor, BatcherFailed(self.generation, repr(error),
+                                                        watchdog=isinstance(error, StepAbortedError)))
+
+    def _on_watchdog_fired(self, step_no: int, elapsed_s: float, shape: dict[str, Any]) -> None:
+        """Watchdog thread: log the hung step; the watchdog then sets the engine's abort flag."""
+        log.error("watchdog_fired", generation=self.generation, step=step_no, ms=round(elapsed_s * 1000, 1),
+                  timeout_s=self.config.watchdog_timeout_s, **shape)
 
     # -- messages (batcher thread) ----------------------------------------------------------
 
@@ -178,6 +195,13 @@ class BatcherActor(pykka.ThreadingActor):
         t0 = time.perf_counter()
         plan = self.scheduler.schedule(t0)
         self._apply(plan.kv_ops)
+        for seq in plan.preempted:
+            log.info("request_preempted", request_id=seq.request_id, n_tokens=len(seq.token_ids),
+                     n_preempted=seq.n_preempted, priority=seq.priority)
+        for seq in plan.failed:
+            self._finish(seq, "context_full", ContextFullError(
+                f"this sequence ({len(seq.token_ids)} tokens) does not fit in the KV cache even alone "
+                f"(n_ctx={self.engine.info.n_ctx}, {self.index.pinned_cells()} cells pinned by system prompts)"))
         if not plan.chunks:
             return
         t1 = time.perf_counter()
@@ -212,8 +236,14 @@ class BatcherActor(pykka.ThreadingActor):
             positions += range(seq.n_past, seq.n_past + n)
             seq_ids += [seq.seq_id] * n
             wants += [0] * (n - 1) + [1 if chunk.samples else 0]
-        return self.engine.decode(np.array(tokens, dtype=np.int32), np.array(positions, dtype=np.int32),
-                                  np.array(seq_ids, dtype=np.int32), np.array(wants, dtype=np.int8))
+        if self.watchdog is not None:
+            self.watchdog.step_started(self.counters["steps"], {"n_tokens": len(tokens), "n_sequences": len(plan.chunks)})
+        try:
+            return self.engine.decode(np.array(tokens, dtype=np.int32), np.array(positions, dtype=np.int32),
+                                      np.array(seq_ids, dtype=np.int32), np.array(wants, dtype=np.int8))
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.step_ended()
 
     def _postprocess(self, plan: StepPlan, result: Any) -> None:
         now = time.perf_counter()
@@ -226,7 +256,9 @@ class BatcherActor(pykka.ThreadingActor):
             seq = chunk.seq
             if seq.seq_id in result.failed_seq_ids:
                 continue
-            if seq.n_past < seq.n_prompt:
+            if seq.n_preempted:
+                self.counters["tokens_recomputed"] += chunk.n_tokens  # resumed: computed once before
+            elif seq.n_past < seq.n_prompt:
                 self.counters["prompt_tokens_computed"] += min(chunk.n_tokens, seq.n_prompt - seq.n_past)
             self.scheduler.computed(chunk, now)
         logits = result.logits if len(rows) == len(result.logits) else result.logits[rows]
@@ -243,17 +275,18 @@ class BatcherActor(pykka.ThreadingActor):
                 self._finish(seq, "cancelled")
         self.counters["tokens_generated"] += len(to_sample)
         for chunk in plan.chunks:
-            if chunk.seq.seq_id in result.failed_seq_ids:
+            if chunk.seq.seq_id in result.failed_seq_ids:  # the index and llama.cpp disagreed on room
                 self._finish(chunk.seq, "context_full", ContextFullError(
                     f"no KV cache room for this sequence (n_ctx={self.engine.info.n_ctx}); retry later "
-                    "or lower n_parallel / max_tokens"))
+                    "or lower n_parallel / max_tokens"), kv_lost=True)
         if now - self._last_stats_log >= self.config.stats_interval_s:
             self._last_stats_log = now
             log.info("batcher_stats", **self.stats())
 
-    def _finish(self, seq: Sequence, reason: str, error: LlamactorError | None = None) -> None:
-        # A sequence that found no KV room was already removed from the context by the engine.
-        self._apply(self.scheduler.finish(seq, time.perf_counter(), kv_lost=reason == "context_full"))
+    def _finish(self, seq: Sequence, reason: str, error: LlamactorError | None = None, *,
+                kv_lost: bool = False) -> None:
+        """End ``seq``; ``kv_lost``: the engine already removed its cells (no KV slot in a decode)."""
+        self._apply(self.scheduler.finish(seq, time.perf_counter(), kv_lost=kv_lost))
         self.counters["requests_finished"] += 1
         finish_request(seq, reason, error)
 
@@ -271,8 +304,12 @@ class BatcherActor(pykka.ThreadingActor):
     def stats(self) -> dict[str, Any]:
         s, info = self.scheduler, self.engine.info
         cache = self.index.stats()
+        oldest = s.oldest_waiting_effective_priority(time.perf_counter())
         return {"generation": self.generation, "running": len(s.running), "pending": len(s.pending),
                 "free_seq_ids": s.n_free, "n_parallel": self.config.n_parallel,
+                "schedule_policy": s.policy.name, "preemptions": s.n_preemptions,
+                "pending_by_priority": {str(p): n for p, n in s.waiting_by_priority().items()},
+                "oldest_waiting_priority": round(oldest, 3) if oldest is not None else None,
                 "kv_used": self.index.cells_used, "kv_size": info.n_ctx,
                 "kv_usage": round(self.index.cells_used / info.n_ctx, 4), **self.counters,
                 "tokens_cached": cache["hit_tokens"],

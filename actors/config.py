@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamactor.errors import InvalidRequestError
+from llamactor.policy import Policy
 
 
 # Sequences one llama context may hold: llama.cpp's LLAMA_MAX_SEQ (256) halved, because the
@@ -104,6 +105,10 @@ class Config:
     system_prompt: str | None = None  # prefilled once, pinned in the prefix cache, attached via seq_cp
     prefix_cache: bool = True  # keep finished requests' KV as cached prefixes for later requests
     prefix_cache_cells: int | None = None  # most KV cells cached prefixes may hold; None: all that is free
+    schedule_policy: str = "priority"  # "fcfs" | "priority" | "lpm" (llamactor.policy)
+    priority_aging_per_s: float = 0.1  # effective priority gained per second of waiting (seed 001)
+    watchdog_timeout_s: float = 60.0  # a step running longer is aborted and the batcher restarted; 0: off
+    watchdog_test_hang: bool = False  # tests only: the first batcher's first step hangs until the watchdog fires
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_restarts: int = 5  # batcher restarts allowed within restart_window_s before giving up
     restart_window_s: float = 60.0
@@ -123,6 +128,8 @@ class Config:
         _require(self.max_queue >= 1, f"max_queue must be >= 1, got {self.max_queue}")
         _require(self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}")
         _require(self.system_prompt is None or self.system_prompt != "", "system_prompt must not be empty")
+        Policy(self.schedule_policy, self.priority_aging_per_s)  # validates both
+        _require(self.watchdog_timeout_s >= 0, f"watchdog_timeout_s must be >= 0 (0: off), got {self.watchdog_timeout_s}")
         _require(self.prefix_cache_cells is None or self.prefix_cache_cells >= 0,
                  f"prefix_cache_cells must be >= 0 or None, got {self.prefix_cache_cells}")
 

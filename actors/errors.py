@@ -71,5 +71,9 @@ class EngineError(LlamactorError):
     """llama.cpp failed in a way that leaves the context unusable; crashes the batcher on purpose."""
 
 
+class StepAbortedError(EngineError):
+    """A decode step was aborted because it ran longer than ``watchdog_timeout_s``."""
+
+
 class ModelLoadError(LlamactorError):
     """The GGUF file could not be loaded (missing, unreadable, not a model)."""

@@ -16,6 +16,7 @@ import pykka
 
 from llamactor.completion import Completion
 from llamactor.config import SamplingParams
+from llamactor.policy import DEFAULT_PRIORITY
 
 
 @dataclass(slots=True, eq=False)
@@ -58,6 +59,7 @@ class Generate:
     params: SamplingParams
     reply: ReplyChannel
     submitted_at: float  # time.perf_counter() when the caller submitted
+    priority: int = DEFAULT_PRIORITY  # lower runs first; see llamactor.policy
     text: str | None = None
     messages: tuple[dict[str, Any], ...] | None = None
     token_ids: tuple[int, ...] | None = None
@@ -110,6 +112,7 @@ class BatcherFailed:
 
     generation: int
     reason: str
+    watchdog: bool = False  # the watchdog aborted a hung step
 
 
 @dataclass(frozen=True, slots=True)

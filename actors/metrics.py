@@ -36,7 +36,10 @@ class _BatcherCollector(Collector):
                     "step_sequences": ("llamactor_step_sequences", "Sequences summed over steps (/ steps = mean batch size)"),
                     "restarts": ("llamactor_batcher_restarts", "Times the supervisor restarted the batcher"),
                     "tokens_cached": ("llamactor_prompt_tokens_cached", "Prompt tokens attached from cached KV, not computed"),
-                    "prompt_tokens_computed": ("llamactor_prompt_tokens_computed", "Prompt tokens computed by llama_decode")}
+                    "prompt_tokens_computed": ("llamactor_prompt_tokens_computed", "Prompt tokens computed by llama_decode"),
+                    "preemptions": ("llamactor_preemptions", "Running sequences preempted for KV room (resumed later)"),
+                    "tokens_recomputed": ("llamactor_tokens_recomputed", "Tokens recomputed when resuming preempted sequences"),
+                    "watchdog_trips": ("llamactor_watchdog_trips", "Steps aborted by the watchdog (each restarts the batcher)")}
         for key, (name, doc) in counters.items():
             if key in s:
                 yield CounterMetricFamily(name, doc, value=s[key])
@@ -55,6 +58,14 @@ class _BatcherCollector(Collector):
                                                   "KV cells of pinned prefixes (the system prompt)")}.items():
             if key in cache:
                 yield GaugeMetricFamily(name, doc, value=cache[key])
+        by_priority = GaugeMetricFamily("llamactor_pending_requests_by_priority", "Requests waiting, by base priority",
+                                        labels=["priority"])
+        for priority, n in s.get("pending_by_priority", {}).items():
+            by_priority.add_metric([priority], n)
+        yield by_priority
+        if s.get("oldest_waiting_priority") is not None:
+            yield GaugeMetricFamily("llamactor_oldest_waiting_effective_priority",
+                                    "Effective (aged) priority of the request waiting longest", value=s["oldest_waiting_priority"])
         yield GaugeMetricFamily("llamactor_ready", "1 when the batcher is up", value=1 if s.get("state") == "ready" else 0)
 
 

@@ -35,6 +35,8 @@ class _Request(BaseModel):
     min_p: float | None = Field(default=None, ge=0, le=1)
     repeat_penalty: float | None = Field(default=None, gt=0)
     ignore_eos: bool = False
+    # llamactor extra: "high" | "normal" | "low" or an int, lower first (llamactor.policy)
+    priority: Literal["high", "normal", "low"] | int | None = None
 
     def sampling(self, *, index: int = 0) -> dict[str, Any]:
         """llamactor sampling options; with ``n`` > 1 each choice gets its own seed."""
@@ -49,6 +51,8 @@ class _Request(BaseModel):
             out["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
         if self.ignore_eos:
             out["ignore_eos"] = True
+        if self.priority is not None:
+            out["priority"] = self.priority
         return out
 
     def check(self) -> None:

@@ -95,7 +95,8 @@ def finish_request(seq: Sequence, reason: str, error: LlamactorError | None = No
         logprobs=tuple(state.logprobs) if state is not None and state.logprobs is not None else None,
     )
     log.info("request_finished", request_id=req.request_id, n_prompt=seq.n_prompt, n_cached=seq.n_cached,
-             n_gen=n_gen, ttft_ms=completion.timings.ttft_ms, ms=completion.timings.total_ms, finish_reason=reason)
+             n_gen=n_gen, ttft_ms=completion.timings.ttft_ms, ms=completion.timings.total_ms, finish_reason=reason,
+             priority=req.priority, n_preempted=seq.n_preempted)
     if reason == "cancelled":
         req.reply.fail(CancelledError(f"request {req.request_id} was cancelled", completion))
     elif error is not None:

@@ -1,22 +1,30 @@
-"""What to run next: the pure scheduling policy of the batcher (no threads, no llama calls).
+"""What to run next: the pure scheduling of the batcher (no threads, no llama calls).
 
-It holds the waiting queue and the running sequences, decides when the waiting requests flush
-(``batch_size`` of them, or the oldest has waited ``batch_timeout_s``; once sequences are running,
-newcomers join at the next step), admits each with the longest prefix the ``PrefixIndex`` has KV
-for, and packs one step's token budget (``n_batch``): one decode token per generating sequence
-first, then prompt chunks of sequences still prefilling, so a long prompt is prefilled over
-several steps instead of stalling the others. When the step's tokens need more KV cells than are
-free, least recently used cached prefixes are evicted (running sequences never are).
+It holds the waiting requests and the running sequences, decides when the waiting requests
+flush (``batch_size`` of them, or the oldest has waited ``batch_timeout_s``; once sequences are
+running, newcomers join at the next step), admits them in the order of its ``Policy`` (priority
+with aging, FCFS, or longest cached prefix first) with the longest prefix the ``PrefixIndex``
+has KV for, and packs one step's token budget (``n_batch``): one decode token per generating
+sequence first, then prompt chunks by urgency, so a long prompt is prefilled over several steps
+instead of stalling the others.
+
+KV room: a request is admitted only when its uncomputed tokens fit in what is free or held by
+cached prefixes, after what the running sequences still have to compute. When a step's tokens
+need more cells than are free, least recently used cached prefixes are evicted first; if that is
+not enough, the least urgent running sequence is *preempted*: its KV becomes a cached prefix, it
+goes back to the waiting requests holding its tokens so far, and it is resumed later by
+recomputing what the cache no longer holds. Only a sequence that cannot fit while running alone
+fails.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from llamactor.errors import QueueFullError
 from llamactor.messages import Generate
+from llamactor.policy import Policy
 from llamactor.prefix_index import KvOp, Match, PrefixIndex, common_prefix_len
 
 
@@ -29,7 +37,8 @@ class Sequence:
     n_prompt: int
     seq_id: int = -1  # -1 while waiting
     n_past: int = 0
-    n_cached: int = 0  # prompt tokens attached from a shared prefix instead of computed
+    n_cached: int = 0  # prompt tokens attached from a shared prefix instead of computed (first admission)
+    n_preempted: int = 0
     admitted_at: float | None = None
     first_token_at: float | None = None
     state: Any = None  # the batcher's per-request decode state; opaque here
@@ -41,6 +50,14 @@ class Sequence:
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    @property
+    def priority(self) -> int:
+        return self.request.priority
+
+    @property
+    def submitted_at(self) -> float:
+        return self.request.submitted_at
 
     @property
     def n_generated(self) -> int:
@@ -69,22 +86,25 @@ class Chunk:
 class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
     admitted: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)  # back among the waiting, KV released
+    failed: list[Sequence] = field(default_factory=list)  # cannot fit even alone: to end with an error
     kv_ops: list[KvOp] = field(default_factory=list)  # to apply, in order, before the decode
 
 
 class Scheduler:
-    """Pending queue, running set and prefix index. Called only from the batcher's thread.
+    """Waiting requests, running set and prefix index. Called only from the batcher's thread.
 
-    ``keep_finished``: a finished sequence's KV stays in the index as a cached prefix (the prefix
-    cache); otherwise only pinned entries (the configured system prompt) are ever attached.
-    ``share_min_tokens``: a request waits (stays pending) while a running sequence is still
+    ``keep_finished``: a finished (or preempted) sequence's KV stays in the index as a cached
+    prefix (the prefix cache); otherwise only pinned entries (the configured system prompt) are
+    ever attached. ``share_min_tokens``: a request waits while a running sequence is still
     computing at least this many more of its prompt than the cache holds -- or all of what it
     could reuse, as ``n`` choices of one prompt do -- and attaches those cells once computed.
     """
 
     def __init__(self, *, n_parallel: int, n_batch: int, batch_size: int, batch_timeout_s: float,
                  max_queue: int, index: PrefixIndex, keep_finished: bool = True,
-                 cache_budget_cells: int | None = None, share_min_tokens: int = 32) -> None:
+                 cache_budget_cells: int | None = None, share_min_tokens: int = 32,
+                 policy: Policy | None = None) -> None:
         if n_batch < n_parallel:
             raise ValueError("n_batch must be >= n_parallel")
         self.n_parallel = n_parallel
@@ -96,8 +116,10 @@ class Scheduler:
         self.keep_finished = keep_finished
         self.cache_budget_cells = cache_budget_cells
         self.share_min_tokens = share_min_tokens
-        self.pending: deque[Sequence] = deque()
+        self.policy = policy or Policy()
+        self.pending: list[Sequence] = []  # in arrival order; the policy orders them at admission
         self.running: list[Sequence] = []
+        self.n_preemptions = 0
 
     @property
     def n_free(self) -> int:
@@ -116,7 +138,7 @@ class Scheduler:
         """When the oldest waiting request's window ends, if a timer is what it waits for."""
         if self.running or not self.pending or len(self.pending) >= self.batch_size:
             return None
-        return self.pending[0].request.submitted_at + self.batch_timeout_s
+        return min(s.submitted_at for s in self.pending) + self.batch_timeout_s
 
     def flush_due(self, now: float) -> bool:
         if not self.pending:
@@ -129,21 +151,8 @@ class Scheduler:
         plan = StepPlan()
         if self.flush_due(now):
             self._admit_pending(plan, now)
-        budget = self.n_batch
-        decoding = [s for s in self.running if s.n_unprocessed == 1]
-        for seq in decoding:
-            plan.chunks.append(Chunk(seq, 1))
-        budget -= len(decoding)
-        for seq in self.running:
-            if budget <= 0:
-                break
-            if seq.n_unprocessed > 1:
-                n = min(seq.n_unprocessed, budget)
-                plan.chunks.append(Chunk(seq, n))
-                budget -= n
-        shortfall = sum(c.n_tokens for c in plan.chunks) - (self.index.n_cells - self.index.cells_used)
-        if shortfall > 0:
-            plan.kv_ops += self.index.evict(shortfall)
+        self._pack(plan, now)
+        self._make_room(plan, now)
         return plan
 
     def computed(self, chunk: Chunk, now: float) -> None:
@@ -175,23 +184,33 @@ class Scheduler:
     # -- admission ----------------------------------------------------------------------------
 
     def _admit_pending(self, plan: StepPlan, now: float) -> None:
-        waiting: list[Sequence] = []
-        while self.pending and self.n_free > 0:
-            seq = self.pending.popleft()
-            reusable = seq.token_ids[:seq.n_prompt - 1]  # at least one prompt token is computed, for logits
+        room = self._room_for_newcomers()
+        for seq in self.policy.order_waiting(self.pending, now, lambda s: self._lookup(s.token_ids[:-1]).n_tokens):
+            if self.n_free == 0:
+                break
+            reusable = seq.token_ids[:-1]  # at least the last known token is computed, for its logits
             match = self._lookup(reusable)
             if self._worth_waiting(reusable, match):
-                waiting.append(seq)
                 continue
+            needed = len(seq.token_ids) - match.n_tokens
+            if needed > room - match.n_tokens and self.running:
+                break  # the most urgent waits for room; admitting others past it could starve it
+            room -= needed
             seq_id, ops = self.index.allocate(now)
             if ops:  # an entry was dropped to free the seq_id: it may have been the match
                 match = self._lookup(reusable)
             plan.kv_ops += ops + self.index.attach(seq_id, match, now)
-            seq.seq_id, seq.admitted_at = seq_id, now
-            seq.n_cached = seq.n_past = match.n_tokens
+            seq.seq_id, seq.n_past = seq_id, match.n_tokens
+            if seq.n_preempted == 0:
+                seq.admitted_at, seq.n_cached = now, match.n_tokens
+            self.pending.remove(seq)
             self.running.append(seq)
             plan.admitted.append(seq)
-        self.pending.extendleft(reversed(waiting))
+
+    def _room_for_newcomers(self) -> int:
+        """Cells free or held by cached prefixes alone, less what running sequences still compute."""
+        free = self.index.n_cells - self.index.cells_used
+        return free + self.index.cache_cells() - sum(s.n_unprocessed for s in self.running)
 
     def _lookup(self, tokens: list[int]) -> Match:
         return self.index.lookup(tokens, pinned_only=not self.keep_finished)
@@ -207,3 +226,66 @@ class Scheduler:
                 if gain > 0 and (gain >= self.share_min_tokens or shared == len(reusable)):
                     return True
         return False
+
+    # -- packing and room ---------------------------------------------------------------------
+
+    def _pack(self, plan: StepPlan, now: float) -> None:
+        """One token per decoding sequence, then prompt chunks by urgency, within ``n_batch``."""
+        budget = self.n_batch
+        prefilling = []
+        for seq in self.running:
+            if seq.n_unprocessed == 1:
+                plan.chunks.append(Chunk(seq, 1))
+                budget -= 1
+            else:
+                prefilling.append(seq)
+        for seq in sorted(prefilling, key=lambda s: self.policy.urgency(s, now)):
+            if budget <= 0:
+                break
+            n = min(seq.n_unprocessed, budget)
+            plan.chunks.append(Chunk(seq, n))
+            budget -= n
+
+    def _make_room(self, plan: StepPlan, now: float) -> None:
+        """Evict cached prefixes, then preempt the least urgent, until the step's tokens fit."""
+        while (shortfall := self._shortfall(plan)) > 0:
+            plan.kv_ops += self.index.evict(shortfall)
+            if self._shortfall(plan) <= 0:
+                return
+            victim = self.policy.preemption_victim(self.running, now)
+            plan.chunks = [c for c in plan.chunks if c.seq is not victim]
+            if len(self.running) == 1:
+                plan.failed.append(victim)  # it cannot fit even alone; the batcher ends it
+                return
+            plan.kv_ops += self._preempt(victim, now)
+            plan.preempted.append(victim)
+            if victim in plan.admitted:
+                plan.admitted.remove(victim)
+
+    def _shortfall(self, plan: StepPlan) -> int:
+        return sum(c.n_tokens for c in plan.chunks) - (self.index.n_cells - self.index.cells_used)
+
+    def _preempt(self, seq: Sequence, now: float) -> list[KvOp]:
+        """Release ``seq``'s seq_id (its KV stays as a cached prefix while room allows) and queue it
+        again with every token it has; it resumes from the longest prefix still cached."""
+        self.running.remove(seq)
+        ops = self.index.finish(seq.seq_id, now, keep=self.keep_finished, budget_cells=self.cache_budget_cells)
+        seq.seq_id, seq.n_past = -1, 0
+        seq.n_preempted += 1
+        self.n_preemptions += 1
+        self.pending.append(seq)
+        return ops
+
+    # -- observability --------------------------------------------------------------------------
+
+    def waiting_by_priority(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for seq in self.pending:
+            counts[seq.priority] = counts.get(seq.priority, 0) + 1
+        return dict(sorted(counts.items()))
+
+    def oldest_waiting_effective_priority(self, now: float) -> float | None:
+        """The effective priority of the request that has waited longest (None: nobody waits)."""
+        if not self.pending:
+            return None
+        return self.policy.effective(min(self.pending, key=lambda s: s.submitted_at), now)

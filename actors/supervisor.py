@@ -45,6 +45,7 @@ class SupervisorActor(pykka.ThreadingActor):
         self.generation = 0
         self.restart_times: deque[float] = deque()
         self.n_restarts = 0
+        self.n_watchdog_trips = 0
         self.state = "starting"  # starting | ready | restarting | failed | stopped
         self.info: Any = None
         self.failure_reason: str | None = None
@@ -117,6 +118,7 @@ class SupervisorActor(pykka.ThreadingActor):
         if msg.generation != self.generation or self.state in ("failed", "stopped"):
             return
         self.batcher = None
+        self.n_watchdog_trips += msg.watchdog
         if self.info is None:  # it never came up: a bad model path will not heal by retrying
             self._give_up(f"the model could not be loaded: {msg.reason}")
             return
@@ -153,7 +155,8 @@ class SupervisorActor(pykka.ThreadingActor):
         self.inflight.clear()
 
     def _stats(self) -> dict[str, Any]:
-        stats: dict[str, Any] = {"state": self.state, "restarts": self.n_restarts, "inflight": len(self.inflight)}
+        stats: dict[str, Any] = {"state": self.state, "restarts": self.n_restarts, "watchdog_trips": self.n_watchdog_trips,
+                                 "inflight": len(self.inflight)}
         if self.batcher is not None and self.state == "ready":
             try:
                 stats.update(cast(dict[str, Any], self.batcher.ask(GetStats(), timeout=10)))

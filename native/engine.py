@@ -3,7 +3,8 @@
 Only the batcher actor's thread may call an ``Engine`` method after construction (llama.cpp
 contexts are not thread-safe). Return codes of ``llama_decode`` become typed outcomes: 1 (no KV
 slot) retries the step in halves down to single tokens and reports the sequences that still do
-not fit; anything else negative raises ``EngineError``, which crashes the batcher on purpose.
+not fit; 2 (aborted through ``abort_flag``, by the batcher's watchdog) raises ``StepAbortedError``;
+anything else raises ``EngineError``. Both crash the batcher on purpose.
 
 Sequence ids: callers use ``0 .. n_seq_max - 1``; the context holds twice as many, because each
 sequence has a shadow id that co-owns all its cells (see ``native/batch.py``). Every KV operation
@@ -22,7 +23,8 @@ import llama_cpp
 import numpy as np
 
 from llamactor.config import MAX_SEQUENCES
-from llamactor.errors import EngineError, ModelLoadError
+from llamactor.errors import EngineError, ModelLoadError, StepAbortedError
+from llamactor.native.abort import AbortFlag, TestHang
 from llamactor.native.batch import ReusableBatch
 from llamactor.native.chat_template import ChatTemplate
 from llamactor.native.tokenizer import Tokenizer
@@ -75,7 +77,7 @@ class DecodeResult:
 
 class Engine:
     def __init__(self, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
-                 n_threads: int, n_gpu_layers: int = 0) -> None:
+                 n_threads: int, n_gpu_layers: int = 0, test_hang: bool = False) -> None:
         _init_backend()
         if not 1 <= n_seq_max <= MAX_SEQUENCES:
             raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}], got {n_seq_max}")
@@ -99,6 +101,10 @@ class Engine:
         # exceeds n_ctx, e.g. 512 * 256 for Gemma 3: no extra memory at the usual sizes).
         cparams.swa_full = True
         cparams.no_perf = True
+        self.abort_flag = AbortFlag()  # set from the watchdog's thread: stops the running decode
+        cparams.abort_callback = self.abort_flag.callback
+        cparams.abort_callback_data = self.abort_flag.data
+        self.test_hang = TestHang(self.abort_flag, cparams) if test_hang else None
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
@@ -149,7 +155,12 @@ class Engine:
             return DecodeResult(self._logits_view(n_out), frozenset())
         if rc == 1:
             return self._decode_split(token, pos, seq_id, logits)
-        raise EngineError(f"llama_decode returned {rc} for a batch of {len(token)} tokens")
+        raise self._error(rc, len(token))
+
+    def _error(self, rc: int, n_tokens: int) -> EngineError:
+        if rc == 2:
+            return StepAbortedError(f"a decode of {n_tokens} tokens was aborted (abort flag set)")
+        return EngineError(f"llama_decode returned {rc} for a batch of {n_tokens} tokens")
 
     def _logits_view(self, n_rows: int) -> np.ndarray:
         if n_rows == 0:
@@ -187,7 +198,7 @@ class Engine:
                 half = len(idx) // 2
                 todo += [idx[half:], idx[:half]]  # popped from the end: first half runs first
             else:
-                raise EngineError(f"llama_decode returned {rc} while splitting a full step")
+                raise self._error(rc, len(idx))
         return DecodeResult(result, frozenset(failed))
 
     def decode_batch(self, entries: list[tuple[int, int, int]]) -> DecodeResult:

@@ -128,6 +128,8 @@ def test_bad_input_gets_openai_style_4xx_errors_never_a_500(daemon: Daemon) -> N
         client.completions.create(model=MODEL_ID, prompt="hi", extra_body={"temprature": 1})
     with pytest.raises(openai.BadRequestError, match="empty"):
         client.completions.create(model=MODEL_ID, prompt="")
+    with pytest.raises(openai.BadRequestError, match="priority"):
+        client.completions.create(model=MODEL_ID, prompt="hi", extra_body={"priority": 5000})
     with pytest.raises(openai.BadRequestError, match="logprobs"):
         client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], stream=True,
                                        logprobs=True)
@@ -166,11 +168,17 @@ def test_a_full_queue_answers_429_with_retry_after_and_a_disconnect_cancels_its_
 
 def test_health_and_metrics_report_what_was_done(daemon: Daemon) -> None:
     assert httpx.get(f"{daemon.url}/health").status_code == 200
+    urgent = daemon.client().completions.create(model=MODEL_ID, prompt="urgent", max_tokens=1,
+                                                extra_body={"priority": "high"})
+    assert daemon.wait_for_log(lambda e: e.get("event") == "request_finished" and e.get("request_id") == urgent.id
+                               and e.get("priority") == 0 and e.get("n_preempted") == 0)
     metrics = httpx.get(f"{daemon.url}/metrics").text
     generated = float(re.search(r"^llamactor_generated_tokens_total (\S+)$", metrics, re.M).group(1))
     assert generated >= 8
     assert re.search(r'^llamactor_http_requests_total\{path="/v1/completions",status="429"\} 1\.0$', metrics, re.M)
     assert "llamactor_time_to_first_token_seconds_bucket" in metrics and "llamactor_kv_cache_usage_ratio" in metrics
+    assert re.search(r"^llamactor_preemptions_total 0\.0$", metrics, re.M)
+    assert re.search(r"^llamactor_watchdog_trips_total 0\.0$", metrics, re.M)
     lines = daemon.events("http_request")
     assert lines and {"method", "path", "status", "request_id", "ms"} <= set(lines[-1])
 

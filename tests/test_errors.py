@@ -10,7 +10,6 @@ import llamactor
 from llamactor import (
     BatcherUnavailableError,
     CancelledError,
-    ContextFullError,
     InvalidRequestError,
     QueueFullError,
 )
@@ -50,19 +49,6 @@ def test_a_full_queue_refuses_the_newest_request_and_serves_the_rest(start_llm) 
         refused.result(timeout=30)
     assert [f.result(timeout=60).usage.completion_tokens for f in queued] == [2, 2]
 
-
-def test_a_context_overflow_fails_only_the_sequences_that_find_no_kv_room(start_llm) -> None:
-    llm = start_llm(n_parallel=4, n_ctx=256)
-    futures = [llm.submit(f"Story {i}:", max_tokens=200, temperature=0, ignore_eos=True) for i in range(4)]
-    outcomes = []
-    for f in futures:
-        try:
-            outcomes.append(f.result(timeout=120).usage.completion_tokens)
-        except ContextFullError:
-            outcomes.append("context_full")
-    assert "context_full" in outcomes and 200 in outcomes
-    assert llm.stats()["free_seq_ids"] == 4
-    assert llm.ask("after", max_tokens=3, ignore_eos=True).usage.completion_tokens == 3
 
 
 def test_cancelling_a_request_frees_its_seq_id_and_returns_the_partial_text(start_llm) -> None:
@@ -122,3 +108,9 @@ def test_a_consumer_that_raises_cancels_only_its_own_request(llm: llamactor.LLM)
         reply.future.result(timeout=30)
     assert healthy.result(timeout=30).usage.completion_tokens == 5
     assert llm.stats()["restarts"] == 0
+
+
+def test_an_unknown_priority_is_an_invalid_request_and_the_others_go_on(llm: llamactor.LLM) -> None:
+    with pytest.raises(InvalidRequestError, match="priority must be"):
+        llm.submit("x", priority="urgent")
+    assert llm.ask("Fine", max_tokens=2, ignore_eos=True, priority="high").usage.completion_tokens == 2

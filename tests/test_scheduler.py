@@ -11,8 +11,10 @@ from llamactor.prefix_index import KvOp, PrefixIndex, common_prefix_len
 from llamactor.scheduler import Scheduler, Sequence
 
 
-def make_seq(n_prompt: int, *, at: float = 0.0, rid: str = "r", tokens: list[int] | None = None) -> Sequence:
-    msg = Generate(request_id=rid, params=SamplingParams(), reply=ReplyChannel(), submitted_at=at, text="x")
+def make_seq(n_prompt: int, *, at: float = 0.0, rid: str = "r", tokens: list[int] | None = None,
+             priority: int = 1) -> Sequence:
+    msg = Generate(request_id=rid, params=SamplingParams(), reply=ReplyChannel(), submitted_at=at, text="x",
+                   priority=priority)
     ids = tokens if tokens is not None else list(range(1, n_prompt + 1))
     return Sequence(request=msg, token_ids=ids, n_prompt=len(ids))
 

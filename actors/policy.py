@@ -1,0 +1,92 @@
+"""Scheduling policies: who is admitted first, whose prompt gets the step's budget first, and
+who is preempted first. Pure functions of the sequences and the clock (no threads, no I/O).
+
+Priorities follow seed 001: ``high`` 0, ``normal`` 1, ``low`` 2 (any int; lower runs first),
+and a request's *effective* priority improves by ``aging_per_s`` levels per second of waiting
+since it was submitted, so a low-priority request overtakes fresh normal ones after ten
+seconds at the default 0.1 and nothing starves. Equal effective priorities are first come,
+first served.
+
+``fcfs`` ignores priorities. ``priority`` orders by effective priority. ``lpm`` (seed 003's
+cache-aware policy, SGLang's "longest prefix match") admits the waiting request with the longest
+cached prefix first, then by effective priority; past ``LPM_MAX_WAITING`` waiting requests it
+orders by priority alone, since a prefix lookup per waiting request per admission would cost
+more than it saves (SGLang does the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from llamactor.errors import InvalidRequestError
+
+PRIORITY_LEVELS = {"high": 0, "normal": 1, "low": 2}
+DEFAULT_PRIORITY = PRIORITY_LEVELS["normal"]
+PRIORITY_RANGE = (-1000, 1000)
+POLICIES = ("fcfs", "priority", "lpm")
+LPM_MAX_WAITING = 64
+
+
+class Schedulable(Protocol):
+    """What a policy reads of a sequence."""
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def submitted_at(self) -> float: ...
+
+
+S = TypeVar("S", bound=Schedulable)
+
+
+def parse_priority(value: object) -> int:
+    """``"high" | "normal" | "low"`` or an int in ``PRIORITY_RANGE``; ``InvalidRequestError`` else."""
+    if isinstance(value, str) and value.lower() in PRIORITY_LEVELS:
+        return PRIORITY_LEVELS[value.lower()]
+    low, high = PRIORITY_RANGE
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+        return value
+    raise InvalidRequestError(f"priority must be 'high', 'normal', 'low' or an integer in [{low}, {high}] "
+                              f"(lower runs first), got {value!r}")
+
+
+def effective_priority(priority: int, submitted_at: float, now: float, aging_per_s: float) -> float:
+    """Seed 001's rule: the base priority less ``aging_per_s`` per second waited."""
+    return priority - aging_per_s * max(0.0, now - submitted_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    name: str = "priority"
+    aging_per_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.name not in POLICIES:
+            raise InvalidRequestError(f"schedule_policy must be one of {', '.join(POLICIES)}, got {self.name!r}")
+        if not 0.0 <= self.aging_per_s <= 1000.0:
+            raise InvalidRequestError(f"priority_aging_per_s must be in [0, 1000], got {self.aging_per_s}")
+
+    def effective(self, seq: Schedulable, now: float) -> float:
+        return effective_priority(seq.priority, seq.submitted_at, now, self.aging_per_s)
+
+    def urgency(self, seq: Schedulable, now: float) -> tuple[float, float]:
+        """Sort key: lower goes first (admission, prompt budget); the highest is preempted first."""
+        if self.name == "fcfs":
+            return (0.0, seq.submitted_at)
+        return (self.effective(seq, now), seq.submitted_at)
+
+    def order_waiting(self, waiting: Iterable[S], now: float, cached_tokens: Callable[[S], int]) -> list[S]:
+        """The waiting sequences in admission order. ``cached_tokens`` (a prefix-index lookup) is
+        called only by ``lpm``."""
+        items = list(waiting)
+        if self.name == "lpm" and 1 < len(items) <= LPM_MAX_WAITING:
+            cached = {id(s): cached_tokens(s) for s in items}
+            return sorted(items, key=lambda s: (-cached[id(s)], *self.urgency(s, now)))
+        return sorted(items, key=lambda s: self.urgency(s, now))
+
+    def preemption_victim(self, running: Iterable[S], now: float) -> S:
+        """The running sequence to preempt first: the least urgent (lowest priority, then newest)."""
+        return max(running, key=lambda s: self.urgency(s, now))
