@@ -4,8 +4,9 @@ Everything runs in one process, one after the other, on the same model and threa
 ratios compare like with like. Workloads (seed issue 4): *uniform* (distinct short prompts,
 fixed new tokens, greedy, EOG ignored), *shared system prompt* (configured vs inlined),
 *arrivals* (Poisson arrivals, mixed prompt and output lengths), *single* (one request alone), the
-idle CPU use of a started tree, the daemon (``bench_daemon``), and the prefix cache's *multiturn*
-and *few-shot* workloads (``bench_prefix``).
+idle CPU use of a started tree, the daemon (``bench_daemon``), the prefix cache's *multiturn*
+and *few-shot* workloads (``bench_prefix``), and the scheduler's *priorities* and *overcommit*
+(``bench_sched``).
 """
 
 from __future__ import annotations
@@ -227,14 +228,15 @@ def bench_daemon(s: BenchSettings, tick: Callable[[], None]) -> list[dict[str, A
 
 def workloads(s: BenchSettings) -> dict[str, tuple[int, Callable[[BenchSettings, Callable[[], None]], Any]]]:
     """Every workload by its results key: (progress ticks, function)."""
-    from llamactor import bench_peer, bench_prefix
+    from llamactor import bench_peer, bench_prefix, bench_sched
 
     n_daemon = 1 if s.quick else len([c for c in s.concurrencies if c <= 16])
     found: dict[str, tuple[int, Callable[[BenchSettings, Callable[[], None]], Any]]] = {
         "uniform": (len(s.concurrencies), bench_uniform), "shared_prefix": (1, bench_shared_prefix),
         "arrivals": (1, bench_arrivals), "single": (1, bench_single),
         "daemon": (n_daemon, bench_daemon),  # also fills results["daemon_idle"]
-        "multiturn": (4, bench_prefix.bench_multiturn), "few_shot": (2, bench_prefix.bench_few_shot)}
+        "multiturn": (4, bench_prefix.bench_multiturn), "few_shot": (2, bench_prefix.bench_few_shot),
+        "priorities": (2, bench_sched.bench_priorities), "overcommit": (2, bench_sched.bench_overcommit)}
     if s.peer_server:
         found["peer"] = (2, bench_peer.bench_peer)
     return found

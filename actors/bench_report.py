@@ -26,6 +26,9 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("multiturn 8×6: prompt tokens computed / new tokens", "multiturn[0].computed_vs_new", "<=", 1.5),
     ("multiturn 32 users on 8: history tokens from cache", "multiturn[1].cache_on.history_from_cache", ">=", 0.8),
     ("multiturn over HTTP: wall time, llamactor / llama-server", "peer.wall_ratio", "<=", 1.0),
+    ("priorities: high-priority TTFT p99, priority / fcfs", "priorities.high_ttft_p99_ratio", "<=", 0.3),
+    ("priorities: throughput, priority / fcfs", "priorities.throughput_ratio", ">=", 0.97),
+    ("overcommit: failed requests", "overcommit.tight.failed", "<=", 0),
 ]
 
 
@@ -60,7 +63,7 @@ def markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
              f"({'quick' if meta['settings']['quick'] else 'full'} run).", ""]
     failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
     ok = {k: v for k, v in results.items() if k not in failed}
-    for section in (_uniform, _others, _daemon, _multiturn, _few_shot, _peer):
+    for section in (_uniform, _others, _daemon, _multiturn, _few_shot, _peer, _scheduling):
         lines += section(ok)
     lines += [f"**{name} failed**: {error}" for name, error in failed.items()] + ([""] if failed else [])
     measured = [v for v in verdicts(results) if v["value"] is not None]  # not the workloads left out
@@ -159,6 +162,28 @@ def _peer(results: dict[str, Any]) -> list[str]:
             f"later-turn TTFT p50 {ours['ttft_later_p50_ms']:.0f} vs {theirs['ttft_later_p50_ms']:.0f} ms "
             f"({p['ttft_later_p50_ratio']:.2f}×), p90 {ours['ttft_later_p90_ms']:.0f} vs "
             f"{theirs['ttft_later_p90_ms']:.0f} ms.", ""]
+
+
+def _scheduling(results: dict[str, Any]) -> list[str]:
+    lines = []
+    if pr := results.get("priorities"):
+        lines += [f"Priorities: {pr['requests']} Poisson arrivals at {pr['rate_per_s']:g}/s (20% high, 80% low), "
+                  f"{pr['max_tokens']} tokens each, {pr['n_parallel']} sequences (a queue builds).", "",
+                  "| policy | high TTFT p50 / p99 ms | low TTFT p50 / p99 ms | tok/s | step ms: decode / sample / other |",
+                  "|---|---|---|---:|---|"]
+        for policy in ("fcfs", "priority"):
+            m = pr[policy]
+            lines.append(f"| {policy} | {m['high']['ttft_p50_ms']:.0f} / {m['high']['ttft_p99_ms']:.0f} | "
+                         f"{m['low']['ttft_p50_ms']:.0f} / {m['low']['ttft_p99_ms']:.0f} | {m['tokens_per_s']:.1f} | "
+                         f"{_step_ms(m['step_ms'])} |")
+        lines.append("")
+    if oc := results.get("overcommit"):
+        t, r = oc["tight"], oc["roomy"]
+        lines += [f"Overcommit: {oc['requests']} sequences × {oc['max_tokens']} tokens at once in {t['n_ctx']} KV cells "
+                  f"(they need ~{oc['requests'] * (oc['max_tokens'] + 15)} at full length): {t['failed']} failed, "
+                  f"{t['preemptions']} preemptions, {t['tokens_recomputed']} tokens recomputed, {t['tokens_per_s']:.1f} "
+                  f"tok/s vs {r['tokens_per_s']:.1f} tok/s in {r['n_ctx']} cells ({oc['throughput_ratio']:.2f}×).", ""]
+    return lines
 
 
 def plot(results: dict[str, Any], path: Path) -> bool:
