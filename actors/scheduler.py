@@ -184,6 +184,8 @@ class Scheduler:
     # -- admission ----------------------------------------------------------------------------
 
     def _admit_pending(self, plan: StepPlan, now: float) -> None:
+        if self.n_free == 0:
+            return  # every step while sequences run: no ordering, no lookups
         room = self._room_for_newcomers()
         for seq in self.policy.order_waiting(self.pending, now, lambda s: self._lookup(s.token_ids[:-1]).n_tokens):
             if self.n_free == 0:
