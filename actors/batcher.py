@@ -44,10 +44,11 @@ log = structlog.get_logger("llamactor.batcher")
 
 class BatcherActor(pykka.ThreadingActor):
     def __init__(self, config: Config, model_path: str, supervisor: pykka.ActorRef[Any] | None = None,
-                 generation: int = 0) -> None:
+                 generation: int = 0, watchdog_trips: int = 0) -> None:
         super().__init__()
         self.config = config
         self.model_path = model_path
+        self.watchdog_trips = watchdog_trips  # of earlier generations, for the batcher_stats line
         self.supervisor = supervisor
         self.generation = generation
         self.counters = {"steps": 0, "tokens_generated": 0, "prompt_tokens_computed": 0,
@@ -307,7 +308,7 @@ class BatcherActor(pykka.ThreadingActor):
         oldest = s.oldest_waiting_effective_priority(time.perf_counter())
         return {"generation": self.generation, "running": len(s.running), "pending": len(s.pending),
                 "free_seq_ids": s.n_free, "n_parallel": self.config.n_parallel,
-                "schedule_policy": s.policy.name, "preemptions": s.n_preemptions,
+                "schedule_policy": s.policy.name, "preemptions": s.n_preemptions, "watchdog_trips": self.watchdog_trips,
                 "pending_by_priority": {str(p): n for p, n in s.waiting_by_priority().items()},
                 "oldest_waiting_priority": round(oldest, 3) if oldest is not None else None,
                 "kv_used": self.index.cells_used, "kv_size": info.n_ctx,

@@ -73,7 +73,8 @@ class SupervisorActor(pykka.ThreadingActor):
 
     def _start_batcher(self) -> None:
         self.generation += 1
-        self.batcher = BatcherActor.start(self.config, self.model_path, self.actor_ref, self.generation)
+        self.batcher = BatcherActor.start(self.config, self.model_path, self.actor_ref, self.generation,
+                                          self.n_watchdog_trips)
         for msg in self.inflight.values():  # replay in submission order
             tell_quietly(self.batcher, msg)
 
