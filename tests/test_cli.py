@@ -8,7 +8,7 @@ import sys
 import pexpect
 from click.testing import CliRunner
 
-from llamactor.cli import main
+from llamactor.cli.commands import main
 
 
 def test_ask_prints_a_streamed_completion_and_json_on_request() -> None:

@@ -230,7 +230,7 @@ def test_a_non_streaming_client_that_disconnects_cancels_its_request(daemon: Dae
 def test_while_the_model_loads_health_and_requests_answer_503_json() -> None:
     from fastapi.testclient import TestClient
 
-    from llamactor.server import ServerState, create_app
+    from llamactor.http.server import ServerState, create_app
 
     client = TestClient(create_app(ServerState(MODEL_ID, api_key=None, max_body_bytes=1 << 20)))
     health = client.get("/health")

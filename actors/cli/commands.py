@@ -144,7 +144,7 @@ def main() -> None:
 @handle_errors
 def chat(**opts: Any) -> None:
     """Interactive chat (REPL) with streaming answers. /help lists the commands."""
-    from llamactor.repl import Repl
+    from llamactor.cli.repl import Repl
 
     Repl(start_tree(opts)).run()
 
@@ -186,7 +186,7 @@ def ask(prompt: str, as_json: bool, as_chat: bool, **opts: Any) -> None:
 def serve(host: str, port: int, uds: str | None, api_key: str | None, drain_timeout_s: float, max_body_bytes: int,
           model_name: str | None, **opts: Any) -> None:
     """The OpenAI-compatible HTTP daemon (/v1/completions, /v1/chat/completions, /health, /metrics)."""
-    from llamactor.daemon import serve as run_daemon
+    from llamactor.http.daemon import serve as run_daemon
 
     sys.exit(run_daemon(host=host, port=port, uds=uds, api_key=api_key, drain_timeout_s=drain_timeout_s,
                         max_body_bytes=max_body_bytes, model_name=model_name, start_options=tree_options(opts)))
@@ -220,32 +220,31 @@ def info(**opts: Any) -> None:
 def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out_dir: str, docs: bool,
           only: str | None, peer_server: str | None) -> None:
     """Measure llamactor against sequential create_completion and the raw batched-decode ceiling."""
-    from llamactor import bench as bench_mod
-    from llamactor import bench_report
+    from llamactor.bench import report, suite
     from llamactor.config import default_n_threads
     from llamactor.models import resolve_model_path
 
     llamactor_logging.configure("auto", "warning")
-    settings = bench_mod.BenchSettings(model_path=resolve_model_path(model), quick=quick, full=full,
+    settings = suite.BenchSettings(model_path=resolve_model_path(model), quick=quick, full=full,
                                        n_threads=n_threads or default_n_threads(), peer_server=peer_server)
     names = only.split(",") if only else None
-    unknown = set(names or ()) - set(bench_mod.workloads(settings))
+    unknown = set(names or ()) - set(suite.workloads(settings))
     if unknown:
         raise click.BadParameter(f"unknown workload(s) {', '.join(sorted(unknown))}; "
-                                 f"known: {', '.join(bench_mod.workloads(settings))}", param_hint="--only")
+                                 f"known: {', '.join(suite.workloads(settings))}", param_hint="--only")
     if docs and names:
         raise click.BadParameter("--docs records a full run; leave out --only", param_hint="--docs")
-    with click.progressbar(length=bench_mod.n_ticks(settings, names), label="benchmarking", file=sys.stderr) as bar:
-        results = bench_mod.run(settings, lambda: bar.update(1), names)
+    with click.progressbar(length=suite.n_ticks(settings, names), label="benchmarking", file=sys.stderr) as bar:
+        results = suite.run(settings, lambda: bar.update(1), names)
     meta = {"quick": quick, "full": full, "n_threads": settings.n_threads, "max_tokens": settings.max_tokens,
             "repeats": settings.repeats, "n_ctx": settings.n_ctx, "peer_server": peer_server}
-    path, table = bench_report.write(results, meta, Path(settings.model_path).name, Path(out_dir))
+    path, table = report.write(results, meta, Path(settings.model_path).name, Path(out_dir))
     click.echo(table)
     click.echo(f"results: {path}")
-    if failed := bench_mod.failures(results):
+    if failed := suite.failures(results):
         raise click.ClickException("workload(s) failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
     if docs:
-        bench_report.update_docs(table, path.with_suffix(".png"), Path("docs"))
+        report.update_docs(table, path.with_suffix(".png"), Path("docs"))
 
 
 if __name__ == "__main__":

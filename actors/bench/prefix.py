@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import llamactor
-from llamactor.bench import BenchSettings, percentile
+from llamactor.bench.suite import BenchSettings, percentile
 
 TRADES = ["baker", "smith", "weaver", "potter", "miller", "tanner", "cooper", "mason", "carver", "glazier", "joiner",
           "brewer", "dyer", "fletcher", "chandler", "roper"]

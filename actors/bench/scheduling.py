@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import llamactor
-from llamactor.bench import ANIMALS, BenchSettings, percentile, uniform_prompts
+from llamactor.bench.suite import ANIMALS, BenchSettings, percentile, uniform_prompts
 
 
 def _arrivals(n: int, rate: float, seed: int = 7) -> list[tuple[float, str, str]]:

@@ -17,9 +17,9 @@ from typing import Any
 
 import openai
 
-from llamactor.bench import BenchSettings, percentile
-from llamactor.bench_daemon import running_server, serve_command
-from llamactor.bench_prefix import QUESTIONS, persona
+from llamactor.bench.suite import BenchSettings, percentile
+from llamactor.bench.daemon import running_server, serve_command
+from llamactor.bench.prefix import QUESTIONS, persona
 
 N_USERS, N_TURNS, N_PARALLEL, MAX_TOKENS = 8, 6, 8, 32
 

@@ -25,7 +25,7 @@ import uvicorn
 import llamactor
 from llamactor.errors import LlamactorError
 from llamactor.models import resolve_model_path
-from llamactor.server import ServerState, create_app
+from llamactor.http.server import ServerState, create_app
 
 log = structlog.get_logger("llamactor.daemon")
 

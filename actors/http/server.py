@@ -22,10 +22,10 @@ from openai.types import Completion as OACompletion
 from openai.types.chat import ChatCompletion
 
 import llamactor
-from llamactor.body_limit import BodyLimitMiddleware
+from llamactor.http.body_limit import BodyLimitMiddleware
 from llamactor.errors import BatcherUnavailableError, LlamactorError
-from llamactor.metrics import Metrics
-from llamactor.openai_schema import (
+from llamactor.http.metrics import Metrics
+from llamactor.http.openai_schema import (
     FINISH_REASON,
     ChatRequest,
     CompletionRequest,
@@ -34,7 +34,7 @@ from llamactor.openai_schema import (
     completion_logprobs,
     error_body,
 )
-from llamactor.sse import chat_chunks, completion_chunks, sse_response, usage
+from llamactor.http.sse import chat_chunks, completion_chunks, sse_response, usage
 
 log = structlog.get_logger("llamactor.http")
 

@@ -4,9 +4,9 @@ Everything runs in one process, one after the other, on the same model and threa
 ratios compare like with like. Workloads (seed issue 4): *uniform* (distinct short prompts,
 fixed new tokens, greedy, EOG ignored), *shared system prompt* (configured vs inlined),
 *arrivals* (Poisson arrivals, mixed prompt and output lengths), *single* (one request alone), the
-idle CPU use of a started tree, the daemon (``bench_daemon``), the prefix cache's *multiturn*
-and *few-shot* workloads (``bench_prefix``), and the scheduler's *priorities* and *overcommit*
-(``bench_sched``).
+idle CPU use of a started tree, the daemon (``daemon``), the prefix cache's *multiturn* and
+*few-shot* workloads (``prefix``), the scheduler's *priorities* and *overcommit* (``scheduling``),
+and with a llama-server binary the *peer* leg (``peer``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import llamactor
-from llamactor.native import baselines
+from llamactor.bench import baselines
 
 ANIMALS = ["fox", "cat", "dog", "owl", "bee", "elk", "ant", "yak", "cow", "hen", "eel", "bat", "ram", "emu", "gnu", "pig"]
 SYSTEM_PROMPT = " ".join(
@@ -207,7 +207,7 @@ def _idle_cpu(llm: llamactor.LLM, seconds: float = 2.0) -> float:
 
 def bench_daemon(s: BenchSettings, tick: Callable[[], None]) -> list[dict[str, Any]]:
     """Streamed chat completions from N threads: in-process ``stream_chat`` vs the daemon over HTTP."""
-    from llamactor.bench_daemon import daemon_streams, idle_cpu_percent, in_process_streams, running_daemon
+    from llamactor.bench.daemon import daemon_streams, idle_cpu_percent, in_process_streams, running_daemon
 
     cs, rows = ([16] if s.quick else [c for c in s.concurrencies if c <= 16]), []
     with llamactor.start(s.model_path, n_parallel=16, n_threads=s.n_threads, n_ctx=s.n_ctx) as llm, \
@@ -228,17 +228,17 @@ def bench_daemon(s: BenchSettings, tick: Callable[[], None]) -> list[dict[str, A
 
 def workloads(s: BenchSettings) -> dict[str, tuple[int, Callable[[BenchSettings, Callable[[], None]], Any]]]:
     """Every workload by its results key: (progress ticks, function)."""
-    from llamactor import bench_peer, bench_prefix, bench_sched
+    from llamactor.bench import peer, prefix, scheduling
 
     n_daemon = 1 if s.quick else len([c for c in s.concurrencies if c <= 16])
     found: dict[str, tuple[int, Callable[[BenchSettings, Callable[[], None]], Any]]] = {
         "uniform": (len(s.concurrencies), bench_uniform), "shared_prefix": (1, bench_shared_prefix),
         "arrivals": (1, bench_arrivals), "single": (1, bench_single),
         "daemon": (n_daemon, bench_daemon),  # also fills results["daemon_idle"]
-        "multiturn": (4, bench_prefix.bench_multiturn), "few_shot": (2, bench_prefix.bench_few_shot),
-        "priorities": (2, bench_sched.bench_priorities), "overcommit": (2, bench_sched.bench_overcommit)}
+        "multiturn": (4, prefix.bench_multiturn), "few_shot": (2, prefix.bench_few_shot),
+        "priorities": (2, scheduling.bench_priorities), "overcommit": (2, scheduling.bench_overcommit)}
     if s.peer_server:
-        found["peer"] = (2, bench_peer.bench_peer)
+        found["peer"] = (2, peer.bench_peer)
     return found
 
 

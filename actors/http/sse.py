@@ -18,7 +18,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from llamactor.completion import Completion
 from llamactor.errors import LlamactorError
-from llamactor.openai_schema import FINISH_REASON, error_body
+from llamactor.http.openai_schema import FINISH_REASON, error_body
 from llamactor.streams import AsyncTextStream
 
 Envelope = Callable[[], dict[str, Any]]

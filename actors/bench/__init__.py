@@ -1,0 +1,1 @@
+"""llamactor.bench: ``llamactor bench``, its workloads, baselines and report."""

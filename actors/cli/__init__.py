@@ -1,0 +1,1 @@
+"""llamactor.cli: the ``llamactor`` command (``chat``, ``ask``, ``info``, ``serve``, ``bench``)."""
