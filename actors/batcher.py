@@ -68,7 +68,7 @@ class BatcherActor(pykka.ThreadingActor):
             cfg = self.config
             self.engine = Engine(self.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
                                  n_seq_max=MAX_SEQUENCES, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
-                                 test_hang=cfg.watchdog_test_hang and self.generation == 1)
+                                 chat_template=cfg.chat_template, test_hang=cfg.watchdog_test_hang and self.generation == 1)
             self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template, cfg.system_prompt)
             self.index = PrefixIndex(n_seq_ids=self.engine.info.n_seq_max, n_cells=self.engine.info.n_ctx)
             for tokens in self.prompts.shared_prefix_tokens():
@@ -153,7 +153,7 @@ class BatcherActor(pykka.ThreadingActor):
             try:
                 tokens = self.prompts.prompt_tokens(msg, n_ctx_seq=self.engine.info.n_ctx_seq)
                 seq = Sequence(request=msg, token_ids=tokens, n_prompt=len(tokens))
-                seq.state = RequestState.create(msg.params)
+                seq.state = RequestState.create(self.prompts.params(msg))
                 self.scheduler.add(seq)
             except LlamactorError as e:
                 level = log.warning if isinstance(e, QueueFullError) else log.info

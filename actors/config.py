@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamactor.errors import InvalidRequestError
+from llamactor.native.chat_template import ChatTemplateError, check_template_syntax
 from llamactor.policy import Policy
 
 
@@ -103,6 +104,7 @@ class Config:
     batch_timeout_ms: float = 20.0  # the longest a lone request waits for company
     max_queue: int = 256  # requests waiting for a free seq_id beyond which QueueFullError
     system_prompt: str | None = None  # prefilled once, pinned in the prefix cache, attached via seq_cp
+    chat_template: str | None = None  # a Jinja chat template used instead of the GGUF's (or the transcript)
     prefix_cache: bool = True  # keep finished requests' KV as cached prefixes for later requests
     prefix_cache_cells: int | None = None  # most KV cells cached prefixes may hold; None: all that is free
     schedule_policy: str = "priority"  # "fcfs" | "priority" | "lpm" (llamactor.policy)
@@ -128,6 +130,11 @@ class Config:
         _require(self.max_queue >= 1, f"max_queue must be >= 1, got {self.max_queue}")
         _require(self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}")
         _require(self.system_prompt is None or self.system_prompt != "", "system_prompt must not be empty")
+        if self.chat_template is not None:
+            try:
+                check_template_syntax(self.chat_template)
+            except ChatTemplateError as e:
+                raise InvalidRequestError(f"chat_template: {e}") from e
         Policy(self.schedule_policy, self.priority_aging_per_s)  # validates both
         _require(self.watchdog_timeout_s >= 0, f"watchdog_timeout_s must be >= 0 (0: off), got {self.watchdog_timeout_s}")
         _require(self.prefix_cache_cells is None or self.prefix_cache_cells >= 0,

@@ -8,6 +8,7 @@ starting with either attach its KV by ``seq_cp`` instead of recomputing it.
 
 from __future__ import annotations
 
+from llamactor.config import SamplingParams
 from llamactor.errors import InvalidRequestError
 from llamactor.messages import Generate
 from llamactor.native.chat_template import ChatTemplate, ChatTemplateError
@@ -31,6 +32,12 @@ class PromptBuilder:
                                          {"role": "user", "content": _SPLIT_MARK}])
         chat = self._tokenize_rendered(rendered.split(_SPLIT_MARK)[0])
         return [self._system_tokens, chat] if chat != self._system_tokens else [self._system_tokens]
+
+    def params(self, msg: Generate) -> SamplingParams:
+        """The request's sampling parameters; a chat in the transcript format also stops at the next
+        turn marker (a base model would otherwise write the user's next line too)."""
+        extra = [s for s in self.template.stop if s not in msg.params.stop] if msg.messages is not None else []
+        return msg.params.replace(stop=msg.params.stop + tuple(extra)) if extra else msg.params
 
     def prompt_tokens(self, msg: Generate, *, n_ctx_seq: int) -> list[int]:
         """The request's full prompt; ``InvalidRequestError`` if empty or it cannot fit."""

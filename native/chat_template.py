@@ -13,23 +13,20 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# Used only when a GGUF carries no template (llama.cpp keeps similar built-ins by name).
-GEMMA_TEMPLATE = (
+# Used when the GGUF carries no template: such a model is usually a *base* model, never trained
+# on any turn markers, but it continues a plain transcript sensibly -- and its next "User:" line
+# is where its answer ends (``TRANSCRIPT_STOP``, added to each chat request's stop strings).
+TRANSCRIPT_TEMPLATE = (
     "{{ bos_token }}"
-    "{% if messages[0]['role'] == 'system' %}"
-    "{% set first_user_prefix = messages[0]['content'] + '\\n\\n' %}{% set loop_messages = messages[1:] %}"
-    "{% else %}{% set first_user_prefix = '' %}{% set loop_messages = messages %}{% endif %}"
-    "{% for message in loop_messages %}"
-    "{% set role = 'model' if message['role'] == 'assistant' else 'user' %}"
-    "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') + message['content'] | trim"
-    " + '<end_of_turn>\\n' }}"
+    "{% for message in messages %}"
+    "{% if message['role'] in ('system', 'developer') %}{{ message['content'] | trim }}\n\n"
+    "{% elif message['role'] == 'user' %}User: {{ message['content'] | trim }}\n"
+    "{% elif message['role'] == 'assistant' %}Assistant: {{ message['content'] | trim }}\n"
+    "{% else %}Tool: {{ message['content'] | trim }}\n{% endif %}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
-CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+TRANSCRIPT_STOP = ("\nUser:", "\nAssistant:")
 
 VALID_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
@@ -42,15 +39,33 @@ def _raise_exception(message: str) -> None:
     raise ChatTemplateError(message)
 
 
+def check_template_syntax(source: str) -> None:
+    """``ChatTemplateError`` if ``source`` is not a Jinja template (a user's override, checked early)."""
+    try:
+        ImmutableSandboxedEnvironment().parse(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ChatTemplateError(f"the chat template is not valid Jinja (line {e.lineno}: {e.message})") from e
+
+
 class ChatTemplate:
-    def __init__(self, source: str | None, *, bos_token: str, eos_token: str, architecture: str = "") -> None:
-        if source:
-            self.name = "gguf"
-        elif architecture.startswith("gemma"):
-            source, self.name = GEMMA_TEMPLATE, "gemma (fallback: the GGUF has no template)"
+    """``source``: the GGUF's template (None if it has none); ``override``: the user's, used instead.
+
+    ``name`` says which is in use; ``stop`` holds the strings that end an answer in this format
+    (the transcript's next turn; empty for real templates, whose end-of-turn token is an EOG
+    token); ``base_model`` is True when the GGUF has no template, the mark of a pretrained model.
+    """
+
+    def __init__(self, source: str | None, *, bos_token: str, eos_token: str, override: str | None = None) -> None:
+        self.base_model = not source
+        self.stop: tuple[str, ...]
+        if override:
+            self.name, self.stop, self.source = "override (chat_template option)", (), override
+        elif source:
+            self.name, self.stop, self.source = "gguf", (), source
         else:
-            source, self.name = CHATML_TEMPLATE, "chatml (fallback: the GGUF has no template)"
-        self.source = source
+            self.name = "transcript (the GGUF has no chat template: plain User:/Assistant: turns)"
+            self.stop, self.source = TRANSCRIPT_STOP, TRANSCRIPT_TEMPLATE
+        check_template_syntax(self.source)
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
         self._template = env.from_string(self.source)
         self._bos_token = bos_token

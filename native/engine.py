@@ -65,7 +65,8 @@ class EngineInfo:
     n_ubatch: int
     n_seq_max: int
     n_threads: int
-    chat_template: str
+    chat_template: str  # which chat format requests with messages get (ChatTemplate.name)
+    looks_like_base_model: bool  # the GGUF has no chat template: a pretrained, not a chat, model
     metadata: dict[str, str] = field(default_factory=dict)
 
 
@@ -77,7 +78,8 @@ class DecodeResult:
 
 class Engine:
     def __init__(self, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
-                 n_threads: int, n_gpu_layers: int = 0, test_hang: bool = False) -> None:
+                 n_threads: int, n_gpu_layers: int = 0, chat_template: str | None = None,
+                 test_hang: bool = False) -> None:
         _init_backend()
         if not 1 <= n_seq_max <= MAX_SEQUENCES:
             raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}], got {n_seq_max}")
@@ -115,7 +117,7 @@ class Engine:
         metadata = self._metadata()
         self.chat_template = ChatTemplate(metadata.get("tokenizer.chat_template"),
                                           bos_token=self.tokenizer.bos_text, eos_token=self.tokenizer.eos_text,
-                                          architecture=metadata.get("general.architecture", ""))
+                                          override=chat_template)
         n_ctx_real = llama_cpp.llama_n_ctx(self.ctx)
         n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx) if hasattr(llama_cpp, "llama_n_ctx_seq") else n_ctx_real
         desc = ctypes.create_string_buffer(256)
@@ -127,6 +129,7 @@ class Engine:
             n_ctx=n_ctx_real, n_ctx_seq=n_ctx_seq, n_batch=llama_cpp.llama_n_batch(self.ctx),
             n_ubatch=llama_cpp.llama_n_ubatch(self.ctx), n_seq_max=llama_cpp.llama_n_seq_max(self.ctx) // 2,
             n_threads=n_threads, chat_template=self.chat_template.name,
+            looks_like_base_model=self.chat_template.base_model,
             metadata={k: v for k, v in metadata.items() if k != "tokenizer.chat_template"},
         )
         self._shadow = self.info.n_seq_max

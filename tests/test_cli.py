@@ -34,12 +34,29 @@ def test_options_come_from_the_environment_and_a_toml_config_file(tmp_path) -> N
 def test_info_reports_the_model_and_its_context() -> None:
     result = CliRunner().invoke(main, ["info", "--n-ctx", "2048"])
     info = json.loads(result.output)
-    assert info["n_ctx"] == 2048 and info["n_vocab"] == 262144 and "gemma" in info["chat_template"]
+    assert info["n_ctx"] == 2048 and info["n_vocab"] == 262144
+    assert info["chat_template"].startswith("transcript") and info["looks_like_base_model"] is True
 
 
 def test_a_bad_model_path_is_a_one_line_error_not_a_traceback(tmp_path) -> None:
     result = CliRunner().invoke(main, ["ask", "hi", "--model", str(tmp_path / "missing.gguf")])
     assert result.exit_code != 0 and "model file not found" in result.output and "Traceback" not in result.output
+
+
+def test_the_repl_on_the_default_model_answers_a_factual_question_in_one_line_and_stops() -> None:
+    child = pexpect.spawn(sys.executable, ["-m", "llamactor.cli", "chat", "--n-ctx", "2048", "--temperature", "0"],
+                          encoding="utf-8", timeout=60, dimensions=(40, 200))
+    try:
+        child.expect("base \\(pretrained\\) model")
+        child.expect(">>> ")
+        child.sendline("What is the capital of France?")
+        child.expect("France\\?\r\n")  # the terminal's echo of the line
+        child.expect(">>> ")  # the answer ended by itself (max_tokens is 512)
+        answer = child.before.strip()
+        assert "Paris" in answer and "\n" not in answer and "User:" not in answer
+    finally:
+        child.sendeof()
+        child.close()
 
 
 def test_the_repl_answers_resets_sets_and_ctrl_c_cancels_the_answer() -> None:

@@ -113,7 +113,8 @@ def test_eight_concurrent_streams_all_complete(daemon: Daemon) -> None:
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(one, range(8)))
-    assert all(text and reason == "length" for text, reason in results)
+    # a stop is the transcript's next "User:" turn (the default model has no chat template)
+    assert all(reason in ("length", "stop") for _, reason in results) and all(text for text, _ in results)
 
 
 def test_bad_input_gets_openai_style_4xx_errors_never_a_500(daemon: Daemon) -> None:

@@ -44,7 +44,26 @@ def test_logprobs_are_returned_per_generated_token_with_the_top_alternatives(llm
     assert llm.ask("One, two,", max_tokens=2).logprobs is None
 
 
-def test_chat_applies_the_template_and_stops_at_the_end_of_turn(llm: llamactor.LLM) -> None:
-    c = llm.chat([{"role": "user", "content": "Say hello."}], max_tokens=64, temperature=0)
-    assert c.usage.prompt_tokens > 5 and c.finish_reason in ("stop", "length")
-    assert "<start_of_turn>" not in c.text and "<end_of_turn>" not in c.text
+def test_a_base_model_chats_as_a_plain_transcript_and_answers_in_one_turn(llm: llamactor.LLM) -> None:
+    # The default GGUF has no chat template: a pretrained model, prompted as User:/Assistant: lines.
+    assert llm.info.looks_like_base_model and llm.info.chat_template.startswith("transcript")
+    c = llm.chat([{"role": "system", "content": "You answer questions about geography."},
+                  {"role": "user", "content": "What is the capital of France?"}], max_tokens=200, temperature=0)
+    assert c.finish_reason == "stop" and "Paris" in c.text and "User:" not in c.text and len(c.text) < 200
+    rendered = "You answer questions about geography.\n\nUser: What is the capital of France?\nAssistant:"
+    assert c.usage.prompt_tokens == llm.ask(rendered, max_tokens=1).usage.prompt_tokens
+    # the turn markers are the chat's stops, not every request's
+    raw = llm.ask("User: Hi\nAssistant: Hello\nUser: Bye\nAssistant:", max_tokens=8, temperature=0, ignore_eos=True)
+    assert raw.usage.completion_tokens == 8
+
+
+def test_a_chat_template_given_as_an_option_replaces_the_transcript(start_llm) -> None:
+    template = "{{ bos_token }}{% for m in messages %}Q: {{ m['content'] }}\n{% endfor %}A:"
+    llm = start_llm(chat_template=template, n_parallel=2)
+    assert llm.info.chat_template.startswith("override")
+    c = llm.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=12, temperature=0,
+                 ignore_eos=True)
+    assert c.usage.prompt_tokens == llm.ask("Q: What is the capital of France?\nA:", max_tokens=1).usage.prompt_tokens
+    assert c.usage.completion_tokens == 12  # no transcript stop strings with a real template
+    with pytest.raises(llamactor.InvalidRequestError, match="not valid Jinja"):
+        start_llm(chat_template="{% for m in messages %}")

@@ -56,6 +56,9 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      show_default=True, help="Keep finished requests' KV so later requests reuse shared prefixes."),
         click.option("--prefix-cache-cells", envvar="LLAMACTOR_PREFIX_CACHE_CELLS", type=int, default=None,
                      help="Most KV cells cached prefixes may hold (default: whatever running requests leave)."),
+        click.option("--chat-template", "chat_template_file", envvar="LLAMACTOR_CHAT_TEMPLATE", default=None,
+                     type=click.Path(exists=True, dir_okay=False),
+                     help="A Jinja chat template file, used instead of the GGUF's (or the plain transcript)."),
         click.option("--schedule-policy", envvar="LLAMACTOR_SCHEDULE_POLICY", default="priority", show_default=True,
                      type=click.Choice(["fcfs", "priority", "lpm"]),
                      help="Admission order: by arrival, by priority with aging, or longest cached prefix first."),
@@ -93,6 +96,8 @@ def tree_options(opts: dict[str, Any]) -> dict[str, Any]:
     llamactor_logging.configure(opts.pop("log_format"), opts.pop("log_level"))
     if opts.get("n_threads") is None:
         opts.pop("n_threads", None)
+    if template_file := opts.pop("chat_template_file", None):
+        opts["chat_template"] = Path(template_file).read_text()
     opts["n_batch"] = max(512, opts["n_parallel"])  # every running sequence needs a token per step
     return opts
 

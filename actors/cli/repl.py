@@ -42,7 +42,12 @@ class Repl:
     def run(self) -> None:
         info = self.llm.info
         click.echo(f"llamactor chat — {info.description}, context {info.n_ctx_seq} tokens, "
-                   f"template {info.chat_template}. /help for commands, Ctrl-D to leave.")
+                   f"chat format: {info.chat_template}. /help for commands, Ctrl-D to leave.")
+        if info.looks_like_base_model:
+            click.echo("The GGUF has no chat template: this looks like a base (pretrained) model, never trained on "
+                       "chat turns." + (" The conversation is sent as a plain User:/Assistant: transcript and each "
+                                        "answer ends at the next 'User:'." if info.chat_template.startswith("transcript")
+                                        else ""))
         try:
             while True:
                 try:
