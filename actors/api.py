@@ -76,12 +76,12 @@ class LLM:
     def submit(self, prompt: Prompt, *, request_id: str | None = None,
                **sampling: Any) -> concurrent.futures.Future[Completion]:
         """Queue a raw completion of ``prompt`` (text or token ids); returns its future at once."""
-        return self._submit(_prompt_fields(prompt), request_id, sampling, None)
+        return self._submit(_prompt_fields(prompt), request_id, sampling, ReplyChannel())
 
     def submit_chat(self, messages: Messages, *, request_id: str | None = None,
                     **sampling: Any) -> concurrent.futures.Future[Completion]:
         """Queue a chat completion: ``messages`` rendered with the model's chat template."""
-        return self._submit({"messages": _messages_tuple(messages)}, request_id, sampling, None)
+        return self._submit({"messages": _messages_tuple(messages)}, request_id, sampling, ReplyChannel())
 
     def submit_n(self, prompt: Prompt, n: int, *, request_id: str | None = None,
                  **sampling: Any) -> list[concurrent.futures.Future[Completion]]:
@@ -182,11 +182,10 @@ class LLM:
     # -- internals (caller's thread) --------------------------------------------------------
 
     def _submit(self, prompt: dict[str, Any], request_id: str | None, sampling: dict[str, Any],
-                on_piece: Any) -> concurrent.futures.Future[Completion]:
+                reply: ReplyChannel) -> concurrent.futures.Future[Completion]:
         sampling = dict(sampling)
         priority = parse_priority(sampling.pop("priority", DEFAULT_PRIORITY))
         params = self.config.sampling.replace(**sampling)
-        reply = ReplyChannel(on_piece=on_piece)
         rid = request_id or _new_request_id()
         msg = Generate(request_id=rid, params=params, reply=reply, submitted_at=time.perf_counter(),
                        priority=priority, **prompt)
@@ -211,7 +210,7 @@ class LLM:
         # Submitted together, so the batcher admits them together: the first computes the
         # prompt, the others wait one step and attach its KV (see Scheduler).
         return [self._submit(prompt, f"{rid}-{i}", {**sampling, **({"seed": seed + i} if seed is not None else {})},
-                             None) for i in range(n)]
+                             ReplyChannel()) for i in range(n)]
 
     def _on_done(self, request_id: str) -> Any:
         def done(future: concurrent.futures.Future[Completion]) -> None:
@@ -237,13 +236,14 @@ class LLM:
 
     def _stream(self, prompt: dict[str, Any], request_id: str | None, sampling: dict[str, Any]) -> TextStream:
         stream = TextStream(request_id or _new_request_id(), self.cancel)
-        stream.attach(self._submit(prompt, stream.request_id, sampling, stream.push))
+        stream.attach(self._submit(prompt, stream.request_id, sampling, ReplyChannel(on_piece=stream.push)))
         return stream
 
     def _stream_async(self, prompt: dict[str, Any], request_id: str | None,
                       sampling: dict[str, Any]) -> AsyncTextStream:
         stream = AsyncTextStream(request_id or _new_request_id(), self.cancel, asyncio.get_running_loop())
-        stream.attach(self._submit(prompt, stream.request_id, sampling, stream.push))
+        reply = ReplyChannel(on_piece=stream.push)
+        stream.attach(self._submit(prompt, stream.request_id, sampling, reply), reply.queued)
         return stream
 
 

@@ -155,6 +155,7 @@ class BatcherActor(pykka.ThreadingActor):
                 seq = Sequence(request=msg, token_ids=tokens, n_prompt=len(tokens))
                 seq.state = RequestState.create(self.prompts.params(msg))
                 self.scheduler.add(seq)
+                msg.reply.mark_queued()
             except LlamactorError as e:
                 level = log.warning if isinstance(e, QueueFullError) else log.info
                 level("request_rejected", error=type(e).__name__, reason=str(e))

@@ -24,6 +24,9 @@ class ReplyChannel:
     """Where one request's pieces and final result go. Filled by the batcher thread only."""
 
     future: concurrent.futures.Future[Completion] = field(default_factory=concurrent.futures.Future)
+    # Done once the batcher has tokenized and queued the request, or failed with why it refused it:
+    # a stream awaits it before answering 200, so a refused stream gets the same 4xx as a plain call.
+    queued: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
     on_piece: Callable[[str], None] | None = None  # streaming callers get each text piece here
     n_pieces_sent: int = 0  # > 0 means a restart can no longer replay this request invisibly
 
@@ -38,11 +41,18 @@ class ReplyChannel:
                 self.on_piece = None
                 self.future.cancel()
 
+    def mark_queued(self) -> None:
+        if not self.queued.done():
+            self.queued.set_result(None)
+
     def resolve(self, completion: Completion) -> None:
+        self.mark_queued()
         if not self.future.done():
             self.future.set_result(completion)
 
     def fail(self, error: BaseException) -> None:
+        if not self.queued.done():
+            self.queued.set_exception(error)
         if not self.future.done():
             self.future.set_exception(error)
 

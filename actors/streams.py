@@ -64,13 +64,23 @@ class AsyncTextStream:
         self._loop = loop
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self.future: concurrent.futures.Future[Completion] | None = None
+        self._queued: concurrent.futures.Future[None] | None = None
 
     def push(self, piece: str) -> None:
         self._loop.call_soon_threadsafe(self._queue.put_nowait, piece)
 
-    def attach(self, future: concurrent.futures.Future[Completion]) -> None:
-        self.future = future
+    def attach(self, future: concurrent.futures.Future[Completion], queued: concurrent.futures.Future[None]) -> None:
+        self.future, self._queued = future, queued
         future.add_done_callback(lambda _f: self._loop.call_soon_threadsafe(self._queue.put_nowait, _END))
+
+    async def queued(self) -> None:
+        """Return once the batcher has accepted the request (tokenized, checked, queued); raise the
+        ``LlamactorError`` it was refused with otherwise. Nothing is streamed before this."""
+        assert self._queued is not None
+        await asyncio.wrap_future(self._queued)
+
+    def cancel(self) -> None:
+        self._cancel(self.request_id)
 
     async def __aiter__(self) -> AsyncIterator[str]:  # type: ignore[override]
         finished = False

@@ -123,6 +123,11 @@ def test_bad_input_gets_openai_style_4xx_errors_never_a_500(daemon: Daemon) -> N
         client.completions.create(model="gpt-4", prompt="hi")
     with pytest.raises(openai.BadRequestError, match="per-sequence context"):
         client.completions.create(model=MODEL_ID, prompt="word " * 4500, max_tokens=10)
+    with pytest.raises(openai.BadRequestError, match="per-sequence context"):  # refused before the 200
+        client.completions.create(model=MODEL_ID, prompt="word " * 4500, max_tokens=10, stream=True)
+    with pytest.raises(openai.BadRequestError, match="per-sequence context"):
+        client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "word " * 4500}],
+                                       max_tokens=10, stream=True, n=2)
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.completions.create(model=MODEL_ID, prompt="hi", temperature=7)
     with pytest.raises(openai.BadRequestError, match="Extra inputs"):
@@ -159,6 +164,9 @@ def test_a_full_queue_answers_429_with_retry_after_and_a_disconnect_cancels_its_
         r = httpx.post(f"{daemon.url}/v1/completions", json={"model": MODEL_ID, "prompt": "one too many", "max_tokens": 2},
                        headers={"Authorization": f"Bearer {API_KEY}"})
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        streamed = httpx.post(f"{daemon.url}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                              json={"model": MODEL_ID, "prompt": "one too many", "max_tokens": 2, "stream": True})
+        assert streamed.status_code == 429 and streamed.json()["error"]["code"] == "queue_full"
         for s in streams:
             s.close()  # disconnect: the daemon must cancel these and free their sequences
         assert all(f.result(timeout=60).usage.completion_tokens == 2 for f in waiting)
@@ -176,7 +184,7 @@ def test_health_and_metrics_report_what_was_done(daemon: Daemon) -> None:
     metrics = httpx.get(f"{daemon.url}/metrics").text
     generated = float(re.search(r"^llamactor_generated_tokens_total (\S+)$", metrics, re.M).group(1))
     assert generated >= 8
-    assert re.search(r'^llamactor_http_requests_total\{path="/v1/completions",status="429"\} 1\.0$', metrics, re.M)
+    assert re.search(r'^llamactor_http_requests_total\{path="/v1/completions",status="429"\} 2\.0$', metrics, re.M)
     assert "llamactor_time_to_first_token_seconds_bucket" in metrics and "llamactor_kv_cache_usage_ratio" in metrics
     assert re.search(r"^llamactor_preemptions_total 0\.0$", metrics, re.M)
     assert re.search(r"^llamactor_watchdog_trips_total 0\.0$", metrics, re.M)

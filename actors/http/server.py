@@ -22,8 +22,8 @@ from openai.types import Completion as OACompletion
 from openai.types.chat import ChatCompletion
 
 import llamactor
-from llamactor.http.body_limit import BodyLimitMiddleware
 from llamactor.errors import BatcherUnavailableError, LlamactorError
+from llamactor.http.body_limit import BodyLimitMiddleware
 from llamactor.http.metrics import Metrics
 from llamactor.http.openai_schema import (
     FINISH_REASON,
@@ -35,6 +35,7 @@ from llamactor.http.openai_schema import (
     error_body,
 )
 from llamactor.http.sse import chat_chunks, completion_chunks, sse_response, usage
+from llamactor.streams import AsyncTextStream
 
 log = structlog.get_logger("llamactor.http")
 
@@ -123,6 +124,7 @@ def create_app(state: ServerState) -> FastAPI:
         if body.stream:
             streams = [llm.stream_async(body.prompt_value(), request_id=_choice_id(rid, i, body.n),
                                         **body.sampling(index=i)) for i in range(body.n)]
+            await _all_queued(streams)
             return sse_response(completion_chunks(streams, lambda: _envelope(rid, "text_completion", state),
                                                   state.metrics.observe))
         generated = await _complete(request, state, body.n_generated, lambda i: llm.submit(
@@ -145,6 +147,7 @@ def create_app(state: ServerState) -> FastAPI:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             streams = [llm.stream_chat_async(messages, request_id=_choice_id(rid, i, body.n), **body.sampling(index=i))
                        for i in range(body.n)]
+            await _all_queued(streams)
             return sse_response(chat_chunks(streams, lambda: _envelope(rid, "chat.completion.chunk", state),
                                             state.metrics.observe, include_usage))
         done = await _complete(request, state, body.n, lambda i: llm.submit_chat(
@@ -155,6 +158,16 @@ def create_app(state: ServerState) -> FastAPI:
                          "finish_reason": FINISH_REASON[c.finish_reason], "logprobs": chat_logprobs(c)}
                         for i, c in enumerate(done)],
             "usage": usage(done)}).model_dump(exclude_none=True)
+
+    async def _all_queued(streams: list[AsyncTextStream]) -> None:
+        """Before the 200: every choice accepted by the batcher, or the first refusal raised (its
+        4xx, as without ``stream``) and the other choices cancelled."""
+        try:
+            await asyncio.gather(*(s.queued() for s in streams))
+        except BaseException:
+            for s in streams:
+                s.cancel()
+            raise
 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=state.max_body_bytes)  # outermost: runs first
     return app
