@@ -89,6 +89,32 @@ def test_the_next_chat_turn_reports_its_cached_prompt_tokens_streamed_and_not(da
     assert re.search(r"^llamactor_prefix_cache_entries \d", metrics, re.M)
 
 
+def test_a_batch_of_prompts_in_one_request_returns_every_choice_in_openai_order(daemon: Daemon) -> None:
+    client = daemon.client()
+    prompts = [f"The number {i} is" for i in range(5)]  # 10 choices: the daemon's 8 sequences + max_queue 2
+    r = client.completions.create(model=MODEL_ID, prompt=prompts, max_tokens=4, temperature=0, n=2,
+                                  extra_body={"ignore_eos": True, "metadata": {"k": "v"}, "store": False}, user="someone")
+    assert [c.index for c in r.choices] == list(range(10))
+    alone = [client.completions.create(model=MODEL_ID, prompt=p, max_tokens=4, temperature=0,
+                                       extra_body={"ignore_eos": True}).choices[0].text for p in prompts[:2]]
+    assert [r.choices[0].text, r.choices[2].text] == alone  # index = prompt_index * n + choice
+    assert r.usage.completion_tokens == 40
+    tokens = client.completions.create(model=MODEL_ID, prompt=[[2, 651, 1717], [2, 651, 4799]], max_tokens=2)
+    assert len(tokens.choices) == 2
+    streamed = client.completions.create(model=MODEL_ID, prompt=prompts[:3], max_tokens=3, stream=True,
+                                         extra_body={"ignore_eos": True})
+    assert {ch.choices[0].index for ch in streamed if ch.choices} == {0, 1, 2}
+
+
+def test_the_model_may_be_left_out_and_max_tokens_too(daemon: Daemon) -> None:
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    r = httpx.post(f"{daemon.url}/v1/chat/completions", headers=headers, timeout=120,
+                   json={"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["finish_reason"] == "stop" and "Paris" in body["choices"][0]["message"]["content"]
+
+
 def test_best_of_generates_several_and_returns_the_most_likely(daemon: Daemon) -> None:
     client = daemon.client()
     c = client.completions.create(model=MODEL_ID, prompt="The lighthouse keeper", max_tokens=6, temperature=1.0,
@@ -119,8 +145,13 @@ def test_eight_concurrent_streams_all_complete(daemon: Daemon) -> None:
 
 def test_bad_input_gets_openai_style_4xx_errors_never_a_500(daemon: Daemon) -> None:
     client = daemon.client()
-    with pytest.raises(openai.BadRequestError, match="unknown model"):
+    with pytest.raises(openai.NotFoundError, match="does not exist") as unknown:
         client.completions.create(model="gpt-4", prompt="hi")
+    assert unknown.value.body["code"] == "model_not_found"
+    no_route = httpx.get(f"{daemon.url}/v1/nope", headers={"Authorization": f"Bearer {API_KEY}"})
+    wrong_method = httpx.get(f"{daemon.url}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert (no_route.status_code, wrong_method.status_code) == (404, 405)
+    assert "message" in no_route.json()["error"] and "message" in wrong_method.json()["error"]
     with pytest.raises(openai.BadRequestError, match="per-sequence context"):
         client.completions.create(model=MODEL_ID, prompt="word " * 4500, max_tokens=10)
     with pytest.raises(openai.BadRequestError, match="per-sequence context"):  # refused before the 200

@@ -19,7 +19,7 @@ from llamactor.errors import InvalidRequestError
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str
+    model: str | None = None  # may be left out: this server serves one model
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
@@ -29,7 +29,11 @@ class _Request(BaseModel):
     seed: int | None = None
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    # Documented OpenAI fields that change nothing here: accepted, ignored.
     user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
     # llama.cpp server extras
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0, le=1)
@@ -41,10 +45,13 @@ class _Request(BaseModel):
     def sampling(self, *, index: int = 0) -> dict[str, Any]:
         """llamactor sampling options; with ``n`` > 1 each choice gets its own seed."""
         out: dict[str, Any] = {k: v for k, v in {
-            "max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+            "temperature": self.temperature, "top_p": self.top_p,
             "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
             "top_k": self.top_k, "min_p": self.min_p, "repeat_penalty": self.repeat_penalty,
         }.items() if v is not None}
+        # Without max_tokens a request runs to EOG, a stop, or the end of its context (as OpenAI's
+        # chat API, vLLM and llama-server do): never refused because an implicit default does not fit.
+        out["max_tokens"] = self.max_tokens
         if self.seed is not None:
             out["seed"] = self.seed + index
         if self.stop is not None:
@@ -68,8 +75,12 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+MAX_PROMPTS = 64  # prompts in one /v1/completions request
+
+
 class CompletionRequest(_Request):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int] | list[str] | list[list[int]]
+    suffix: str | None = None
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
     stream_options: StreamOptions | None = None
@@ -88,9 +99,10 @@ class CompletionRequest(_Request):
             raise InvalidRequestError("best_of cannot be streamed")
         if self.echo:
             raise InvalidRequestError("echo is not supported")
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
-            if len(self.prompt) != 1:
-                raise InvalidRequestError("a list of several prompts is not supported; send one request each")
+        if self.suffix:
+            raise InvalidRequestError("suffix (insertion) is not supported")
+        if not 1 <= len(self.prompts()) <= MAX_PROMPTS:
+            raise InvalidRequestError(f"prompt must hold 1 to {MAX_PROMPTS} prompts")
 
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None
@@ -103,10 +115,12 @@ class CompletionRequest(_Request):
             out["logprobs"] = True  # best_of ranks the choices by their mean log-probability
         return out
 
-    def prompt_value(self) -> str | list[int]:
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
-            return self.prompt[0]  # type: ignore[return-value]
-        return self.prompt  # type: ignore[return-value]
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of the request: one string or token list, or a list of either (a batch)."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
 
 
 class ChatMessage(BaseModel):
@@ -129,6 +143,7 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
+    parallel_tool_calls: bool | None = None  # accepted; tools are not served yet
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)

@@ -18,6 +18,7 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from openai.types import Completion as OACompletion
 from openai.types.chat import ChatCompletion
 
@@ -92,6 +93,12 @@ def create_app(state: ServerState) -> FastAPI:
     async def llamactor_error(_request: Request, exc: LlamactorError) -> JSONResponse:
         return _from_exception(exc)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # 404 (no such path), 405 (wrong method): OpenAI's error shape, not FastAPI's {"detail": ...}
+        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, str(exc.detail), type_, headers=dict(exc.headers or {}) or None)
+
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
         log.error("http_unexpected_error", error=repr(exc))
@@ -121,15 +128,18 @@ def create_app(state: ServerState) -> FastAPI:
         llm = _ready_llm(state, body.model)
         body.check()
         rid = f"cmpl-{request.state.request_id}"
+        # A batch of prompts: choice index = prompt_index * n + choice, as OpenAI numbers them.
+        prompts, n, n_gen = body.prompts(), body.n, body.n_generated
         if body.stream:
-            streams = [llm.stream_async(body.prompt_value(), request_id=_choice_id(rid, i, body.n),
-                                        **body.sampling(index=i)) for i in range(body.n)]
+            streams = [llm.stream_async(prompts[k // n], request_id=_choice_id(rid, k, len(prompts) * n),
+                                        **body.sampling(index=k % n)) for k in range(len(prompts) * n)]
             await _all_queued(streams)
             return sse_response(completion_chunks(streams, lambda: _envelope(rid, "text_completion", state),
                                                   state.metrics.observe))
-        generated = await _complete(request, state, body.n_generated, lambda i: llm.submit(
-            body.prompt_value(), request_id=_choice_id(rid, i, body.n_generated), **body.sampling(index=i)))
-        done = best_of(generated, body.n) if body.n_generated > body.n else generated
+        generated = await _complete(request, state, len(prompts) * n_gen, lambda k: llm.submit(
+            prompts[k // n_gen], request_id=_choice_id(rid, k, len(prompts) * n_gen), **body.sampling(index=k % n_gen)))
+        done = [c for p in range(len(prompts)) for c in (
+            best_of(generated[p * n_gen:(p + 1) * n_gen], n) if n_gen > n else generated[p * n_gen:(p + 1) * n_gen])]
         return OACompletion.model_validate({
             **_envelope(rid, "text_completion", state),
             "choices": [{"index": i, "text": c.text, "finish_reason": FINISH_REASON[c.finish_reason],
@@ -182,9 +192,16 @@ async def _guard(request: Request, state: ServerState) -> Response | None:
     return None
 
 
-def _ready_llm(state: ServerState, model: str) -> llamactor.LLM:
-    if model != state.model_id:
-        raise llamactor.InvalidRequestError(f"unknown model {model!r}; this server serves {state.model_id!r}")
+class ModelNotFoundError(LlamactorError):
+    """The request names a model this server does not serve (OpenAI answers 404)."""
+
+    http_status = 404
+    code = "model_not_found"
+
+
+def _ready_llm(state: ServerState, model: str | None) -> llamactor.LLM:
+    if model is not None and model != state.model_id:
+        raise ModelNotFoundError(f"The model {model!r} does not exist; this server serves {state.model_id!r}")
     if state.llm is None or state.draining:
         raise BatcherUnavailableError("the model is loading or the server is shutting down")
     return state.llm
@@ -222,6 +239,9 @@ async def _gather(request: Request, futures: list[Any]) -> list[llamactor.Comple
             with contextlib.suppress(BaseException):  # collect the gather's CancelledError: nobody else will
                 await work
             raise llamactor.CancelledError("the client disconnected")
+        if work.exception() is not None:  # one choice refused or failed: the others are not wanted
+            for f in futures:
+                f.cancel()
         return work.result()  # type: ignore[no-any-return]
     finally:
         disconnect.cancel()
