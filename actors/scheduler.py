@@ -270,8 +270,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, now: float) -> list[KvOp]:
         """Release ``seq``'s seq_id (its KV stays as a cached prefix while room allows) and queue it
         again with every token it has; it resumes from the longest prefix still cached."""
-        self.running.remove(seq)
-        ops = self.index.finish(seq.seq_id, now, keep=self.keep_finished, budget_cells=self.cache_budget_cells)
+        ops = self.finish(seq, now)
         seq.seq_id, seq.n_past = -1, 0
         seq.n_preempted += 1
         self.n_preemptions += 1

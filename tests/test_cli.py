@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 
 import pexpect
 from click.testing import CliRunner
@@ -43,10 +45,19 @@ def test_a_bad_model_path_is_a_one_line_error_not_a_traceback(tmp_path) -> None:
     assert result.exit_code != 0 and "model file not found" in result.output and "Traceback" not in result.output
 
 
-def test_the_repl_on_the_default_model_answers_a_factual_question_in_one_line_and_stops() -> None:
+@contextlib.contextmanager
+def repl_session() -> Iterator[pexpect.spawn]:
+    """``llamactor chat`` on the default model, greedy, in a pseudo-terminal; killed if still running."""
     child = pexpect.spawn(sys.executable, ["-m", "llamactor.cli", "chat", "--n-ctx", "2048", "--temperature", "0"],
                           encoding="utf-8", timeout=60, dimensions=(40, 200))
     try:
+        yield child
+    finally:
+        child.close(force=True)
+
+
+def test_the_repl_on_the_default_model_answers_a_factual_question_in_one_line_and_stops() -> None:
+    with repl_session() as child:
         child.expect("base \\(pretrained\\) model")
         child.expect(">>> ")
         child.sendline("What is the capital of France?")
@@ -54,15 +65,11 @@ def test_the_repl_on_the_default_model_answers_a_factual_question_in_one_line_an
         child.expect(">>> ")  # the answer ended by itself (max_tokens is 512)
         answer = child.before.strip()
         assert "Paris" in answer and "\n" not in answer and "User:" not in answer
-    finally:
         child.sendeof()
-        child.close()
 
 
 def test_the_repl_answers_resets_sets_and_ctrl_c_cancels_the_answer() -> None:
-    child = pexpect.spawn(sys.executable, ["-m", "llamactor.cli", "chat", "--n-ctx", "2048", "--temperature", "0"],
-                          encoding="utf-8", timeout=60, dimensions=(40, 200))
-    try:
+    with repl_session() as child:
         child.expect(">>> ")
         child.sendline("/set max_tokens 5")
         child.expect(r"max_tokens = 5")
@@ -89,6 +96,4 @@ def test_the_repl_answers_resets_sets_and_ctrl_c_cancels_the_answer() -> None:
         child.expect(r"conversation cleared")
         child.sendeof()
         child.expect(pexpect.EOF)
-    finally:
-        child.close(force=True)
     assert child.exitstatus == 0

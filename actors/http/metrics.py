@@ -19,45 +19,45 @@ from llamactor.completion import Completion
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
+def _families(family: type[GaugeMetricFamily] | type[CounterMetricFamily], values: dict[str, Any],
+              table: dict[str, tuple[str, str]]) -> Iterator[Any]:
+    """One metric family per ``table`` key present in ``values``: key -> (metric name, help)."""
+    for key, (name, doc) in table.items():
+        if key in values:
+            yield family(name, doc, value=values[key])
+
+
 class _BatcherCollector(Collector):
     def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
         self._stats = stats
 
     def collect(self) -> Iterator[Any]:
         s = self._stats() or {}
-        gauges = {"running": ("llamactor_running_sequences", "Sequences being decoded"),
-                  "pending": ("llamactor_pending_requests", "Requests waiting for a sequence"),
-                  "kv_usage": ("llamactor_kv_cache_usage_ratio", "Share of KV cache cells in use"),
-                  "free_seq_ids": ("llamactor_free_seq_ids", "Sequence ids free in the pool")}
-        for key, (name, doc) in gauges.items():
-            if key in s:
-                yield GaugeMetricFamily(name, doc, value=s[key])
-        counters = {"steps": ("llamactor_steps", "Decode steps (one llama_decode each)"),
-                    "step_sequences": ("llamactor_step_sequences", "Sequences summed over steps (/ steps = mean batch size)"),
-                    "restarts": ("llamactor_batcher_restarts", "Times the supervisor restarted the batcher"),
-                    "tokens_cached": ("llamactor_prompt_tokens_cached", "Prompt tokens attached from cached KV, not computed"),
-                    "prompt_tokens_computed": ("llamactor_prompt_tokens_computed", "Prompt tokens computed by llama_decode"),
-                    "preemptions": ("llamactor_preemptions", "Running sequences preempted for KV room (resumed later)"),
-                    "tokens_recomputed": ("llamactor_tokens_recomputed", "Tokens recomputed when resuming preempted sequences"),
-                    "watchdog_trips": ("llamactor_watchdog_trips", "Steps aborted by the watchdog (each restarts the batcher)")}
-        for key, (name, doc) in counters.items():
-            if key in s:
-                yield CounterMetricFamily(name, doc, value=s[key])
+        yield from _families(GaugeMetricFamily, s, {
+            "running": ("llamactor_running_sequences", "Sequences being decoded"),
+            "pending": ("llamactor_pending_requests", "Requests waiting for a sequence"),
+            "kv_usage": ("llamactor_kv_cache_usage_ratio", "Share of KV cache cells in use"),
+            "free_seq_ids": ("llamactor_free_seq_ids", "Sequence ids free in the pool")})
+        yield from _families(CounterMetricFamily, s, {
+            "steps": ("llamactor_steps", "Decode steps (one llama_decode each)"),
+            "step_sequences": ("llamactor_step_sequences", "Sequences summed over steps (/ steps = mean batch size)"),
+            "restarts": ("llamactor_batcher_restarts", "Times the supervisor restarted the batcher"),
+            "tokens_cached": ("llamactor_prompt_tokens_cached", "Prompt tokens attached from cached KV, not computed"),
+            "prompt_tokens_computed": ("llamactor_prompt_tokens_computed", "Prompt tokens computed by llama_decode"),
+            "preemptions": ("llamactor_preemptions", "Running sequences preempted for KV room (resumed later)"),
+            "tokens_recomputed": ("llamactor_tokens_recomputed", "Tokens recomputed when resuming preempted sequences"),
+            "watchdog_trips": ("llamactor_watchdog_trips", "Steps aborted by the watchdog (each restarts the batcher)")})
         cache = s.get("prefix_cache", {})
-        for key, (name, doc) in {
-                "lookups": ("llamactor_prefix_cache_lookups", "Admissions that looked for a cached prefix"),
-                "hits": ("llamactor_prefix_cache_hits", "Admissions that attached a cached prefix"),
-                "hit_tokens": ("llamactor_prefix_cache_hit_tokens", "Prompt tokens attached from the prefix cache"),
-                "evicted_entries": ("llamactor_prefix_cache_evictions", "Cached prefixes dropped under KV pressure"),
-                "evicted_cells": ("llamactor_prefix_cache_evicted_cells", "KV cells freed by evicting or trimming")}.items():
-            if key in cache:
-                yield CounterMetricFamily(name, doc, value=cache[key])
-        for key, (name, doc) in {"entries": ("llamactor_prefix_cache_entries", "Cached prefixes held"),
-                                 "cells": ("llamactor_prefix_cache_cells", "KV cells held by cached prefixes alone"),
-                                 "pinned_cells": ("llamactor_prefix_cache_pinned_cells",
-                                                  "KV cells of pinned prefixes (the system prompt)")}.items():
-            if key in cache:
-                yield GaugeMetricFamily(name, doc, value=cache[key])
+        yield from _families(CounterMetricFamily, cache, {
+            "lookups": ("llamactor_prefix_cache_lookups", "Admissions that looked for a cached prefix"),
+            "hits": ("llamactor_prefix_cache_hits", "Admissions that attached a cached prefix"),
+            "hit_tokens": ("llamactor_prefix_cache_hit_tokens", "Prompt tokens attached from the prefix cache"),
+            "evicted_entries": ("llamactor_prefix_cache_evictions", "Cached prefixes dropped under KV pressure"),
+            "evicted_cells": ("llamactor_prefix_cache_evicted_cells", "KV cells freed by evicting or trimming")})
+        yield from _families(GaugeMetricFamily, cache, {
+            "entries": ("llamactor_prefix_cache_entries", "Cached prefixes held"),
+            "cells": ("llamactor_prefix_cache_cells", "KV cells held by cached prefixes alone"),
+            "pinned_cells": ("llamactor_prefix_cache_pinned_cells", "KV cells of pinned prefixes (the system prompt)")})
         by_priority = GaugeMetricFamily("llamactor_pending_requests_by_priority", "Requests waiting, by base priority",
                                         labels=["priority"])
         for priority, n in s.get("pending_by_priority", {}).items():

@@ -169,16 +169,6 @@ def create_app(state: ServerState) -> FastAPI:
                         for i, c in enumerate(done)],
             "usage": usage(done)}).model_dump(exclude_none=True)
 
-    async def _all_queued(streams: list[AsyncTextStream]) -> None:
-        """Before the 200: every choice accepted by the batcher, or the first refusal raised (its
-        4xx, as without ``stream``) and the other choices cancelled."""
-        try:
-            await asyncio.gather(*(s.queued() for s in streams))
-        except BaseException:
-            for s in streams:
-                s.cancel()
-            raise
-
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=state.max_body_bytes)  # outermost: runs first
     return app
 
@@ -224,6 +214,17 @@ async def _complete(request: Request, state: ServerState, n: int,
 def _choice_id(rid: str, index: int, n: int) -> str:
     """The llamactor request id of one choice: the HTTP id itself, or ``-<index>`` with n > 1."""
     return rid if n == 1 else f"{rid}-{index}"
+
+
+async def _all_queued(streams: list[AsyncTextStream]) -> None:
+    """Before the 200: every choice accepted by the batcher, or the first refusal raised (its
+    4xx, as without ``stream``) and the other choices cancelled."""
+    try:
+        await asyncio.gather(*(s.queued() for s in streams))
+    except BaseException:
+        for s in streams:
+            s.cancel()
+        raise
 
 
 async def _gather(request: Request, futures: list[Any]) -> list[llamactor.Completion]:
