@@ -20,6 +20,8 @@ import pykka
 from llamactor.completion import Completion
 from llamactor.config import Config
 from llamactor.errors import BatcherUnavailableError, InvalidRequestError, ModelLoadError
+from llamactor.grammar import compile_constraint
+from llamactor.tools import pop_tools
 from llamactor.logging import configure_default
 from llamactor.messages import Cancel, Generate, GetStats, ReplyChannel
 from llamactor.models import resolve_model_path
@@ -72,6 +74,8 @@ class LLM:
     # Every method takes sampling options (``max_tokens``, ``temperature``, ``stop`` ...; see
     # ``SamplingParams``) and ``priority``: "high", "normal" (default), "low" or an int, lower
     # first; a waiting request gains 0.1 level per second (``Config.priority_aging_per_s``).
+    # Structured output: ``json_schema=`` (dict or pydantic model class: ``Completion.parsed``)
+    # or ``grammar=`` (GBNF / Lark text, or ``Grammar.regex(...)`` ...); ``logit_bias={id: bias}``.
 
     def submit(self, prompt: Prompt, *, request_id: str | None = None,
                **sampling: Any) -> concurrent.futures.Future[Completion]:
@@ -183,12 +187,13 @@ class LLM:
 
     def _submit(self, prompt: dict[str, Any], request_id: str | None, sampling: dict[str, Any],
                 reply: ReplyChannel) -> concurrent.futures.Future[Completion]:
-        sampling = dict(sampling)
+        sampling = compile_constraint(sampling)
+        tools = pop_tools(sampling, chat="messages" in prompt)
         priority = parse_priority(sampling.pop("priority", DEFAULT_PRIORITY))
         params = self.config.sampling.replace(**sampling)
         rid = request_id or _new_request_id()
         msg = Generate(request_id=rid, params=params, reply=reply, submitted_at=time.perf_counter(),
-                       priority=priority, **prompt)
+                       priority=priority, tools=tools, **prompt)
         future = reply.future
         with self._lock:
             if self._closing:
@@ -206,6 +211,7 @@ class LLM:
         if not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
             raise InvalidRequestError(f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}")
         rid = request_id or _new_request_id()
+        sampling = compile_constraint(sampling)  # once for all n choices
         seed = sampling.get("seed")
         # Submitted together, so the batcher admits them together: the first computes the
         # prompt, the others wait one step and attach its KV (see Scheduler).

@@ -19,6 +19,7 @@ import structlog
 
 from llamactor.config import MAX_SEQUENCES, Config
 from llamactor.errors import ContextFullError, LlamactorError, QueueFullError, StepAbortedError
+from llamactor.grammar import MaskBuilder
 from llamactor.messages import (
     AuditKv,
     BatcherFailed,
@@ -53,7 +54,7 @@ class BatcherActor(pykka.ThreadingActor):
         self.generation = generation
         self.counters = {"steps": 0, "tokens_generated": 0, "prompt_tokens_computed": 0,
                          "tokens_recomputed": 0, "requests_finished": 0, "step_sequences": 0}
-        self.step_ms = {"schedule": 0.0, "decode": 0.0, "sample": 0.0, "postprocess": 0.0}
+        self.step_ms = {"schedule": 0.0, "decode": 0.0, "mask": 0.0, "sample": 0.0, "postprocess": 0.0}
         self._step_queued = False
         self._timer: threading.Timer | None = None
         self._timer_id = 0
@@ -69,6 +70,7 @@ class BatcherActor(pykka.ThreadingActor):
             self.engine = Engine(self.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
                                  n_seq_max=MAX_SEQUENCES, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
                                  chat_template=cfg.chat_template, test_hang=cfg.watchdog_test_hang and self.generation == 1)
+            self.masks = MaskBuilder(self.engine.info.n_vocab)
             self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template, cfg.system_prompt)
             self.index = PrefixIndex(n_seq_ids=self.engine.info.n_seq_max, n_cells=self.engine.info.n_ctx)
             for tokens in self.prompts.shared_prefix_tokens():
@@ -153,7 +155,7 @@ class BatcherActor(pykka.ThreadingActor):
             try:
                 tokens = self.prompts.prompt_tokens(msg, n_ctx_seq=self.engine.info.n_ctx_seq)
                 seq = Sequence(request=msg, token_ids=tokens, n_prompt=len(tokens))
-                seq.state = RequestState.create(self.prompts.params(msg))
+                seq.state = RequestState.create(self.prompts.params(msg), self.engine.tokenizer)
                 self.scheduler.add(seq)
                 msg.reply.mark_queued()
             except LlamactorError as e:
@@ -265,8 +267,11 @@ class BatcherActor(pykka.ThreadingActor):
             self.scheduler.computed(chunk, now)
         logits = result.logits if len(rows) == len(result.logits) else result.logits[rows]
         t_sample = time.perf_counter()
-        sampled = sample(logits, [s.state.row_spec(s.token_ids) for s in to_sample])
-        self.step_ms["sample"] += (time.perf_counter() - t_sample) * 1000
+        masks = self.masks.for_rows([s.state.matcher for s in to_sample])
+        t_masked = time.perf_counter()
+        sampled = sample(logits, [s.state.row_spec(s.token_ids, masks.get(i)) for i, s in enumerate(to_sample)])
+        self.step_ms["mask"] += (t_masked - t_sample) * 1000
+        self.step_ms["sample"] += (time.perf_counter() - t_masked) * 1000
         for seq, token, logprob, top in zip(to_sample, sampled.tokens, sampled.logprobs, sampled.top):
             if seq.first_token_at is None:
                 seq.first_token_at = now

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-FinishReason = Literal["stop", "length", "cancelled", "context_full"]
+FinishReason = Literal["stop", "length", "cancelled", "context_full", "tool_calls"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,17 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True, slots=True)
+class Piece:
+    """One streamed piece of text, with the tokens it completes when logprobs were asked for.
+
+    Text is held back while it might become a stop string or splits a UTF-8 character, so a
+    piece may carry several tokens, and a token's logprob arrives with the piece its text ends in."""
+
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Completion:
     request_id: str
     text: str
@@ -46,6 +57,14 @@ class Completion:
     usage: Usage
     timings: Timings
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per generated token, if asked
+    # json_schema given as a pydantic model: the validated object (None if the output was cut
+    # short by max_tokens or failed validation; see ``parse_error``).
+    parsed: Any = None
+    parse_error: str | None = None
+    # A chat with tools: the calls parsed out of the answer (``text`` is then what is left around
+    # them, ``raw_text`` the whole answer) and finish_reason "tool_calls".
+    tool_calls: tuple[Any, ...] = ()  # llamactor.tools.ToolCall
+    raw_text: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamactor.errors import InvalidRequestError
+from llamactor.grammar import Grammar
 from llamactor.native.chat_template import ChatTemplateError, check_template_syntax
 from llamactor.policy import Policy
 
@@ -45,6 +46,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False  # report each chosen token's log-probability
     top_logprobs: int = 0  # and this many most likely alternatives at each position (implies logprobs)
+    grammar: Grammar | None = None  # what the output must match (JSON Schema, GBNF, Lark, regex)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits; a dict is accepted
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -67,6 +70,13 @@ class SamplingParams:
                  f"top_logprobs must be in [0, 20], got {self.top_logprobs!r}")
         if self.top_logprobs and not self.logprobs:
             object.__setattr__(self, "logprobs", True)
+        if isinstance(self.logit_bias, dict):
+            object.__setattr__(self, "logit_bias", tuple(sorted(_bias_items(self.logit_bias))))
+        _require(isinstance(self.logit_bias, tuple) and len(self.logit_bias) <= 1024
+                 and all(isinstance(t, int) and t >= 0 and -100 <= b <= 100 for t, b in self.logit_bias),
+                 "logit_bias must map at most 1024 token ids to biases in [-100, 100]")
+        _require(self.grammar is None or isinstance(self.grammar, Grammar),
+                 "grammar must be a llamactor Grammar (the API also takes GBNF text or json_schema=)")
         _require(len(self.stop) <= 16 and all(isinstance(s, str) and s for s in self.stop),
                  "stop must be at most 16 non-empty strings")
 
@@ -83,6 +93,14 @@ class SamplingParams:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
         _require(not unknown, f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
         return dataclasses.replace(self, **overrides)
+
+
+def _bias_items(bias: dict[Any, Any]) -> list[tuple[int, float]]:
+    """OpenAI's ``logit_bias`` keys are token ids as strings; values are numbers."""
+    try:
+        return [(int(k), float(v)) for k, v in bias.items()]
+    except (TypeError, ValueError) as e:
+        raise InvalidRequestError("logit_bias must map token ids to numbers") from e
 
 
 def default_n_threads() -> int:

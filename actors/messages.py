@@ -14,9 +14,10 @@ from typing import Any
 
 import pykka
 
-from llamactor.completion import Completion
+from llamactor.completion import Completion, Piece, TokenLogprob
 from llamactor.config import SamplingParams
 from llamactor.policy import DEFAULT_PRIORITY
+from llamactor.tools import Tools
 
 
 @dataclass(slots=True, eq=False)
@@ -27,19 +28,24 @@ class ReplyChannel:
     # Done once the batcher has tokenized and queued the request, or failed with why it refused it:
     # a stream awaits it before answering 200, so a refused stream gets the same 4xx as a plain call.
     queued: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
-    on_piece: Callable[[str], None] | None = None  # streaming callers get each text piece here
+    on_piece: Callable[[Piece], None] | None = None  # streaming callers get each text piece here
     n_pieces_sent: int = 0  # > 0 means a restart can no longer replay this request invisibly
 
-    def send_piece(self, piece: str) -> None:
-        if self.on_piece is not None and piece:
+    def send_piece(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> bool:
+        """Stream ``text`` (with the logprobs of the tokens it completes); False if it is empty
+        and so was not sent (its logprobs then go with the next piece)."""
+        if not text:
+            return False
+        if self.on_piece is not None:
             self.n_pieces_sent += 1
             try:
-                self.on_piece(piece)
+                self.on_piece(Piece(text, logprobs))
             except Exception:  # noqa: BLE001 - e.g. the caller's event loop is closed
                 # A broken consumer must not crash the batcher that serves everyone else:
                 # cancel this request instead (the batcher sees the cancelled future).
                 self.on_piece = None
                 self.future.cancel()
+        return True
 
     def mark_queued(self) -> None:
         if not self.queued.done():
@@ -73,11 +79,14 @@ class Generate:
     text: str | None = None
     messages: tuple[dict[str, Any], ...] | None = None
     token_ids: tuple[int, ...] | None = None
+    tools: Tools | None = None  # a chat's tools: rendered into its prompt, calls parsed from its answer
 
     def __post_init__(self) -> None:
         given = sum(x is not None for x in (self.text, self.messages, self.token_ids))
         if given != 1:
             raise ValueError("Generate needs exactly one of text, messages, token_ids")
+        if self.tools is not None and self.messages is None:
+            raise ValueError("tools need a chat (messages)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,8 +49,12 @@ class PromptBuilder:
             messages = list(msg.messages)
             if self.system_prompt and not any(m.get("role") == "system" for m in messages):
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
+            tools = msg.tools
+            if tools is not None:
+                messages = tools.prepare(messages, self.template.takes_tools)
             try:
-                tokens = self._tokenize_rendered(self.template.render(messages))
+                template_tools = tools.template_tools() if tools is not None and self.template.takes_tools else None
+                tokens = self._tokenize_rendered(self.template.render(messages, tools=template_tools))
             except ChatTemplateError as e:
                 raise InvalidRequestError(str(e)) from e
         else:

@@ -7,15 +7,20 @@ resolves or fails the caller's future and logs the ``request_finished`` line.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import structlog
 
 from llamactor.completion import Completion, Timings, TokenLogprob, Usage
 from llamactor.config import SamplingParams
-from llamactor.errors import CancelledError, LlamactorError
+from llamactor.errors import CancelledError, InvalidRequestError, LlamactorError
+from llamactor.grammar import new_matcher
+from llamactor.messages import ReplyChannel
+from llamactor.tools import parse_tool_calls
 from llamactor.native.sampling import RowSpec
 from llamactor.native.tokenizer import Tokenizer
 from llamactor.output import TextAssembler
@@ -32,35 +37,53 @@ class RequestState:
     logprobs: list[TokenLogprob] | None = None
     n_generated: int = 0
     spec: RowSpec | None = field(default=None)
+    matcher: Any = None  # llguidance.LLMatcher of a constrained request: where its grammar stands
+    error: LlamactorError | None = None  # why accept() ended the request, if it went wrong
+    n_logprobs_sent: int = 0  # logprobs already attached to streamed pieces
 
     @classmethod
-    def create(cls, params: SamplingParams) -> RequestState:
+    def create(cls, params: SamplingParams, tokenizer: Tokenizer) -> RequestState:
+        """``InvalidRequestError`` for what only the model can check: bias token ids, the grammar."""
+        if any(t >= tokenizer.n_vocab for t, _ in params.logit_bias):
+            raise InvalidRequestError(f"logit_bias token ids must be in [0, {tokenizer.n_vocab})")
+        matcher = new_matcher(params.grammar, tokenizer.grammar_vocab()) if params.grammar is not None else None
         return cls(params=params, rng=np.random.default_rng(params.seed), text=TextAssembler(params.stop),
-                   logprobs=[] if params.logprobs else None)
+                   logprobs=[] if params.logprobs else None, matcher=matcher)
 
-    def row_spec(self, token_ids: list[int]) -> RowSpec:
-        """This step's sampling row; the penalty window is the only part that changes."""
+    def row_spec(self, token_ids: list[int], allowed: np.ndarray | None = None) -> RowSpec:
+        """This step's sampling row; the penalty window and the grammar mask are what change."""
         p = self.params
         if self.spec is None:
             self.spec = RowSpec(p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty, p.presence_penalty,
-                                p.frequency_penalty, self.rng, (), p.logprobs, p.top_logprobs)
+                                p.frequency_penalty, self.rng, (), p.logprobs, p.top_logprobs, p.logit_bias)
         if p.has_penalties and p.repeat_last_n > 0:
             self.spec.recent_tokens = token_ids[-p.repeat_last_n:]
+        self.spec.allowed = allowed
         return self.spec
+
+    def send(self, reply: ReplyChannel, text: str) -> None:
+        """Stream ``text`` with the logprobs of the tokens not yet sent with an earlier piece."""
+        unsent = tuple(self.logprobs[self.n_logprobs_sent:]) if self.logprobs is not None else ()
+        if reply.send_piece(text, unsent):
+            self.n_logprobs_sent += len(unsent)
 
     def accept(self, seq: Sequence, token: int, logprob: float | None, top: list[tuple[int, float]],
                tokenizer: Tokenizer, n_ctx_seq: int) -> str | None:
         """Take the sampled ``token``; stream its text; return a finish reason, or None to go on."""
         if tokenizer.is_eog(token) and not self.params.ignore_eos:
             return "stop"
+        if self.matcher is not None and not self.matcher.consume_token(token):
+            # Cannot happen while tokens are drawn under the mask; end this request alone if it does.
+            self.error = LlamactorError(f"the grammar refused token {token}: {self.matcher.get_error()}")
+            return "stop"
         seq.token_ids.append(token)
         self.n_generated += 1
         if self.logprobs is not None and logprob is not None:
             text = tokenizer.token_text
             self.logprobs.append(TokenLogprob(text(token), logprob, tuple((text(t), lp) for t, lp in top)))
-        seq.request.reply.send_piece(self.text.push(tokenizer.token_bytes(token)))
-        if self.text.stopped:
-            return "stop"
+        self.send(seq.request.reply, self.text.push(tokenizer.token_bytes(token)))
+        if self.text.stopped or (self.matcher is not None and self.matcher.is_stopped()):
+            return "stop"  # a stop string, or the grammar is complete and allows nothing more
         if self.params.max_tokens is not None and self.n_generated >= self.params.max_tokens:
             return "length"
         if len(seq.token_ids) >= n_ctx_seq:
@@ -72,16 +95,28 @@ def _ms(start: float, end: float | None) -> float:
     return round(((end if end is not None else start) - start) * 1000, 3)
 
 
+def _with_parsed(completion: Completion, parse: Any) -> Completion:
+    """The pydantic model's object from the finished text (OpenAI's ``parsed``)."""
+    if completion.finish_reason != "stop":
+        return dataclasses.replace(completion, parse_error=f"output cut short ({completion.finish_reason})")
+    try:
+        return dataclasses.replace(completion, parsed=parse(completion.text))
+    except Exception as e:  # noqa: BLE001 - a user's validator may raise anything; the text stays available
+        return dataclasses.replace(completion, parse_error=str(e))
+
+
 def finish_request(seq: Sequence, reason: str, error: LlamactorError | None = None) -> Completion:
     """Resolve the caller's future with the completion (or fail it with ``error``), log it."""
     now = time.perf_counter()
     state: RequestState | None = seq.state
     req = seq.request
+    if error is None and state is not None:
+        error = state.error
     text = ""
     if state is not None:
         tail = state.text.finish()
         if reason != "cancelled":
-            req.reply.send_piece(tail)
+            state.send(req.reply, tail)
         text = state.text.text
     n_gen = seq.n_generated
     decode_s = now - seq.first_token_at if seq.first_token_at is not None else 0.0
@@ -94,8 +129,16 @@ def finish_request(seq: Sequence, reason: str, error: LlamactorError | None = No
                         decode_tokens_per_s=round((n_gen - 1) / decode_s, 2) if n_gen > 1 and decode_s > 0 else 0.0),
         logprobs=tuple(state.logprobs) if state is not None and state.logprobs is not None else None,
     )
+    if state is not None and state.params.grammar is not None and state.params.grammar.parse is not None:
+        completion = _with_parsed(completion, state.params.grammar.parse)
+    if req.tools is not None and req.tools.parses and reason == "stop":
+        content, calls = parse_tool_calls(text, req.tools)
+        if calls:
+            completion = dataclasses.replace(completion, text=content, raw_text=text, tool_calls=calls,
+                                             finish_reason="tool_calls")
     log.info("request_finished", request_id=req.request_id, n_prompt=seq.n_prompt, n_cached=seq.n_cached,
-             n_gen=n_gen, ttft_ms=completion.timings.ttft_ms, ms=completion.timings.total_ms, finish_reason=reason,
+             n_gen=n_gen, ttft_ms=completion.timings.ttft_ms, ms=completion.timings.total_ms,
+             finish_reason=completion.finish_reason,
              priority=req.priority, n_preempted=seq.n_preempted)
     if reason == "cancelled":
         req.reply.fail(CancelledError(f"request {req.request_id} was cancelled", completion))

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 
-from llamactor.completion import Completion
+from llamactor.completion import Completion, Piece
 
 _END = object()
 
@@ -26,9 +26,9 @@ class TextStream:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.future: concurrent.futures.Future[Completion] | None = None
 
-    def push(self, piece: str) -> None:
+    def push(self, piece: Piece) -> None:
         """Called by the batcher thread for each piece."""
-        self._queue.put(piece)
+        self._queue.put(piece.text)
 
     def attach(self, future: concurrent.futures.Future[Completion]) -> None:
         self.future = future
@@ -66,7 +66,7 @@ class AsyncTextStream:
         self.future: concurrent.futures.Future[Completion] | None = None
         self._queued: concurrent.futures.Future[None] | None = None
 
-    def push(self, piece: str) -> None:
+    def push(self, piece: Piece) -> None:
         self._loop.call_soon_threadsafe(self._queue.put_nowait, piece)
 
     def attach(self, future: concurrent.futures.Future[Completion], queued: concurrent.futures.Future[None]) -> None:
@@ -83,6 +83,15 @@ class AsyncTextStream:
         self._cancel(self.request_id)
 
     async def __aiter__(self) -> AsyncIterator[str]:  # type: ignore[override]
+        pieces = self.pieces()
+        try:
+            async for piece in pieces:
+                yield piece.text
+        finally:
+            await pieces.aclose()  # now, not when collected: leaving early cancels the request
+
+    async def pieces(self) -> AsyncGenerator[Piece, None]:
+        """The pieces with the logprobs of their tokens (what the HTTP stream sends)."""
         finished = False
         try:
             while (item := await self._queue.get()) is not _END:

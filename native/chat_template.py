@@ -68,10 +68,14 @@ class ChatTemplate:
         check_template_syntax(self.source)
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
         self._template = env.from_string(self.source)
+        # Hugging Face templates that render tools read a ``tools`` variable; others get the
+        # plain-text fallback of llamactor.tools.
+        self.takes_tools = "tools" in self.source
         self._bos_token = bos_token
         self._eos_token = eos_token
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
         if not messages:
             raise ChatTemplateError("messages must not be empty")
         for i, m in enumerate(messages):
@@ -86,6 +90,7 @@ class ChatTemplate:
                 bos_token=self._bos_token,
                 eos_token=self._eos_token,
                 raise_exception=_raise_exception,
+                **({"tools": tools} if tools else {}),
             )
         except ChatTemplateError:
             raise

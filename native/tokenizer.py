@@ -5,7 +5,14 @@ from __future__ import annotations
 import codecs
 import ctypes
 
+import time
+import warnings
+from typing import Any
+
 import llama_cpp
+import structlog
+
+log = structlog.get_logger("llamactor.native")
 
 
 class Tokenizer:
@@ -19,6 +26,21 @@ class Tokenizer:
         self._piece_cache: dict[int, bytes] = {}
         self.bos_text = self.special_text(self.bos_id)
         self.eos_text = self.special_text(self.eos_id)
+        self._grammar_vocab: Any = None
+
+    def grammar_vocab(self) -> Any:
+        """This vocabulary as llguidance reads it (an ``LLTokenizer``), built on first use: it reads
+        every token's bytes, about 2 s for Gemma's 262k tokens, so models never constrained skip it."""
+        if self._grammar_vocab is None:
+            import llguidance.llamacpp  # imports llama_cpp, hence here in native/
+
+            start = time.perf_counter()
+            end_tokens = [t for t in (self.eos_id, llama_cpp.llama_vocab_eot(self._vocab)) if t >= 0]
+            with warnings.catch_warnings():  # it calls a deprecated llama_cpp alias once per token
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._grammar_vocab = llguidance.llamacpp.lltokenizer_from_vocab(self._vocab, eos_token=end_tokens)
+            log.info("grammar_vocab_built", n_vocab=self.n_vocab, ms=round((time.perf_counter() - start) * 1000, 1))
+        return self._grammar_vocab
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")

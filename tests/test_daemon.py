@@ -167,9 +167,12 @@ def test_bad_input_gets_openai_style_4xx_errors_never_a_500(daemon: Daemon) -> N
         client.completions.create(model=MODEL_ID, prompt="")
     with pytest.raises(openai.BadRequestError, match="priority"):
         client.completions.create(model=MODEL_ID, prompt="hi", extra_body={"priority": 5000})
-    with pytest.raises(openai.BadRequestError, match="logprobs"):
+    with pytest.raises(openai.BadRequestError, match="invalid json_schema"):
         client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], stream=True,
-                                       logprobs=True)
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "x", "schema": {"type": "objectx"}}})
+    with pytest.raises(openai.BadRequestError, match="echo needs text prompts"):
+        client.completions.create(model=MODEL_ID, prompt=[1, 2, 3], echo=True)
     with pytest.raises(openai.AuthenticationError):
         daemon.client(api_key="wrong").completions.create(model=MODEL_ID, prompt="hi")
     headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}

@@ -117,3 +117,28 @@ def test_decode_batch_takes_the_adrs_entries_and_matches_the_mixed_form(engine: 
                           np.array([0, 1], np.int32), np.ones(2, np.int8)).logits
     np.testing.assert_array_equal(adr, mixed)
     engine.clear()
+
+
+def _packed(allowed: list[int], n_vocab: int) -> np.ndarray:
+    bits = np.zeros(((n_vocab + 31) // 32) * 32, np.uint8)
+    bits[allowed] = 1
+    return np.packbits(bits, bitorder="little").view(np.int32)
+
+
+def test_a_grammar_mask_limits_only_its_own_row_greedy_or_sampled() -> None:
+    logits = np.zeros((3, 40), np.float32)
+    logits[:, 5] = 10.0  # every row's favourite
+    mask = _packed([7, 9], 40)
+    result = sample(logits.copy(), [spec(allowed=mask), spec(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                                                              allowed=mask, rng=np.random.default_rng(1)), spec()])
+    assert result.tokens[0] in (7, 9) and result.tokens[1] in (7, 9)
+    assert result.tokens[2] == 5  # the unconstrained row in the same step is untouched
+
+
+def test_logit_bias_forces_or_bans_a_token_and_logprobs_stay_raw() -> None:
+    logits = np.zeros((2, 10), np.float32)
+    logits[:, 2] = 3.0
+    result = sample(logits.copy(), [spec(logit_bias=((2, -100.0),), want_logprob=True), spec(logit_bias=((8, 100.0),))])
+    assert result.tokens[0] != 2 and result.tokens[1] == 8
+    raw = logits[0] - np.log(np.exp(logits[0]).sum())
+    assert result.logprobs[0] == pytest.approx(float(raw[result.tokens[0]]), abs=1e-5)

@@ -96,7 +96,7 @@ def test_a_consumer_that_raises_cancels_only_its_own_request(llm: llamactor.LLM)
     from llamactor.config import SamplingParams
     import time
 
-    def broken(_piece: str) -> None:
+    def broken(_piece: object) -> None:
         raise RuntimeError("event loop is closed")
 
     reply = ReplyChannel(on_piece=broken)

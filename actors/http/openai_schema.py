@@ -10,10 +10,28 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from llamactor.completion import Completion
+from llamactor.completion import Completion, TokenLogprob
 from llamactor.errors import InvalidRequestError
+from llamactor.grammar import Grammar
+from llamactor.tools import Tools
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field(default="response", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: text, JSON mode, or structured outputs (a JSON Schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class _Request(BaseModel):
@@ -39,8 +57,14 @@ class _Request(BaseModel):
     min_p: float | None = Field(default=None, ge=0, le=1)
     repeat_penalty: float | None = Field(default=None, gt=0)
     ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    # llama.cpp server extras: a GBNF (or Lark) grammar, or a bare JSON Schema
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
     # llamactor extra: "high" | "normal" | "low" or an int, lower first (llamactor.policy)
     priority: Literal["high", "normal", "low"] | int | None = None
+    _grammar: Grammar | None = PrivateAttr(default=None)
 
     def sampling(self, *, index: int = 0) -> dict[str, Any]:
         """llamactor sampling options; with ``n`` > 1 each choice gets its own seed."""
@@ -60,14 +84,33 @@ class _Request(BaseModel):
             out["ignore_eos"] = True
         if self.priority is not None:
             out["priority"] = self.priority
+        if self.logit_bias:
+            out["logit_bias"] = self.logit_bias
+        if self._grammar is not None:
+            out["grammar"] = self._grammar
         return out
 
     def check(self) -> None:
-        if self.stream and self.wants_logprobs():
-            raise InvalidRequestError("logprobs are not supported together with stream: true")
+        """What pydantic cannot check; compiles the constraint once for all choices (400 if bad)."""
+        self._grammar = self.constraint()
 
-    def wants_logprobs(self) -> bool:
-        return False
+    def constraint(self) -> Grammar | None:
+        fmt = self.response_format
+        given = [k for k, v in (("response_format", fmt is not None and fmt.type != "text"),
+                                ("grammar", self.grammar is not None), ("json_schema", self.json_schema is not None)) if v]
+        if len(given) > 1:
+            raise InvalidRequestError(f"pass at most one of response_format, grammar, json_schema (got {', '.join(given)})")
+        if self.grammar is not None:
+            return Grammar.gbnf(self.grammar)
+        if self.json_schema is not None:
+            return Grammar.json_schema(self.json_schema)
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return Grammar.json_object()
+        if fmt.json_schema is None:
+            raise InvalidRequestError("response_format.json_schema is required when type is json_schema")
+        return Grammar.json_schema(fmt.json_schema.schema_ or {"type": "object"}, strict=bool(fmt.json_schema.strict))
 
 
 class StreamOptions(BaseModel):
@@ -97,15 +140,12 @@ class CompletionRequest(_Request):
             raise InvalidRequestError(f"best_of ({self.best_of}) must be >= n ({self.n})")
         if self.best_of is not None and self.best_of > self.n and self.stream:
             raise InvalidRequestError("best_of cannot be streamed")
-        if self.echo:
-            raise InvalidRequestError("echo is not supported")
+        if self.echo and (self.logprobs is not None or any(not isinstance(p, str) for p in self.prompts())):
+            raise InvalidRequestError("echo needs text prompts and no logprobs (prompt logprobs are not computed)")
         if self.suffix:
             raise InvalidRequestError("suffix (insertion) is not supported")
         if not 1 <= len(self.prompts()) <= MAX_PROMPTS:
             raise InvalidRequestError(f"prompt must hold 1 to {MAX_PROMPTS} prompts")
-
-    def wants_logprobs(self) -> bool:
-        return self.logprobs is not None
 
     def sampling(self, *, index: int = 0) -> dict[str, Any]:
         out = super().sampling(index=index)
@@ -124,9 +164,19 @@ class CompletionRequest(_Request):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # clients send name, tool_call_id ...; the template needs neither
+    model_config = ConfigDict(extra="ignore")  # clients send name, refusal, audio ...; the template needs none
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
     def text(self) -> str:
         if self.content is None:
@@ -143,19 +193,30 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
-    parallel_tool_calls: bool | None = None  # accepted; tools are not served yet
+    _tools: Tools | None = PrivateAttr(default=None)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # default off, as in llama.cpp's server (llamactor.tools)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     stream_options: StreamOptions | None = None
 
-    def wants_logprobs(self) -> bool:
-        return self.logprobs
-
     def check(self) -> None:
         super().check()
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs: true")
+        if self.tools:
+            self._tools = Tools.from_openai(self.tools, self.tool_choice, self.parallel_tool_calls)
+            if self._tools.grammar() is not None and self._grammar is not None:
+                raise InvalidRequestError("a required or named tool_choice cannot be combined with response_format")
+        elif self.tool_choice not in (None, "none"):
+            raise InvalidRequestError("tool_choice needs tools")
+
+    @property
+    def parsed_tools(self) -> Tools | None:
+        """The request's tools when its answers are parsed for calls (not ``tool_choice: none``)."""
+        return self._tools if self._tools is not None and self._tools.parses else None
 
     def sampling(self, *, index: int = 0) -> dict[str, Any]:
         out = super().sampling(index=index)
@@ -163,10 +224,12 @@ class ChatRequest(_Request):
             out["max_tokens"] = self.max_completion_tokens
         if self.logprobs:
             out.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
+        if self._tools is not None:
+            out["tools"] = self._tools
         return out
 
-    def message_dicts(self) -> list[dict[str, str]]:
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+    def message_dicts(self) -> list[dict[str, Any]]:
+        return [m.as_dict() for m in self.messages]
 
 
 def best_of(done: list[Completion], n: int) -> list[Completion]:
@@ -181,27 +244,36 @@ def error_body(message: str, type_: str, code: str | None = None, param: str | N
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def chat_logprobs(c: Completion) -> dict[str, Any] | None:
-    """A chat choice's ``logprobs`` object, as OpenAI shapes it."""
-    if c.logprobs is None:
+def chat_logprobs(logprobs: tuple[TokenLogprob, ...] | None) -> dict[str, Any] | None:
+    """A chat choice's (or streamed delta's) ``logprobs`` object, as OpenAI shapes it."""
+    if logprobs is None:
         return None
 
     def entry(token: str, logprob: float) -> dict[str, Any]:
         return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
     return {"content": [{**entry(t.token, t.logprob), "top_logprobs": [entry(a, v) for a, v in t.top]}
-                        for t in c.logprobs]}
+                        for t in logprobs]}
 
 
-def completion_logprobs(c: Completion, n_top: int) -> dict[str, Any] | None:
-    """A legacy completion choice's ``logprobs`` object (tokens, token_logprobs, top, offsets)."""
-    if c.logprobs is None:
+def completion_logprobs(logprobs: tuple[TokenLogprob, ...] | None, n_top: int, offset: int = 0) -> dict[str, Any] | None:
+    """A legacy completion choice's (or streamed chunk's) ``logprobs`` object: tokens,
+    token_logprobs, top_logprobs, and text offsets counted from ``offset``."""
+    if logprobs is None:
         return None
-    offsets, at = [], 0
-    for t in c.logprobs:
+    offsets, at = [], offset
+    for t in logprobs:
         offsets.append(at)
         at += len(t.token)
-    return {"tokens": [t.token for t in c.logprobs], "token_logprobs": [t.logprob for t in c.logprobs],
-            "top_logprobs": [dict(t.top) for t in c.logprobs] if n_top else None, "text_offset": offsets}
+    return {"tokens": [t.token for t in logprobs], "token_logprobs": [t.logprob for t in logprobs],
+            "top_logprobs": [dict(t.top) for t in logprobs] if n_top else None, "text_offset": offsets}
 
 
-FINISH_REASON = {"stop": "stop", "length": "length", "cancelled": "stop", "context_full": "length"}
+FINISH_REASON = {"stop": "stop", "length": "length", "cancelled": "stop", "context_full": "length",
+                 "tool_calls": "tool_calls"}
+
+
+def chat_message(c: Completion) -> dict[str, Any]:
+    """A chat choice's ``message``: its text, or its tool calls and whatever text surrounds them."""
+    if not c.tool_calls:
+        return {"role": "assistant", "content": c.text}
+    return {"role": "assistant", "content": c.text or None, "tool_calls": [t.to_openai() for t in c.tool_calls]}

@@ -32,6 +32,7 @@ from llamactor.http.openai_schema import (
     CompletionRequest,
     best_of,
     chat_logprobs,
+    chat_message,
     completion_logprobs,
     error_body,
 )
@@ -134,16 +135,18 @@ def create_app(state: ServerState) -> FastAPI:
             streams = [llm.stream_async(prompts[k // n], request_id=_choice_id(rid, k, len(prompts) * n),
                                         **body.sampling(index=k % n)) for k in range(len(prompts) * n)]
             await _all_queued(streams)
+            echoed = [str(prompts[k // n]) for k in range(len(streams))] if body.echo else None
             return sse_response(completion_chunks(streams, lambda: _envelope(rid, "text_completion", state),
-                                                  state.metrics.observe))
+                                                  state.metrics.observe, body.logprobs, echoed))
         generated = await _complete(request, state, len(prompts) * n_gen, lambda k: llm.submit(
             prompts[k // n_gen], request_id=_choice_id(rid, k, len(prompts) * n_gen), **body.sampling(index=k % n_gen)))
         done = [c for p in range(len(prompts)) for c in (
             best_of(generated[p * n_gen:(p + 1) * n_gen], n) if n_gen > n else generated[p * n_gen:(p + 1) * n_gen])]
+        echoed = [str(prompts[i // n]) if body.echo else "" for i in range(len(done))]
         return OACompletion.model_validate({
             **_envelope(rid, "text_completion", state),
-            "choices": [{"index": i, "text": c.text, "finish_reason": FINISH_REASON[c.finish_reason],
-                         "logprobs": completion_logprobs(c, body.logprobs) if body.logprobs is not None else None}
+            "choices": [{"index": i, "text": echoed[i] + c.text, "finish_reason": FINISH_REASON[c.finish_reason],
+                         "logprobs": completion_logprobs(c.logprobs, body.logprobs) if body.logprobs is not None else None}
                         for i, c in enumerate(done)],
             "usage": usage(generated)}).model_dump(exclude_none=True)
 
@@ -159,13 +162,13 @@ def create_app(state: ServerState) -> FastAPI:
                        for i in range(body.n)]
             await _all_queued(streams)
             return sse_response(chat_chunks(streams, lambda: _envelope(rid, "chat.completion.chunk", state),
-                                            state.metrics.observe, include_usage))
+                                            state.metrics.observe, include_usage, body.logprobs, body.parsed_tools))
         done = await _complete(request, state, body.n, lambda i: llm.submit_chat(
             messages, request_id=_choice_id(rid, i, body.n), **body.sampling(index=i)))
         return ChatCompletion.model_validate({
             **_envelope(rid, "chat.completion", state),
-            "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
-                         "finish_reason": FINISH_REASON[c.finish_reason], "logprobs": chat_logprobs(c)}
+            "choices": [{"index": i, "message": chat_message(c),
+                         "finish_reason": FINISH_REASON[c.finish_reason], "logprobs": chat_logprobs(c.logprobs)}
                         for i, c in enumerate(done)],
             "usage": usage(done)}).model_dump(exclude_none=True)
 

@@ -16,10 +16,11 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 from openai.types.chat import ChatCompletionChunk
 
-from llamactor.completion import Completion
+from llamactor.completion import Completion, Piece
 from llamactor.errors import LlamactorError
-from llamactor.http.openai_schema import FINISH_REASON, error_body
+from llamactor.http.openai_schema import FINISH_REASON, chat_logprobs, completion_logprobs, error_body
 from llamactor.streams import AsyncTextStream
+from llamactor.tools import ToolCall, Tools, ToolCallStream
 
 Envelope = Callable[[], dict[str, Any]]
 Observe = Callable[[Completion], None]
@@ -36,13 +37,13 @@ def sse_response(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-async def merged(streams: list[AsyncTextStream]) -> AsyncIterator[tuple[int, str | None, Completion | None]]:
+async def merged(streams: list[AsyncTextStream]) -> AsyncIterator[tuple[int, Piece | None, Completion | None]]:
     """``(index, piece, None)`` as pieces arrive, then ``(index, None, completion)`` per choice."""
-    queue: asyncio.Queue[tuple[int, str | None, Completion | BaseException | None]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, Piece | None, Completion | BaseException | None]] = asyncio.Queue()
 
     async def pump(index: int, stream: AsyncTextStream) -> None:
         try:
-            async for piece in stream:
+            async for piece in stream.pieces():
                 queue.put_nowait((index, piece, None))
             queue.put_nowait((index, None, stream.completion))
         except LlamactorError as e:
@@ -72,13 +73,23 @@ def usage(done: list[Completion]) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-async def completion_chunks(streams: list[AsyncTextStream], envelope: Envelope,
-                            observe: Observe) -> AsyncIterator[dict[str, Any]]:
+async def completion_chunks(streams: list[AsyncTextStream], envelope: Envelope, observe: Observe,
+                            n_top: int | None, echoed: list[str] | None = None) -> AsyncIterator[dict[str, Any]]:
+    """``n_top``: the request's ``logprobs`` (None: not asked); each chunk carries its tokens'.
+    ``echoed``: each choice's prompt, sent first (``echo: true``)."""
     done: list[Completion] = []
+    offsets = [0] * len(streams)
+    for index, prompt in enumerate(echoed or []):
+        offsets[index] = len(prompt)
+        yield {**envelope(), "choices": [{"index": index, "text": prompt, "finish_reason": None}]}
     async for index, piece, end in merged(streams):
-        if end is None:
-            yield {**envelope(), "choices": [{"index": index, "text": piece, "finish_reason": None}]}
+        if piece is not None:
+            logprobs = completion_logprobs(piece.logprobs, n_top, offsets[index]) if n_top is not None else None
+            offsets[index] += len(piece.text)
+            yield {**envelope(), "choices": [{"index": index, "text": piece.text, "finish_reason": None,
+                                              **({"logprobs": logprobs} if logprobs else {})}]}
             continue
+        assert end is not None
         observe(end)
         done.append(end)
         last = len(done) == len(streams)
@@ -87,15 +98,33 @@ async def completion_chunks(streams: list[AsyncTextStream], envelope: Envelope,
 
 
 async def chat_chunks(streams: list[AsyncTextStream], envelope: Envelope, observe: Observe,
-                      include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+                      include_usage: bool, logprobs: bool, tools: Tools | None) -> AsyncIterator[dict[str, Any]]:
+    """``tools``: the answer is parsed for tool calls; each call is sent whole in one
+    ``delta.tool_calls`` entry once its block closes, other text as content."""
+    parsers = [ToolCallStream(tools) for _ in streams] if tools is not None else None
+    n_calls = [0] * len(streams)
+
+    def delta(index: int, content: str, calls: list[ToolCall], piece_logprobs: Any = None) -> dict[str, Any]:
+        d: dict[str, Any] = {"content": content} if content else {}
+        if calls:
+            d["tool_calls"] = [{"index": n_calls[index] + k, **call.to_openai()} for k, call in enumerate(calls)]
+            n_calls[index] += len(calls)
+        return {**envelope(), "choices": [{"index": index, "delta": d, "finish_reason": None,
+                                           **({"logprobs": chat_logprobs(piece_logprobs)} if logprobs else {})}]}
+
     for index in range(len(streams)):
         yield {**envelope(), "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
                                           "finish_reason": None}]}
     done: list[Completion] = []
     async for index, piece, end in merged(streams):
-        if end is None:
-            yield {**envelope(), "choices": [{"index": index, "delta": {"content": piece}, "finish_reason": None}]}
+        if piece is not None:
+            content, calls = parsers[index].feed(piece.text) if parsers else (piece.text, [])
+            if content or calls or logprobs:
+                yield delta(index, content, calls, piece.logprobs)
             continue
+        assert end is not None
+        if parsers and (rest := parsers[index].finish()):
+            yield delta(index, rest, [])
         observe(end)
         done.append(end)
         yield ChatCompletionChunk.model_validate({**envelope(), "choices": [
