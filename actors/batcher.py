@@ -19,7 +19,7 @@ import structlog
 
 from llamactor.config import MAX_SEQUENCES, Config
 from llamactor.errors import ContextFullError, LlamactorError, QueueFullError, StepAbortedError
-from llamactor.grammar import MaskBuilder
+from llamactor.grammar import GrammarSampler
 from llamactor.messages import (
     AuditKv,
     BatcherFailed,
@@ -32,7 +32,6 @@ from llamactor.messages import (
     tell_quietly,
 )
 from llamactor.native.engine import Engine
-from llamactor.native.sampling import sample
 from llamactor.policy import Policy
 from llamactor.prefix_index import KvOp, PrefixIndex
 from llamactor.prompts import PromptBuilder
@@ -70,7 +69,7 @@ class BatcherActor(pykka.ThreadingActor):
             self.engine = Engine(self.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
                                  n_seq_max=MAX_SEQUENCES, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
                                  chat_template=cfg.chat_template, test_hang=cfg.watchdog_test_hang and self.generation == 1)
-            self.masks = MaskBuilder(self.engine.info.n_vocab)
+            self.sampler = GrammarSampler(self.engine.info.n_vocab)
             self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template, cfg.system_prompt)
             self.index = PrefixIndex(n_seq_ids=self.engine.info.n_seq_max, n_cells=self.engine.info.n_ctx)
             for tokens in self.prompts.shared_prefix_tokens():
@@ -267,11 +266,11 @@ class BatcherActor(pykka.ThreadingActor):
             self.scheduler.computed(chunk, now)
         logits = result.logits if len(rows) == len(result.logits) else result.logits[rows]
         t_sample = time.perf_counter()
-        masks = self.masks.for_rows([s.state.matcher for s in to_sample])
-        t_masked = time.perf_counter()
-        sampled = sample(logits, [s.state.row_spec(s.token_ids, masks.get(i)) for i, s in enumerate(to_sample)])
-        self.step_ms["mask"] += (t_masked - t_sample) * 1000
-        self.step_ms["sample"] += (time.perf_counter() - t_masked) * 1000
+        mask_ms = self.sampler.mask_ms
+        sampled = self.sampler.sample(logits, [s.state.row_spec(s.token_ids) for s in to_sample],
+                                      [s.state.matcher for s in to_sample])
+        self.step_ms["mask"] += self.sampler.mask_ms - mask_ms
+        self.step_ms["sample"] += (time.perf_counter() - t_sample) * 1000 - (self.sampler.mask_ms - mask_ms)
         for seq, token, logprob, top in zip(to_sample, sampled.tokens, sampled.logprobs, sampled.top):
             if seq.first_token_at is None:
                 seq.first_token_at = now
@@ -322,4 +321,6 @@ class BatcherActor(pykka.ThreadingActor):
                 "tokens_cached": cache["hit_tokens"],
                 # entries may use every seq_id that running sequences and pinned prompts leave
                 "prefix_cache": {**cache, "max_entries": info.n_seq_max - s.n_parallel - cache["pinned"]},
+                # constrained rows sampled, and those the grammar refused at first (drawn again masked)
+                "grammar_rows": self.sampler.n_checked, "grammar_rows_masked": self.sampler.n_masked,
                 "step_ms": {k: round(v, 3) for k, v in self.step_ms.items()}}

@@ -50,15 +50,14 @@ class RequestState:
         return cls(params=params, rng=np.random.default_rng(params.seed), text=TextAssembler(params.stop),
                    logprobs=[] if params.logprobs else None, matcher=matcher)
 
-    def row_spec(self, token_ids: list[int], allowed: np.ndarray | None = None) -> RowSpec:
-        """This step's sampling row; the penalty window and the grammar mask are what change."""
+    def row_spec(self, token_ids: list[int]) -> RowSpec:
+        """This step's sampling row; the penalty window is the only part that changes."""
         p = self.params
         if self.spec is None:
             self.spec = RowSpec(p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty, p.presence_penalty,
                                 p.frequency_penalty, self.rng, (), p.logprobs, p.top_logprobs, p.logit_bias)
         if p.has_penalties and p.repeat_last_n > 0:
             self.spec.recent_tokens = token_ids[-p.repeat_last_n:]
-        self.spec.allowed = allowed
         return self.spec
 
     def send(self, reply: ReplyChannel, text: str) -> None:

@@ -75,11 +75,12 @@ def _adjust(row: torch.Tensor, spec: RowSpec) -> None:
         row.masked_fill_(torch.from_numpy(allowed == 0), float("-inf"))
 
 
-def _candidate_count(logits: torch.Tensor, specs: list[RowSpec], lse: torch.Tensor) -> int:
+def _candidate_count(logits: torch.Tensor, specs: list[RowSpec], lse: torch.Tensor | None) -> int:
     """The smallest K (doubling from 64) whose top-K holds every token any row could draw."""
     vocab = logits.shape[1]
     if all(s.top_k > 0 for s in specs):
         return min(vocab, max(s.top_k for s in specs))
+    assert lse is not None  # some row has no top-k
     k = min(vocab, _MIN_CANDIDATES)
     while k < vocab:
         vals = logits.topk(k, dim=1, sorted=True).values
@@ -101,7 +102,10 @@ def _candidate_count(logits: torch.Tensor, specs: list[RowSpec], lse: torch.Tens
 
 def _sample_filtered(logits: torch.Tensor, specs: list[RowSpec]) -> list[int]:
     """Top-k / top-p / min-p / temperature / draw for rows with temperature > 0."""
-    lse = torch.logsumexp(logits, dim=1)
+    # The full-vocabulary normaliser only matters to rows without top-k (their top-p runs over the
+    # whole distribution); skipping it otherwise saves a 262k-wide pass per row (7 ms for 16 rows
+    # with grammar-masked -inf entries).
+    lse = torch.logsumexp(logits, dim=1) if any(s.top_k <= 0 for s in specs) else None
     k = _candidate_count(logits, specs, lse)
     vals, ids = logits.topk(k, dim=1, sorted=True)
     position = torch.arange(k)[None, :]
@@ -110,7 +114,7 @@ def _sample_filtered(logits: torch.Tensor, specs: list[RowSpec]) -> list[int]:
     # top-p over the full distribution when top-k is off, else over the top-k survivors.
     masked = vals.masked_fill(~keep, float("-inf"))
     renorm = torch.logsumexp(masked, dim=1)
-    denom = torch.where(torch.tensor([s.top_k > 0 for s in specs]), renorm, lse)
+    denom = renorm if lse is None else torch.where(torch.tensor([s.top_k > 0 for s in specs]), renorm, lse)
     probs = torch.exp(masked - denom[:, None])
     before = torch.cumsum(probs, dim=1) - probs
     keep &= before < torch.tensor([s.top_p for s in specs])[:, None]
