@@ -46,7 +46,10 @@ class _BatcherCollector(Collector):
             "prompt_tokens_computed": ("llamactor_prompt_tokens_computed", "Prompt tokens computed by llama_decode"),
             "preemptions": ("llamactor_preemptions", "Running sequences preempted for KV room (resumed later)"),
             "tokens_recomputed": ("llamactor_tokens_recomputed", "Tokens recomputed when resuming preempted sequences"),
-            "watchdog_trips": ("llamactor_watchdog_trips", "Steps aborted by the watchdog (each restarts the batcher)")})
+            "watchdog_trips": ("llamactor_watchdog_trips", "Steps aborted by the watchdog (each restarts the batcher)"),
+            "grammar_rows": ("llamactor_grammar_rows", "Tokens drawn for grammar-constrained requests"),
+            "grammar_rows_masked": ("llamactor_grammar_rows_masked",
+                                    "Constrained draws the grammar refused, drawn again under the full mask")})
         cache = s.get("prefix_cache", {})
         yield from _families(CounterMetricFamily, cache, {
             "lookups": ("llamactor_prefix_cache_lookups", "Admissions that looked for a cached prefix"),
