@@ -76,3 +76,14 @@ def test_chat_with_a_forced_tool_returns_tool_calls_and_the_history_goes_on(llm:
     assert after.tool_calls == () and after.usage.prompt_tokens > c.usage.prompt_tokens
     with pytest.raises(InvalidRequestError, match="chat"):
         llm.submit("raw prompt", tools=[WEATHER])
+
+
+def test_a_template_that_renders_tools_gets_them_as_its_tools_variable() -> None:
+    from llamactor.native.chat_template import ChatTemplate
+
+    source = ("{% for t in tools %}[{{ t.function.name }}]{% endfor %}"
+              "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    template = ChatTemplate(source, bos_token="<bos>", eos_token="<eos>")
+    assert template.takes_tools and not ChatTemplate(None, bos_token="", eos_token="").takes_tools
+    messages = TOOLS.prepare([{"role": "user", "content": "hi"}], template.takes_tools)
+    assert template.render(messages, tools=TOOLS.template_tools()) == "[get_weather]user: hi\n"
