@@ -6,7 +6,7 @@
 """
 
 from llamactor.api import LLM, start
-from llamactor.completion import Completion, Timings, Usage
+from llamactor.completion import Completion, Embeddings, Timings, Usage
 from llamactor.config import Config, SamplingParams
 from llamactor.grammar import Grammar
 from llamactor.errors import (
@@ -22,7 +22,7 @@ from llamactor.errors import (
 )
 
 __all__ = [
-    "LLM", "start", "Completion", "Timings", "Usage", "Config", "SamplingParams", "Grammar",
+    "LLM", "start", "Completion", "Embeddings", "Timings", "Usage", "Config", "SamplingParams", "Grammar",
     "LlamactorError", "InvalidRequestError", "QueueFullError", "ContextFullError", "CancelledError",
     "BatcherRestartedError", "BatcherUnavailableError", "EngineError", "ModelLoadError",
 ]

@@ -17,13 +17,13 @@ from typing import Any, cast, overload
 
 import pykka
 
-from llamactor.completion import Completion
+from llamactor.completion import Completion, Embeddings
 from llamactor.config import Config
 from llamactor.errors import BatcherUnavailableError, InvalidRequestError, ModelLoadError
 from llamactor.grammar import compile_constraint
 from llamactor.tools import pop_tools
 from llamactor.logging import configure_default
-from llamactor.messages import Cancel, Generate, GetStats, ReplyChannel
+from llamactor.messages import Cancel, Embed, Generate, GetStats, ReplyChannel
 from llamactor.models import resolve_model_path
 from llamactor.policy import DEFAULT_PRIORITY, parse_priority
 from llamactor.streams import AsyncTextStream, TextStream
@@ -32,6 +32,7 @@ from llamactor.supervisor import SupervisorActor
 MAX_CHOICES = 64  # choices of one prompt per call (n, best_of)
 Prompt = str | Sequence[int]
 Messages = Sequence[Mapping[str, Any]]
+EmbedInputs = str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]]
 
 
 def start(model: str | None = None, *, config: Config | None = None, start_timeout_s: float = 300.0,
@@ -149,6 +150,26 @@ class LLM:
                           **sampling: Any) -> AsyncTextStream:
         return self._stream_async({"messages": _messages_tuple(messages)}, request_id, sampling)
 
+    # -- embeddings --------------------------------------------------------------------------
+    # ``inputs``: a string, a list of strings, a list of token ids, or a list of such lists.
+    # ``pooling``: "mean" | "cls" | "last" (default: the GGUF's pooling type, else mean);
+    # ``normalize``: L2 (default True); ``dimensions``: keep the first components, then renormalize.
+
+    def submit_embed(self, inputs: EmbedInputs, *, request_id: str | None = None, pooling: str | None = None,
+                     normalize: bool = True, dimensions: int | None = None) -> concurrent.futures.Future[Embeddings]:
+        """Queue ``inputs`` for embedding; they are packed with other callers' inputs by tokens."""
+        reply = ReplyChannel()
+        msg = Embed(request_id=request_id or _new_request_id(), inputs=_embed_inputs(inputs), reply=reply,
+                    submitted_at=time.perf_counter(), pooling=pooling, normalize=normalize, dimensions=dimensions)
+        return self._send(msg, reply)
+
+    def embed(self, inputs: EmbedInputs, *, timeout: float | None = None, **options: Any) -> Embeddings:
+        """One vector per input (``Embeddings``: iterable, ``.vectors`` a float32 array)."""
+        return self._wait(self.submit_embed(inputs, **options), timeout)  # type: ignore[arg-type]
+
+    async def embed_async(self, inputs: EmbedInputs, **options: Any) -> Embeddings:
+        return await self._await(self.submit_embed(inputs, **options))  # type: ignore[arg-type]
+
     def cancel(self, request_id: str) -> None:
         """End ``request_id`` now; its caller gets ``CancelledError`` holding the partial completion."""
         try:
@@ -194,6 +215,10 @@ class LLM:
         rid = request_id or _new_request_id()
         msg = Generate(request_id=rid, params=params, reply=reply, submitted_at=time.perf_counter(),
                        priority=priority, tools=tools, **prompt)
+        return self._send(msg, reply)
+
+    def _send(self, msg: Generate | Embed, reply: ReplyChannel) -> concurrent.futures.Future[Any]:
+        rid = msg.request_id
         future = reply.future
         with self._lock:
             if self._closing:
@@ -251,6 +276,18 @@ class LLM:
         reply = ReplyChannel(on_piece=stream.push)
         stream.attach(self._submit(prompt, stream.request_id, sampling, reply), reply.queued)
         return stream
+
+
+def _embed_inputs(inputs: EmbedInputs) -> tuple[str | tuple[int, ...], ...]:
+    if isinstance(inputs, str):
+        return (inputs,)
+    if isinstance(inputs, Sequence) and inputs and all(isinstance(t, int) for t in inputs):
+        return (tuple(inputs),)  # type: ignore[arg-type]
+    if not isinstance(inputs, Sequence) or not inputs:
+        raise InvalidRequestError("embed takes a string, a list of strings, token ids, or lists of token ids")
+    # anything else (a number, a dict) is refused by Embed with a clear message
+    return tuple(x if isinstance(x, str) else tuple(x) if isinstance(x, Sequence) else x  # type: ignore[misc, arg-type]
+                 for x in inputs)
 
 
 def _new_request_id() -> str:

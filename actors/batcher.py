@@ -19,12 +19,16 @@ import structlog
 
 from llamactor.config import MAX_SEQUENCES, Config
 from llamactor.errors import ContextFullError, LlamactorError, QueueFullError, StepAbortedError
+from llamactor.batcher_stats import audit_kv, batcher_stats
+from llamactor.embedding_steps import EmbeddingSteps
+from llamactor.embeddings import EmbeddingQueue
 from llamactor.grammar import GrammarSampler
 from llamactor.messages import (
     AuditKv,
     BatcherFailed,
     BatcherReady,
     Cancel,
+    Embed,
     FlushDue,
     Generate,
     GetStats,
@@ -70,6 +74,11 @@ class BatcherActor(pykka.ThreadingActor):
                                  n_seq_max=MAX_SEQUENCES, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
                                  chat_template=cfg.chat_template, test_hang=cfg.watchdog_test_hang and self.generation == 1)
             self.sampler = GrammarSampler(self.engine.info.n_vocab)
+            self.embeddings = EmbeddingSteps(
+                EmbeddingQueue(cfg.embedding_n_batch, cfg.embedding_n_seq_max, cfg.embedding_time_share),
+                self.engine.tokenizer,
+                lambda inputs, pooling: self.engine.embedder(cfg.embedding_n_batch, cfg.embedding_n_seq_max).embed(
+                    inputs, pooling), self.engine.info.n_embd, self.engine.info.embedding_pooling)
             self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template, cfg.system_prompt)
             self.index = PrefixIndex(n_seq_ids=self.engine.info.n_seq_max, n_cells=self.engine.info.n_ctx)
             for tokens in self.prompts.shared_prefix_tokens():
@@ -132,6 +141,8 @@ class BatcherActor(pykka.ThreadingActor):
             self._step()
         elif isinstance(message, Generate):
             self._on_generate(message)
+        elif isinstance(message, Embed):
+            self.embeddings.add(message)
         elif isinstance(message, FlushDue):
             if message.timer_id != self._timer_id:
                 return None  # a stale timer: the window it guarded was already flushed
@@ -168,11 +179,12 @@ class BatcherActor(pykka.ThreadingActor):
         seq = self.scheduler.find(request_id)
         if seq is not None:
             self._finish(seq, "cancelled")
+        self.embeddings.cancel(request_id)
 
     def _arm(self) -> None:
         """After each message: queue the next step, start the window timer, or go idle."""
         now = time.perf_counter()
-        if self.scheduler.running or self.scheduler.flush_due(now):
+        if self.scheduler.running or self.scheduler.flush_due(now) or self.embeddings.queue.waiting:
             self._cancel_timer()
             if not self._step_queued:
                 self._step_queued = True
@@ -196,6 +208,19 @@ class BatcherActor(pykka.ThreadingActor):
 
     def _step(self) -> None:
         t0 = time.perf_counter()
+        queue = self.embeddings.queue
+        generation_waiting = bool(self.scheduler.running) or self.scheduler.flush_due(t0)
+        contended = generation_waiting and bool(queue.waiting)
+        if queue.turn(generation_waiting):  # embedding and generation share time (EmbeddingQueue)
+            self._guarded(lambda: self.embeddings.step(contended), {"kind": "embedding", "n_waiting": len(queue.waiting)})
+            if contended:
+                queue.charge(True, (time.perf_counter() - t0) * 1000)
+            return
+        self._generation_step(t0)
+        if contended:
+            queue.charge(False, (time.perf_counter() - t0) * 1000)
+
+    def _generation_step(self, t0: float) -> None:
         plan = self.scheduler.schedule(t0)
         self._apply(plan.kv_ops)
         for seq in plan.preempted:
@@ -239,11 +264,16 @@ class BatcherActor(pykka.ThreadingActor):
             positions += range(seq.n_past, seq.n_past + n)
             seq_ids += [seq.seq_id] * n
             wants += [0] * (n - 1) + [1 if chunk.samples else 0]
+        return self._guarded(lambda: self.engine.decode(
+            np.array(tokens, dtype=np.int32), np.array(positions, dtype=np.int32), np.array(seq_ids, dtype=np.int32),
+            np.array(wants, dtype=np.int8)), {"n_tokens": len(tokens), "n_sequences": len(plan.chunks)})
+
+    def _guarded(self, decode: Any, shape: dict[str, Any]) -> Any:
+        """Run one decode under the watchdog's eye."""
         if self.watchdog is not None:
-            self.watchdog.step_started(self.counters["steps"], {"n_tokens": len(tokens), "n_sequences": len(plan.chunks)})
+            self.watchdog.step_started(self.counters["steps"], shape)
         try:
-            return self.engine.decode(np.array(tokens, dtype=np.int32), np.array(positions, dtype=np.int32),
-                                      np.array(seq_ids, dtype=np.int32), np.array(wants, dtype=np.int8))
+            return decode()
         finally:
             if self.watchdog is not None:
                 self.watchdog.step_ended()
@@ -297,30 +327,7 @@ class BatcherActor(pykka.ThreadingActor):
         finish_request(seq, reason, error)
 
     def _audit_kv(self) -> list[str]:
-        """Every sequence the index tracks holds positions 0 .. length - 1 in llama.cpp, sliding-window
-        cells included (its shadow keeps them), and every other seq_id holds nothing."""
-        problems = []
-        for seq_id in range(self.engine.info.n_seq_max):
-            length = self.index.length(seq_id) if seq_id in self.index.leaf else 0
-            pos_min, pos_max = self.engine.seq_pos_min(seq_id), self.engine.seq_pos_max(seq_id)
-            if pos_max != length - 1 or pos_min != (0 if length else -1):
-                problems.append(f"seq {seq_id}: index holds {length} cells, llama.cpp positions {pos_min}..{pos_max}")
-        return problems
+        return audit_kv(self.engine, self.index)
 
     def stats(self) -> dict[str, Any]:
-        s, info = self.scheduler, self.engine.info
-        cache = self.index.stats()
-        oldest = s.oldest_waiting_effective_priority(time.perf_counter())
-        return {"generation": self.generation, "running": len(s.running), "pending": len(s.pending),
-                "free_seq_ids": s.n_free, "n_parallel": self.config.n_parallel,
-                "schedule_policy": s.policy.name, "preemptions": s.n_preemptions, "watchdog_trips": self.watchdog_trips,
-                "pending_by_priority": {str(p): n for p, n in s.waiting_by_priority().items()},
-                "oldest_waiting_priority": round(oldest, 3) if oldest is not None else None,
-                "kv_used": self.index.cells_used, "kv_size": info.n_ctx,
-                "kv_usage": round(self.index.cells_used / info.n_ctx, 4), **self.counters,
-                "tokens_cached": cache["hit_tokens"],
-                # entries may use every seq_id that running sequences and pinned prompts leave
-                "prefix_cache": {**cache, "max_entries": info.n_seq_max - s.n_parallel - cache["pinned"]},
-                # constrained rows sampled, and those the grammar refused at first (drawn again masked)
-                "grammar_rows": self.sampler.n_checked, "grammar_rows_masked": self.sampler.n_masked,
-                "step_ms": {k: round(v, 3) for k, v in self.step_ms.items()}}
+        return batcher_stats(self)

@@ -37,6 +37,27 @@ class TokenLogprob:
     top: tuple[tuple[str, float], ...] = ()
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Embeddings:
+    """The result of ``LLM.embed``: one vector per input, in order (iterable and indexable)."""
+
+    request_id: str
+    vectors: Any  # numpy float32 array [n_inputs, dimensions]
+    pooling: str  # "mean" | "cls" | "last"
+    prompt_tokens: int
+    total_ms: float
+    n_steps: int  # embedding steps its inputs were computed in (shared with other callers' inputs)
+
+    def __len__(self) -> int:
+        return len(self.vectors)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.vectors[i]
+
+    def __iter__(self) -> Any:
+        return iter(self.vectors)
+
+
 @dataclass(frozen=True, slots=True)
 class Piece:
     """One streamed piece of text, with the tokens it completes when logprobs were asked for.

@@ -133,6 +133,9 @@ class Config:
     max_restarts: int = 5  # batcher restarts allowed within restart_window_s before giving up
     restart_window_s: float = 60.0
     stats_interval_s: float = 10.0  # how often the batcher logs a batcher_stats line while busy
+    embedding_n_batch: int = 512  # tokens one embedding step packs, and the longest embedding input
+    embedding_n_seq_max: int = 64  # inputs one embedding step packs
+    embedding_time_share: float = 0.15  # of decode time embedding steps get while generation also waits
 
     def __post_init__(self) -> None:
         _require(1 <= self.n_parallel <= MAX_SEQUENCES - 2,
@@ -155,6 +158,11 @@ class Config:
                 raise InvalidRequestError(f"chat_template: {e}") from e
         Policy(self.schedule_policy, self.priority_aging_per_s)  # validates both
         _require(self.watchdog_timeout_s >= 0, f"watchdog_timeout_s must be >= 0 (0: off), got {self.watchdog_timeout_s}")
+        _require(16 <= self.embedding_n_batch <= 8192, f"embedding_n_batch must be in [16, 8192], got {self.embedding_n_batch}")
+        _require(1 <= self.embedding_n_seq_max <= 256,
+                 f"embedding_n_seq_max must be in [1, 256], got {self.embedding_n_seq_max}")
+        _require(0.0 < self.embedding_time_share < 1.0,
+                 f"embedding_time_share must be in (0, 1), got {self.embedding_time_share}")
         _require(self.prefix_cache_cells is None or self.prefix_cache_cells >= 0,
                  f"prefix_cache_cells must be >= 0 or None, got {self.prefix_cache_cells}")
 

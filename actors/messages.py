@@ -16,6 +16,7 @@ import pykka
 
 from llamactor.completion import Completion, Piece, TokenLogprob
 from llamactor.config import SamplingParams
+from llamactor.errors import InvalidRequestError
 from llamactor.policy import DEFAULT_PRIORITY
 from llamactor.tools import Tools
 
@@ -87,6 +88,35 @@ class Generate:
             raise ValueError("Generate needs exactly one of text, messages, token_ids")
         if self.tools is not None and self.messages is None:
             raise ValueError("tools need a chat (messages)")
+
+
+POOLINGS = ("mean", "cls", "last")
+MAX_EMBEDDING_INPUTS = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class Embed:
+    """Caller -> supervisor -> batcher: embed ``inputs`` (texts or token-id tuples), answer on
+    ``reply`` with an ``Embeddings``. ``pooling`` None: the model's own, else mean."""
+
+    request_id: str
+    inputs: tuple[str | tuple[int, ...], ...]
+    reply: ReplyChannel
+    submitted_at: float
+    pooling: str | None = None
+    normalize: bool = True
+    dimensions: int | None = None  # keep the first ``dimensions`` components (then renormalize)
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.inputs) <= MAX_EMBEDDING_INPUTS:
+            raise InvalidRequestError(f"embed takes 1 to {MAX_EMBEDDING_INPUTS} inputs, got {len(self.inputs)}")
+        if not all(isinstance(x, str) or (isinstance(x, tuple) and all(isinstance(t, int) for t in x))
+                   for x in self.inputs):
+            raise InvalidRequestError("each input must be a string or a list of token ids")
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise InvalidRequestError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+        if self.dimensions is not None and (not isinstance(self.dimensions, int) or self.dimensions < 1):
+            raise InvalidRequestError(f"dimensions must be a positive integer, got {self.dimensions!r}")
 
 
 @dataclass(frozen=True, slots=True)

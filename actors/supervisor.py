@@ -26,6 +26,7 @@ from llamactor.messages import (
     BatcherReady,
     Cancel,
     Forget,
+    Embed,
     Generate,
     GetStats,
     RestartBatcher,
@@ -40,7 +41,7 @@ class SupervisorActor(pykka.ThreadingActor):
         super().__init__()
         self.config = config
         self.model_path = model_path
-        self.inflight: dict[str, Generate] = {}
+        self.inflight: dict[str, Generate | Embed] = {}
         self.batcher: pykka.ActorRef[Any] | None = None
         self.generation = 0
         self.restart_times: deque[float] = deque()
@@ -81,7 +82,7 @@ class SupervisorActor(pykka.ThreadingActor):
     # -- messages (supervisor thread) -------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, Generate):
+        if isinstance(message, (Generate, Embed)):
             self._on_generate(message)
         elif isinstance(message, Cancel):
             if self.batcher is not None:
@@ -103,7 +104,7 @@ class SupervisorActor(pykka.ThreadingActor):
             raise TypeError(f"supervisor got an unknown message: {message!r}")
         return None
 
-    def _on_generate(self, msg: Generate) -> None:
+    def _on_generate(self, msg: Generate | Embed) -> None:
         if self.state in ("failed", "stopped"):
             msg.reply.fail(BatcherUnavailableError(f"the batcher is not running ({self.failure_reason})"))
             return

@@ -24,14 +24,15 @@ _I32P = ctypes.POINTER(ctypes.c_int32)
 class ReusableBatch:
     """One fixed-capacity batch. Used by the batcher thread only."""
 
-    def __init__(self, capacity: int, shadow_offset: int) -> None:
+    def __init__(self, capacity: int, shadow_offset: int | None) -> None:
+        """``shadow_offset`` None: one seq_id per token, no shadows (embedding steps)."""
         self.capacity = capacity
         self.shadow_offset = shadow_offset
         self.token = np.zeros(capacity, dtype=np.int32)
         self.pos = np.zeros(capacity, dtype=np.int32)
         self.seq_id = np.zeros((capacity, 2), dtype=np.int32)  # [sequence, its shadow] per token
         self.logits = np.zeros(capacity, dtype=np.int8)
-        self._n_seq_id = np.full(capacity, 2, dtype=np.int32)
+        self._n_seq_id = np.full(capacity, 1 if shadow_offset is None else 2, dtype=np.int32)
         base = self.seq_id.ctypes.data
         self._seq_id_ptrs = (_I32P * capacity)(*(ctypes.cast(base + 8 * i, _I32P) for i in range(capacity)))
         self.n_tokens = 0
@@ -43,8 +44,9 @@ class ReusableBatch:
         self.token[:n] = token
         self.pos[:n] = pos
         self.seq_id[:n, 0] = seq_id
-        self.seq_id[:n, 1] = seq_id
-        self.seq_id[:n, 1] += self.shadow_offset
+        if self.shadow_offset is not None:
+            self.seq_id[:n, 1] = seq_id
+            self.seq_id[:n, 1] += self.shadow_offset
         self.logits[:n] = logits
         self.n_tokens = n
 

@@ -27,6 +27,7 @@ from llamactor.errors import EngineError, ModelLoadError, StepAbortedError
 from llamactor.native.abort import AbortFlag, TestHang
 from llamactor.native.batch import ReusableBatch
 from llamactor.native.chat_template import ChatTemplate
+from llamactor.native.embedding import Embedder, default_pooling
 from llamactor.native.tokenizer import Tokenizer
 
 _backend_lock = threading.Lock()
@@ -58,6 +59,8 @@ class EngineInfo:
     n_params: int
     size_bytes: int
     n_vocab: int
+    n_embd: int  # the width of an embedding
+    embedding_pooling: str  # what embed() pools with by default: the GGUF's pooling type, else mean
     n_ctx_train: int
     n_ctx: int  # KV cells actually allocated (llama.cpp may round the request up)
     n_ctx_seq: int  # the most one sequence may hold
@@ -125,7 +128,8 @@ class Engine:
         self.info = EngineInfo(
             model_path=model_path, description=desc.value.decode(errors="replace"),
             n_params=llama_cpp.llama_model_n_params(self.model), size_bytes=llama_cpp.llama_model_size(self.model),
-            n_vocab=self.n_vocab, n_ctx_train=llama_cpp.llama_model_n_ctx_train(self.model),
+            n_vocab=self.n_vocab, n_embd=llama_cpp.llama_model_n_embd(self.model),
+            embedding_pooling=default_pooling(self.model), n_ctx_train=llama_cpp.llama_model_n_ctx_train(self.model),
             n_ctx=n_ctx_real, n_ctx_seq=n_ctx_seq, n_batch=llama_cpp.llama_n_batch(self.ctx),
             n_ubatch=llama_cpp.llama_n_ubatch(self.ctx), n_seq_max=llama_cpp.llama_n_seq_max(self.ctx) // 2,
             n_threads=n_threads, chat_template=self.chat_template.name,
@@ -135,6 +139,7 @@ class Engine:
         self._shadow = self.info.n_seq_max
         self.batch = ReusableBatch(self.info.n_batch, self._shadow)
         self._scratch = ReusableBatch(self.info.n_batch, self._shadow)  # sub-batches when a step must be split
+        self._embedder: Embedder | None = None
 
     def _metadata(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -242,7 +247,17 @@ class Engine:
         """The lowest position of ``seq_id`` still in the sliding-window cache (-1: none)."""
         return llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id)
 
+    def embedder(self, n_batch: int, n_seq_max: int) -> Embedder:
+        """The embedding contexts on this engine's model, made on first use."""
+        if self._embedder is None:
+            self._embedder = Embedder(self.model, n_batch=n_batch, n_seq_max=n_seq_max, n_threads=self.info.n_threads,
+                                      abort_flag=self.abort_flag)
+        return self._embedder
+
     def close(self) -> None:
+        if self._embedder is not None:
+            self._embedder.close()
+            self._embedder = None
         if self.ctx:
             llama_cpp.llama_free(self.ctx)
             self.ctx = None

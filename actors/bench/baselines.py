@@ -81,3 +81,20 @@ def ceiling(model_path: str, prompts: list[str], max_tokens: int, *, n_ctx: int,
         return RunTiming(b, b * max_tokens, time.perf_counter() - start, [ttft] * b)
     finally:
         engine.close()
+
+
+def embed_one_at_a_time(model_path: str, texts: list[str], n_threads: int, n_batch: int = 512) -> tuple[float, int]:
+    """Each text alone through ``Llama(embedding=True).embed`` (mean pooling, normalized): the
+    seconds it takes and the tokens embedded."""
+    llm = llama_cpp.Llama(model_path, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, n_ctx=n_batch,
+                          n_batch=n_batch, n_ubatch=n_batch, n_threads=n_threads, n_threads_batch=n_threads,
+                          verbose=False)
+    try:
+        llm.embed(texts[0])  # warm up
+        n_tokens = sum(len(llm.tokenize(t.encode())) for t in texts)
+        start = time.perf_counter()
+        for text in texts:
+            llm.embed(text, normalize=True)
+        return time.perf_counter() - start, n_tokens
+    finally:
+        llm.close()

@@ -31,6 +31,8 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("overcommit: failed requests", "overcommit.tight.failed", "<=", 0),
     ("structured c=16: throughput, JSON Schema / unconstrained", "structured.throughput_ratio", ">=", 0.90),
     ("structured c=16: constrained outputs valid", "structured.valid_fraction", ">=", 1.0),
+    ("embeddings: inputs/s, 16 callers packed / one at a time (Llama.embed)", "embeddings.throughput_ratio", ">=", 4.0),
+    ("embeddings: generation tok/s under embedding load / alone", "embeddings.generation_ratio", ">=", 0.8),
 ]
 
 
@@ -193,6 +195,16 @@ def _scheduling(results: dict[str, Any]) -> list[str]:
                   f"{st['valid_fraction']:.0%} of the constrained outputs valid; {st['rows_masked']:.0%} of the constrained "
                   f"draws needed the full mask. Per step (both runs): decode {ms['decode']:.1f} ms, masks "
                   f"{ms['mask']:.2f} ms, sampling {ms['sample']:.2f} ms.", ""]
+    if em := results.get("embeddings"):
+        ours, theirs, gen = em["llamactor"], em["one_at_a_time"], em["generation"]
+        lines += [f"Embeddings: {em['texts']} texts of 8-64 words, from {em['callers']} concurrent callers one text per "
+                  f"call: {ours['inputs_per_s']:.1f} inputs/s, {ours['tokens_per_s']:.0f} tokens/s "
+                  f"({ours['steps']} steps of {ours['ms_per_step']:.0f} ms, {ours['inputs_per_step']:.1f} inputs and "
+                  f"{ours['packing_efficiency']:.0%} of n_batch per step) vs {theirs['inputs_per_s']:.1f} inputs/s, "
+                  f"{theirs['tokens_per_s']:.0f} tokens/s one at a time through Llama.embed "
+                  f"({em['throughput_ratio']:.2f}×). Generation of 16 × 64 tokens: {gen['alone_tokens_per_s']:.1f} "
+                  f"tok/s alone, {gen['under_load_tokens_per_s']:.1f} tok/s while 16 callers keep embedding "
+                  f"({em['generation_ratio']:.2f}×; {gen['texts_embedded_meanwhile']} texts embedded meanwhile).", ""]
     return lines
 
 

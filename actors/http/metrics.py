@@ -37,7 +37,11 @@ class _BatcherCollector(Collector):
             "running": ("llamactor_running_sequences", "Sequences being decoded"),
             "pending": ("llamactor_pending_requests", "Requests waiting for a sequence"),
             "kv_usage": ("llamactor_kv_cache_usage_ratio", "Share of KV cache cells in use"),
-            "free_seq_ids": ("llamactor_free_seq_ids", "Sequence ids free in the pool")})
+            "free_seq_ids": ("llamactor_free_seq_ids", "Sequence ids free in the pool"),
+            "embedding_waiting": ("llamactor_embedding_inputs_waiting", "Embedding inputs queued for a step"),
+            "embedding_inputs_per_step": ("llamactor_embedding_inputs_per_step", "Mean inputs packed per embedding step"),
+            "embedding_packing_efficiency": ("llamactor_embedding_packing_efficiency",
+                                             "Mean tokens per embedding step / embedding_n_batch")})
         yield from _families(CounterMetricFamily, s, {
             "steps": ("llamactor_steps", "Decode steps (one llama_decode each)"),
             "step_sequences": ("llamactor_step_sequences", "Sequences summed over steps (/ steps = mean batch size)"),
@@ -47,6 +51,9 @@ class _BatcherCollector(Collector):
             "preemptions": ("llamactor_preemptions", "Running sequences preempted for KV room (resumed later)"),
             "tokens_recomputed": ("llamactor_tokens_recomputed", "Tokens recomputed when resuming preempted sequences"),
             "watchdog_trips": ("llamactor_watchdog_trips", "Steps aborted by the watchdog (each restarts the batcher)"),
+            "embedding_inputs": ("llamactor_embedding_inputs", "Embedding inputs computed"),
+            "embedding_tokens": ("llamactor_embedding_tokens", "Tokens of the embedding inputs computed"),
+            "embedding_steps": ("llamactor_embedding_steps", "Embedding steps (one llama_decode each)"),
             "grammar_rows": ("llamactor_grammar_rows", "Tokens drawn for grammar-constrained requests"),
             "grammar_rows_masked": ("llamactor_grammar_rows_masked",
                                     "Constrained draws the grammar refused, drawn again under the full mask")})

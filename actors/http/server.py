@@ -25,6 +25,7 @@ from openai.types.chat import ChatCompletion
 import llamactor
 from llamactor.errors import BatcherUnavailableError, LlamactorError
 from llamactor.http.body_limit import BodyLimitMiddleware
+from llamactor.http.embeddings import EmbeddingRequest, create_embeddings
 from llamactor.http.metrics import Metrics
 from llamactor.http.openai_schema import (
     FINISH_REASON,
@@ -171,6 +172,11 @@ def create_app(state: ServerState) -> FastAPI:
                          "finish_reason": FINISH_REASON[c.finish_reason], "logprobs": chat_logprobs(c.logprobs)}
                         for i, c in enumerate(done)],
             "usage": usage(done)}).model_dump(exclude_none=True)
+
+    @app.post("/v1/embeddings", response_model=None)
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
+        llm = _ready_llm(state, body.model)
+        return await create_embeddings(llm, body, f"embd-{request.state.request_id}", state.model_id)
 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=state.max_body_bytes)  # outermost: runs first
     return app

@@ -1,0 +1,106 @@
+"""The batcher's embedding work: requests in, packed steps, retries in halves, results out.
+
+Runs on the batcher thread (it tokenizes and calls the engine's embedding contexts). The queue
+and the packing rule are pure (``actors/embeddings.py``); this is where they meet llama.cpp.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import structlog
+
+from llamactor.embeddings import EmbeddingInput, EmbeddingJob, EmbeddingQueue
+from llamactor.errors import CancelledError, ContextFullError, InvalidRequestError, LlamactorError
+from llamactor.messages import Embed
+from llamactor.native.embedding import EmbeddingNoRoomError
+from llamactor.native.tokenizer import Tokenizer
+
+log = structlog.get_logger("llamactor.batcher")
+
+EmbedFn = Callable[[list[list[int]], str], np.ndarray]  # (inputs, pooling) -> [n, n_embd]
+
+
+class EmbeddingSteps:
+    def __init__(self, queue: EmbeddingQueue, tokenizer: Tokenizer, embed: EmbedFn, n_embd: int,
+                 default_pooling: str) -> None:
+        self.queue = queue
+        self._tokenizer = tokenizer
+        self._embed = embed
+        self._n_embd = n_embd
+        self._default_pooling = default_pooling
+        self.ms = 0.0  # cumulative time in embedding decodes
+        self.n_retries = 0  # packed steps split in halves for lack of room
+
+    def add(self, msg: Embed) -> None:
+        """Tokenize and queue every input of ``msg``, or fail it alone (nothing queued)."""
+        if msg.reply.future.done():
+            return
+        try:
+            inputs = [list(x) if isinstance(x, tuple) else self._tokenizer.tokenize(x, add_special=True)
+                      for x in msg.inputs]
+            if any(not 0 <= t < self._tokenizer.n_vocab for ids in inputs for t in ids):
+                raise InvalidRequestError(f"token ids must be in [0, {self._tokenizer.n_vocab})")
+            job = EmbeddingJob(msg, msg.pooling or self._default_pooling, [len(t) for t in inputs],
+                               np.zeros((len(inputs), self._n_embd), dtype=np.float32))
+            self.queue.add(job, inputs)
+        except LlamactorError as e:
+            log.info("request_rejected", request_id=msg.request_id, error=type(e).__name__, reason=str(e))
+            msg.reply.fail(e)
+            return
+        msg.reply.mark_queued()
+
+    def cancel(self, request_id: str) -> None:
+        for job in self.queue.drop(request_id):
+            self._finish(job, CancelledError(f"request {request_id} was cancelled"))
+
+    def step(self, contended: bool = False) -> None:
+        """One packed step (or, after running out of room, its halves); ``contended``: generation
+        waits too, so the step is kept short."""
+        items = self.queue.pack(contended)
+        if items:
+            self._run(items)
+
+    def _run(self, items: list[EmbeddingInput]) -> None:
+        start = time.perf_counter()
+        try:
+            vectors = self._embed([i.token_ids for i in items], items[0].job.pooling)
+        except EmbeddingNoRoomError:
+            self.ms += (time.perf_counter() - start) * 1000
+            if len(items) == 1:  # seed 004: down to one input, then fail only that input's request
+                self._fail_input(items[0])
+                return
+            self.n_retries += 1
+            log.warning("embedding_step_retry", n_inputs=len(items), n_tokens=sum(len(i.token_ids) for i in items))
+            half = len(items) // 2
+            self._run(items[:half])
+            self._run(items[half:])
+            return
+        self.ms += (time.perf_counter() - start) * 1000
+        self.queue.record_step(items)
+        for item, vector in zip(items, vectors):
+            job = item.job
+            if job.request.reply.future.done():  # cancelled or failed meanwhile
+                continue
+            job.vectors[item.index] = vector
+            job.n_done += 1
+            if job.done:
+                self._finish(job)
+
+    def _fail_input(self, item: EmbeddingInput) -> None:
+        self.queue.drop(item.job.request.request_id)
+        self._finish(item.job, ContextFullError(
+            f"an embedding input of {len(item.token_ids)} tokens found no memory even alone"))
+
+    def _finish(self, job: EmbeddingJob, error: LlamactorError | None = None) -> None:
+        req = job.request
+        log.info("request_finished", request_id=req.request_id, kind="embedding", n_inputs=len(job.n_tokens),
+                 n_prompt=sum(job.n_tokens), n_steps=job.n_steps, pooling=job.pooling,
+                 ms=round((time.perf_counter() - req.submitted_at) * 1000, 3),
+                 finish_reason="error" if error else "stop")
+        if error is not None:
+            req.reply.fail(error)
+        else:
+            req.reply.resolve(job.result())  # type: ignore[arg-type]
