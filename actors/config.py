@@ -135,7 +135,7 @@ class Config:
     stats_interval_s: float = 10.0  # how often the batcher logs a batcher_stats line while busy
     embedding_n_batch: int = 512  # tokens one embedding step packs, and the longest embedding input
     embedding_n_seq_max: int = 64  # inputs one embedding step packs
-    embedding_time_share: float = 0.15  # of decode time embedding steps get while generation also waits
+    embedding_time_share: float = 0.10  # of decode time embedding steps get while generation also waits
 
     def __post_init__(self) -> None:
         _require(1 <= self.n_parallel <= MAX_SEQUENCES - 2,

@@ -8,7 +8,7 @@ a vector (``EmbeddingJob``).
 
 The interleaving rule (``EmbeddingQueue.turn``): with only one kind of work waiting, it runs.
 While both wait, steps are shared by *time*: generation goes first, and an embedding step runs
-when embedding steps have used less than ``share`` (default 15%) of the decode time spent since
+when embedding steps have used less than ``share`` (default 10%) of the decode time spent since
 both started waiting. Those embedding steps are also smaller (a quarter of ``n_batch``, or the
 one input that needs more): a full 512-token embedding step lasts as long as ~25 generation
 steps here (llama.cpp computes the output projection for every token of an embedding input), and
@@ -66,7 +66,7 @@ class EmbeddingInput:
 class EmbeddingQueue:
     n_batch: int  # tokens per step, and the longest input
     n_seq_max: int  # inputs per step
-    share: float = 0.15  # of the decode time while both kinds of work wait
+    share: float = 0.10  # of the decode time while both kinds of work wait
     waiting: list[EmbeddingInput] = field(default_factory=list)
     contended_ms: list[float] = field(default_factory=lambda: [0.0, 0.0])  # [embedding, generation]
     # counters for stats()

@@ -173,3 +173,15 @@ def test_the_openai_client_gets_embeddings_as_floats_and_as_base64(daemon: Daemo
     assert [len(d.embedding) for d in tokens.data] == [32, 32]
     with pytest.raises(openai.BadRequestError, match="physical batch"):
         client.embeddings.create(model=MODEL_ID, input="word " * 600)
+
+
+def test_embedding_requests_survive_a_batcher_crash(start_llm) -> None:
+    from .conftest import batcher_ref
+    from .test_supervisor import NotAMessage
+
+    llm = start_llm(n_parallel=2)
+    expected = llm.embed(TEXTS[0])[0]
+    batcher_ref(llm).tell(NotAMessage())
+    futures = [llm.submit_embed(TEXTS) for _ in range(4)]  # some may meet the dying batcher: replayed
+    assert all(cosine(f.result(timeout=60)[0], expected) >= 0.999 for f in futures)
+    assert llm.stats()["restarts"] == 1

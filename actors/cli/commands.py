@@ -70,7 +70,7 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--embedding-n-batch", "embedding_n_batch", envvar="LLAMACTOR_EMBEDDING_N_BATCH", type=int,
                      default=512, show_default=True, help="Tokens per embedding step, and the longest embedding input."),
         click.option("--embedding-time-share", "embedding_time_share", envvar="LLAMACTOR_EMBEDDING_TIME_SHARE",
-                     type=float, default=0.15, show_default=True,
+                     type=float, default=0.10, show_default=True,
                      help="Most decode time embedding steps take while generation also waits."),
         click.option("--log-format", envvar="LLAMACTOR_LOG_FORMAT", type=click.Choice(["auto", "console", "json"]),
                      default="auto", show_default=True),
