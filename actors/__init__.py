@@ -6,6 +6,10 @@
 """
 
 from llamactor.api import LLM, start
+from llamactor.client import Client
+from llamactor.model_specs import ModelSpec
+from llamactor.replicas import Replicas
+from llamactor.router import Router
 from llamactor.completion import Completion, Embeddings, Timings, Usage
 from llamactor.config import Config, SamplingParams
 from llamactor.grammar import Grammar
@@ -18,11 +22,12 @@ from llamactor.errors import (
     InvalidRequestError,
     LlamactorError,
     ModelLoadError,
+    ModelNotFoundError,
     QueueFullError,
 )
 
 __all__ = [
-    "LLM", "start", "Completion", "Embeddings", "Timings", "Usage", "Config", "SamplingParams", "Grammar",
+    "LLM", "start", "Client", "Router", "Replicas", "ModelSpec", "Completion", "Embeddings", "Timings", "Usage", "Config", "SamplingParams", "Grammar",
     "LlamactorError", "InvalidRequestError", "QueueFullError", "ContextFullError", "CancelledError",
-    "BatcherRestartedError", "BatcherUnavailableError", "EngineError", "ModelLoadError",
+    "BatcherRestartedError", "BatcherUnavailableError", "EngineError", "ModelLoadError", "ModelNotFoundError",
 ]

@@ -77,3 +77,13 @@ class StepAbortedError(EngineError):
 
 class ModelLoadError(LlamactorError):
     """The GGUF file could not be loaded (missing, unreadable, not a model)."""
+
+
+class ModelNotFoundError(LlamactorError, KeyError):
+    """The request names a model the router does not serve (OpenAI answers 404)."""
+
+    http_status = 404
+    code = "model_not_found"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

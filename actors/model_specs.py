@@ -1,0 +1,117 @@
+"""What a router serves: ``ModelSpec`` (one named model, its replicas and routing) and TOML files.
+
+    max_loaded = 2                # models loaded at once; the least recently used idle one goes
+    [[models]]
+    name = "chat"
+    path = "/models/gemma-3-270m-q4_k_m.gguf"   # or omitted: the default model
+    replicas = 2
+    policy = "prefix_affinity"    # shortest_queue | round_robin | prefix_affinity
+    n_parallel = 8                # any Config field: n_ctx, system_prompt, temperature ...
+    [[models]]
+    name = "embed"
+    path = "/models/embedder.gguf"
+    preload = false               # loaded on first use
+    idle_unload_s = 600           # and unloaded after ten idle minutes
+    autoscaling = {min_replicas = 1, max_replicas = 4, target_ongoing_requests = 16}  # under Ray Serve
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llamactor.config import Config, default_n_threads
+from llamactor.errors import InvalidRequestError
+from llamactor.routing import POLICIES
+
+SPEC_FIELDS = ("name", "path", "model", "replicas", "policy", "imbalance_threshold", "preload", "idle_unload_s",
+               "autoscaling")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One model under a router: ``replicas`` actor trees built from ``config``, routed by ``policy``."""
+
+    name: str
+    config: Config
+    replicas: int = 1
+    policy: str = "shortest_queue"
+    imbalance_threshold: int = 4  # prefix_affinity: in-flight spread beyond which the shortest queue wins
+    preload: bool = True  # load when the router starts (False: on the first request)
+    idle_unload_s: float | None = None  # unload after this long without requests; None: never
+    autoscaling: Mapping[str, Any] | None = None  # Ray Serve only: its autoscaling_config (instead of replicas)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or any(c.isspace() for c in self.name):
+            raise InvalidRequestError(f"a model name must be a non-empty string without spaces, got {self.name!r}")
+        if not isinstance(self.replicas, int) or not 1 <= self.replicas <= 64:
+            raise InvalidRequestError(f"model {self.name!r}: replicas must be in [1, 64], got {self.replicas!r}")
+        if self.policy not in POLICIES:
+            raise InvalidRequestError(f"model {self.name!r}: policy must be one of {', '.join(POLICIES)}, "
+                                      f"got {self.policy!r}")
+        if self.imbalance_threshold < 0:
+            raise InvalidRequestError(f"model {self.name!r}: imbalance_threshold must be >= 0")
+        if self.idle_unload_s is not None and self.idle_unload_s <= 0:
+            raise InvalidRequestError(f"model {self.name!r}: idle_unload_s must be > 0 (or absent: never)")
+
+    @classmethod
+    def from_dict(cls, entry: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> ModelSpec:
+        """A spec from a ``[[models]]`` table or a ``start(models=[...])`` dict: the keys of
+        ``SPEC_FIELDS`` and any ``Config`` or sampling field; ``defaults`` are Config options
+        every model gets unless it sets them. Without ``n_threads``, replicas split the cores."""
+        if not isinstance(entry, Mapping):
+            raise InvalidRequestError(f"a model entry must be a table/dict, got {entry!r}")
+        entry = dict(entry)
+        if "name" not in entry:
+            raise InvalidRequestError(f"a model entry needs a name: {entry!r}")
+        if "path" in entry and "model" in entry:
+            raise InvalidRequestError(f"model {entry['name']!r}: give path or model, not both")
+        spec = {k: entry.pop(k) for k in SPEC_FIELDS if k in entry}
+        path = spec.pop("path", spec.pop("model", None))
+        options = {**(defaults or {}), **entry}
+        replicas = spec.get("replicas", 1)
+        if "n_threads" not in options and isinstance(replicas, int) and replicas >= 1:
+            options["n_threads"] = max(1, default_n_threads() // replicas)
+        try:
+            config = Config.from_kwargs(model=path, **options)
+        except InvalidRequestError as e:
+            raise InvalidRequestError(f"model {spec.get('name')!r}: {e}") from e
+        return cls(config=config, **spec)
+
+    def replace(self, **changes: Any) -> ModelSpec:
+        return dataclasses.replace(self, **changes)
+
+
+def specs_from(models: Sequence[ModelSpec | Mapping[str, Any]], defaults: Mapping[str, Any] | None = None,
+               ) -> list[ModelSpec]:
+    """Specs from ``ModelSpec``s or dicts; names must be unique and there must be at least one."""
+    specs = [m if isinstance(m, ModelSpec) else ModelSpec.from_dict(m, defaults) for m in models]
+    if not specs:
+        raise InvalidRequestError("models must name at least one model")
+    names = [s.name for s in specs]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise InvalidRequestError(f"model names must be unique: {', '.join(duplicated)}")
+    return specs
+
+
+def load_toml(path: str, defaults: Mapping[str, Any] | None = None) -> tuple[list[ModelSpec], int | None]:
+    """The ``[[models]]`` of a TOML file and its top-level ``max_loaded``."""
+    try:
+        with open(path, "rb") as f:
+            document = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise InvalidRequestError(f"cannot read {path}: {e}") from e
+    unknown = set(document) - {"models", "max_loaded"}
+    if unknown:
+        raise InvalidRequestError(f"{path}: unknown top-level key(s): {', '.join(sorted(unknown))}")
+    max_loaded = document.get("max_loaded")
+    if max_loaded is not None and (not isinstance(max_loaded, int) or max_loaded < 1):
+        raise InvalidRequestError(f"{path}: max_loaded must be a positive integer")
+    models = document.get("models")
+    if not isinstance(models, list):
+        raise InvalidRequestError(f"{path}: needs [[models]] tables")
+    return specs_from(models, defaults), max_loaded

@@ -1,0 +1,187 @@
+"""``Replicas``: the replicas of one model (one actor tree each) behind the request API.
+
+Each request goes to the replica its ``RoutingPolicy`` ranks first, given how many requests this
+handle has in flight on each; it stays there (a replica's supervisor replays its own requests
+after a batcher restart, and never hands them to another replica). The ``n`` choices of one
+prompt go to one replica together, so its KV is computed once. Methods run on the caller's
+thread; ``load``/``unload`` block while trees start or stop.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from llamactor.api import LLM, start_tree
+from llamactor.client import Client, new_request_id
+from llamactor.completion import Completion
+from llamactor.errors import BatcherUnavailableError
+from llamactor.messages import Embed, Generate, ReplyChannel
+from llamactor.model_specs import ModelSpec
+from llamactor.routing import RoutingPolicy, routing_key
+
+log = structlog.get_logger("llamactor.replicas")
+
+
+class Replicas(Client):
+    """A model's replica trees; loaded by ``load()`` or on the first request."""
+
+    def __init__(self, spec: ModelSpec, before_load: Callable[[Replicas], None] | None = None) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.config = spec.config
+        self.policy = RoutingPolicy(spec.policy, spec.imbalance_threshold)
+        self._before_load = before_load  # the router makes room under max_loaded
+        self._trees: list[LLM] = []
+        self._in_flight = [0] * spec.replicas
+        self._where: dict[str, int] = {}  # request id -> replica, for cancel
+        self._lock = threading.Lock()  # routing state: in_flight, where, policy
+        self._load_lock = threading.Lock()  # one load or unload at a time
+        self.last_used = time.monotonic()
+        self.served = [0] * spec.replicas  # requests routed to each replica since start
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def loaded(self) -> bool:
+        return bool(self._trees)
+
+    @property
+    def info(self) -> Any:
+        """The model's ``EngineInfo`` (loads the model if needed)."""
+        self.load()
+        return self._trees[0].info
+
+    def replica(self, index: int) -> LLM:
+        """Replica ``index``'s own handle (loads the model if needed)."""
+        self.load()
+        return self._trees[index]
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return sum(self._in_flight)
+
+    def load(self) -> None:
+        """Start every replica's tree (no-op when loaded); ``ModelLoadError`` if one cannot start."""
+        if self._trees:
+            return
+        with self._load_lock:
+            if self._trees:
+                return
+            if self._before_load is not None:
+                self._before_load(self)
+            started = time.perf_counter()
+            trees: list[LLM] = []
+            try:
+                for _ in range(self.spec.replicas):
+                    trees.append(start_tree(self.config))
+            except BaseException:
+                for tree in trees:
+                    tree.close()
+                raise
+            self._trees = trees
+            self.last_used = time.monotonic()
+            log.info("model_loaded", model=self.name, replicas=len(trees),
+                     ms=round((time.perf_counter() - started) * 1000, 1))
+
+    def unload(self, drain_timeout_s: float | None = 0.0) -> None:
+        """Stop the trees (after letting in-flight requests finish up to ``drain_timeout_s``);
+        the next request loads them again."""
+        with self._load_lock:
+            trees, self._trees = self._trees, []
+            for tree in trees:
+                tree.close(drain_timeout_s)
+            with self._lock:
+                for replica in range(self.spec.replicas):
+                    self.policy.forget(replica)
+            if trees:
+                log.info("model_unloaded", model=self.name)
+
+    def close(self, drain_timeout_s: float | None = 0.0) -> None:
+        self.unload(drain_timeout_s)
+
+    def __enter__(self) -> Replicas:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- routing (caller's thread) -----------------------------------------------------------
+
+    def _choose(self, key: str) -> tuple[int, LLM]:
+        self.load()
+        trees = self._trees
+        if not trees:
+            raise BatcherUnavailableError(f"model {self.name!r} was unloaded")
+        with self._lock:
+            ranked = self.policy.rank(key, dict(enumerate(self._in_flight)))
+            replica = int(ranked[0])  # type: ignore[call-overload]
+            self.policy.routed(key, replica)
+            self.served[replica] += 1
+        self.last_used = time.monotonic()
+        return replica, trees[replica]
+
+    def _track(self, replica: int, request_id: str, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._in_flight[replica] += 1
+            self._where[request_id] = replica
+
+        def release(_: concurrent.futures.Future[Any]) -> None:
+            with self._lock:
+                self._in_flight[replica] -= 1
+                self._where.pop(request_id, None)
+            self.last_used = time.monotonic()
+        future.add_done_callback(release)
+
+    def _send(self, msg: Generate | Embed, reply: ReplyChannel) -> concurrent.futures.Future[Any]:
+        key = routing_key(msg.text, msg.messages, msg.token_ids) if isinstance(msg, Generate) else ""
+        replica, tree = self._choose(key)
+        self._track(replica, msg.request_id, reply.future)
+        return tree._send(msg, reply)
+
+    def _submit_n(self, prompt: dict[str, Any], n: int, request_id: str | None,
+                  sampling: dict[str, Any]) -> list[concurrent.futures.Future[Completion]]:
+        # All n choices on one replica: the first computes the prompt, the others attach its KV.
+        replica, tree = self._choose(routing_key(**prompt))
+        request_id = request_id or new_request_id()
+        futures = tree._submit_n(prompt, n, request_id, sampling)
+        for i, future in enumerate(futures):
+            self._track(replica, f"{request_id}-{i}", future)
+        return futures
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            replica = self._where.get(request_id)
+        trees = self._trees
+        if replica is not None and replica < len(trees):
+            trees[replica].cancel(request_id)
+
+    # -- observing ---------------------------------------------------------------------------
+
+    def replica_stats(self) -> list[dict[str, Any]]:
+        """Each replica's ``LLM.stats()`` with what routing knows: ``in_flight``, ``served``."""
+        trees = self._trees
+        with self._lock:
+            in_flight, served = list(self._in_flight), list(self.served)
+        if not trees:
+            return [{"state": "unloaded", "in_flight": 0, "served": served[i]} for i in range(self.spec.replicas)]
+        return [{**tree.stats(), "in_flight": in_flight[i], "served": served[i]} for i, tree in enumerate(trees)]
+
+    def stats(self) -> dict[str, Any]:
+        """The replicas' counters summed, ``state`` the worst of theirs, and ``replicas`` each."""
+        per_replica = self.replica_stats()
+        total: dict[str, Any] = {"model": self.name, "replicas": per_replica, "policy": self.policy.name}
+        for s in per_replica:
+            for k, v in s.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    total[k] = total.get(k, 0) + v
+        states = [s.get("state") for s in per_replica]
+        total["state"] = next((st for st in ("failed", "stopped", "restarting", "starting", "unloaded")
+                               if st in states), "ready")
+        return total

@@ -1,0 +1,116 @@
+"""Several models and replicas behind one ``Router``, on the real engine (policies alone: test_routing.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pykka
+import pytest
+
+import llamactor
+from llamactor.errors import BatcherUnavailableError
+
+from .conftest import batcher_ref
+from .test_supervisor import NotAMessage
+
+SMALL = {"n_parallel": 2, "n_ctx": 1024, "n_threads": 1}
+HISTORY = [{"role": "user", "content": "You are a careful assistant. Describe the sea in three sentences, "
+                                       "with its colour, its sound and its smell, and nothing else."}]
+
+
+@pytest.fixture
+def start_router(model_path: str) -> Iterator[object]:
+    """Start a router; it and every actor the test started are stopped after the test."""
+    routers: list[llamactor.Router] = []
+    before = set(pykka.ActorRegistry.get_all())
+
+    def start(*models: dict[str, object], **options: object) -> llamactor.Router:
+        router = llamactor.start(models=[{"path": model_path, **SMALL, **m} for m in models], **options)
+        routers.append(router)
+        return router
+
+    yield start
+    for router in routers:
+        router.close()
+    for ref in set(pykka.ActorRegistry.get_all()) - before:
+        ref.stop()
+
+
+def test_two_models_answer_under_their_own_names_and_an_unknown_name_is_refused(start_router) -> None:
+    router = start_router({"name": "plain"}, {"name": "pirate", "system_prompt": "Answer like a pirate."})
+    assert router.names == ["plain", "pirate"]
+    plain = router["plain"].chat(HISTORY, max_tokens=6, temperature=0)
+    pirate = router["pirate"].chat(HISTORY, max_tokens=6, temperature=0)
+    assert pirate.usage.prompt_tokens > plain.usage.prompt_tokens  # the pirate's system prompt is in its prompt
+    assert router.model() is router["plain"]  # the first model is the default
+    with pytest.raises(llamactor.ModelNotFoundError, match="'poet' does not exist"):
+        router["poet"]
+
+
+def test_shortest_queue_sends_new_work_to_the_idle_replica(start_router) -> None:
+    chat = start_router({"name": "chat", "replicas": 2})["chat"]
+    busy = chat.submit("Once upon a time", request_id="long-story", max_tokens=400, ignore_eos=True)
+    first = chat.served.index(1)
+    quick = chat.ask("The sea is", max_tokens=4)
+    assert chat.served[1 - first] == 1 and not busy.done()  # the idle replica took it while the other was busy
+    assert quick.usage.completion_tokens == 4
+    chat.cancel("long-story")  # reaches the replica that holds it
+    with pytest.raises(llamactor.CancelledError):
+        busy.result(timeout=60)
+
+
+def test_prefix_affinity_sends_the_next_turn_to_the_replica_that_served_the_previous_one(start_router) -> None:
+    chat = start_router({"name": "chat", "replicas": 2, "policy": "prefix_affinity"})["chat"]
+    first = chat.chat(HISTORY, max_tokens=12, temperature=0)
+    served_first = chat.served.index(1)
+    for other in ("list three fruits, in one line.", "name two rivers, in one line."):
+        # balanced queues and no shared prefix: the rotation picks, once each replica
+        chat.chat([{"role": "user", "content": f"Something else entirely: {other}"}], max_tokens=4)
+    history = [*HISTORY, {"role": "assistant", "content": first.text}, {"role": "user", "content": "And at night?"}]
+    before = list(chat.served)
+    second = chat.chat(history, max_tokens=8, temperature=0)
+    assert chat.served[served_first] == before[served_first] + 1
+    assert second.usage.cached_tokens >= first.usage.prompt_tokens - 1  # that replica still held the first turn
+
+
+def test_a_crashed_replica_restarts_without_disturbing_the_other(start_router) -> None:
+    chat = start_router({"name": "chat", "replicas": 2})["chat"]
+    running = [chat.submit(f"Story number {i}:", max_tokens=40, temperature=0, ignore_eos=True) for i in range(4)]
+    assert sorted(chat.served) == [2, 2]
+    batcher_ref(chat.replica(0)).tell(NotAMessage())
+    assert all(f.result(timeout=120).usage.completion_tokens == 40 for f in running)  # replayed on replica 0
+    stats = chat.replica_stats()
+    assert [s["restarts"] for s in stats] == [1, 0] and [s["state"] for s in stats] == ["ready", "ready"]
+    assert chat.ask("After the crash", max_tokens=3).usage.completion_tokens == 3
+
+
+def test_a_model_loads_on_first_use_and_max_loaded_unloads_the_least_recently_used(start_router) -> None:
+    router = start_router({"name": "a"}, {"name": "b", "preload": False}, {"name": "c", "preload": False},
+                          max_loaded=2)
+    assert [m.loaded for m in router] == [True, False, False]
+    router["b"].ask("Hello", max_tokens=2)
+    assert [m.loaded for m in router] == [True, True, False]
+    router["a"].ask("Hello", max_tokens=2)  # now b is the least recently used
+    router["c"].ask("Hello", max_tokens=2)
+    assert [m.loaded for m in router] == [True, False, True]
+    assert router.stats()["b"]["state"] == "unloaded"
+
+
+def test_a_model_idle_longer_than_idle_unload_s_is_unloaded_and_loads_again(start_router) -> None:
+    router = start_router({"name": "a", "idle_unload_s": 3600})
+    assert router.unload_idle() == []
+    busy = router["a"].submit("Once upon a time", max_tokens=200, ignore_eos=True)
+    assert router.unload_idle(now=router["a"].last_used + 7200) == []  # never while a request is in flight
+    busy.result(timeout=60)
+    assert router.unload_idle(now=router["a"].last_used + 7200) == ["a"] and not router["a"].loaded
+    assert router["a"].ask("Back again", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_max_loaded_models_all_busy_refuse_another_with_unavailable(start_router) -> None:
+    router = start_router({"name": "a"}, {"name": "b", "preload": False}, max_loaded=1)
+    busy = router["a"].submit("Once upon a time", request_id="busy", max_tokens=300, ignore_eos=True)
+    with pytest.raises(BatcherUnavailableError, match="max_loaded"):
+        router["b"].ask("Hello", max_tokens=2)
+    router["a"].cancel("busy")
+    with pytest.raises(llamactor.CancelledError):
+        busy.result(timeout=60)
