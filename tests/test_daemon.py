@@ -15,6 +15,8 @@ import pytest
 
 from .daemon_helpers import API_KEY, MODEL_ID, Daemon, start_daemon
 
+REPLICA0 = r'\{model="' + MODEL_ID + r'",replica="0"\}'  # the labels of the only replica
+
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
@@ -84,9 +86,10 @@ def test_the_next_chat_turn_reports_its_cached_prompt_tokens_streamed_and_not(da
                                                  stream=True, stream_options={"include_usage": True}))
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
     metrics = httpx.get(f"{daemon.url}/metrics").text
-    hit_tokens = float(re.search(r"^llamactor_prefix_cache_hit_tokens_total (\S+)$", metrics, re.M).group(1))
+    hit_tokens = float(re.search(r'^llamactor_prefix_cache_hit_tokens_total' + REPLICA0 + r' (\S+)$', metrics,
+                                 re.M).group(1))
     assert hit_tokens >= second.usage.prompt_tokens_details.cached_tokens
-    assert re.search(r"^llamactor_prefix_cache_entries \d", metrics, re.M)
+    assert re.search(r'^llamactor_prefix_cache_entries' + REPLICA0 + r' \d', metrics, re.M)
 
 
 def test_a_batch_of_prompts_in_one_request_returns_every_choice_in_openai_order(daemon: Daemon) -> None:
@@ -205,7 +208,7 @@ def test_a_full_queue_answers_429_with_retry_after_and_a_disconnect_cancels_its_
             s.close()  # disconnect: the daemon must cancel these and free their sequences
         assert all(f.result(timeout=60).usage.completion_tokens == 2 for f in waiting)
     metrics = httpx.get(f"{daemon.url}/metrics").text
-    assert re.search(r"^llamactor_running_sequences 0\.0$", metrics, re.M)
+    assert re.search(r'^llamactor_running_sequences' + REPLICA0 + r' 0\.0$', metrics, re.M)
     assert len([e for e in daemon.events("request_finished") if e["finish_reason"] == "cancelled"]) >= 8
 
 
@@ -216,12 +219,13 @@ def test_health_and_metrics_report_what_was_done(daemon: Daemon) -> None:
     assert daemon.wait_for_log(lambda e: e.get("event") == "request_finished" and e.get("request_id") == urgent.id
                                and e.get("priority") == 0 and e.get("n_preempted") == 0)
     metrics = httpx.get(f"{daemon.url}/metrics").text
-    generated = float(re.search(r"^llamactor_generated_tokens_total (\S+)$", metrics, re.M).group(1))
+    generated = float(re.search(r'^llamactor_generated_tokens_total\{model="' + MODEL_ID + r'"\} (\S+)$', metrics,
+                                re.M).group(1))
     assert generated >= 8
     assert re.search(r'^llamactor_http_requests_total\{path="/v1/completions",status="429"\} 2\.0$', metrics, re.M)
     assert "llamactor_time_to_first_token_seconds_bucket" in metrics and "llamactor_kv_cache_usage_ratio" in metrics
-    assert re.search(r"^llamactor_preemptions_total 0\.0$", metrics, re.M)
-    assert re.search(r"^llamactor_watchdog_trips_total 0\.0$", metrics, re.M)
+    assert re.search(r'^llamactor_preemptions_total' + REPLICA0 + r' 0\.0$', metrics, re.M)
+    assert re.search(r'^llamactor_watchdog_trips_total' + REPLICA0 + r' 0\.0$', metrics, re.M)
     lines = daemon.events("http_request")
     assert lines and {"method", "path", "status", "request_id", "ms"} <= set(lines[-1])
 
@@ -275,7 +279,7 @@ def test_while_the_model_loads_health_and_requests_answer_503_json() -> None:
 
     from llamactor.http.server import ServerState, create_app
 
-    client = TestClient(create_app(ServerState(MODEL_ID, api_key=None, max_body_bytes=1 << 20)))
+    client = TestClient(create_app(ServerState([MODEL_ID], api_key=None, max_body_bytes=1 << 20)))
     health = client.get("/health")
     assert health.status_code == 503 and health.json()["status"] == "loading"
     r = client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}]})

@@ -23,8 +23,7 @@ import structlog
 import uvicorn
 
 import llamactor
-from llamactor.errors import LlamactorError
-from llamactor.models import resolve_model_path
+from llamactor.model_specs import ModelSpec
 from llamactor.http.server import ServerState, create_app
 
 log = structlog.get_logger("llamactor.daemon")
@@ -35,14 +34,9 @@ def model_id_for(path: str) -> str:
 
 
 def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_timeout_s: float,
-          max_body_bytes: int, model_name: str | None, start_options: dict[str, Any]) -> int:
+          max_body_bytes: int, models: list[ModelSpec], max_loaded: int | None = None) -> int:
     """Run until signalled; return the process exit status."""
-    try:
-        path = resolve_model_path(start_options.pop("model", None))
-    except LlamactorError as e:
-        print(f"llamactor serve: {e}", file=sys.stderr)
-        return 1
-    state = ServerState(model_name or model_id_for(path), api_key, max_body_bytes)
+    state = ServerState([m.name for m in models], api_key, max_body_bytes)
     app = create_app(state)
     config = uvicorn.Config(app, host=host, port=port, uds=uds, log_config=None, access_log=False,
                             timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)), lifespan="off")
@@ -52,20 +46,22 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
     def load() -> None:
         nonlocal exit_code
         try:
-            state.llm = llamactor.start(path, **start_options)
-            log.info("model_ready", model=state.model_id, n_ctx=state.llm.info.n_ctx,
-                     n_parallel=state.llm.config.n_parallel)
+            state.router = llamactor.Router(models, max_loaded=max_loaded)
+            for replicas in state.router:
+                if replicas.loaded:
+                    log.info("model_ready", model=replicas.name, replicas=replicas.spec.replicas,
+                             n_ctx=replicas.info.n_ctx, n_parallel=replicas.config.n_parallel)
         except Exception as e:  # noqa: BLE001 - any failure to load ends the daemon with a reason
             print(f"llamactor serve: cannot load the model: {e}", file=sys.stderr)
             exit_code = 1
             server.should_exit = True
 
     threading.Thread(target=load, name="model-loader", daemon=True).start()
-    log.info("serving", address=uds or f"http://{host}:{port}", model=state.model_id, pid=os.getpid())
+    log.info("serving", address=uds or f"http://{host}:{port}", models=state.model_names, pid=os.getpid())
     server.run()  # returns after SIGTERM/SIGINT and the graceful drain of open connections
     state.draining = True
-    if state.llm is not None:
-        state.llm.close(drain_timeout_s=drain_timeout_s)
+    if state.router is not None:
+        state.router.close(drain_timeout_s=drain_timeout_s)
     log.info("stopped", exit_code=exit_code)
     return exit_code
 

@@ -41,7 +41,7 @@ def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:
     return vector.tolist()  # type: ignore[no-any-return]
 
 
-async def create_embeddings(llm: llamactor.LLM, body: EmbeddingRequest, request_id: str, model_id: str) -> dict[str, Any]:
+async def create_embeddings(llm: llamactor.Client, body: EmbeddingRequest, request_id: str, model_id: str) -> dict[str, Any]:
     future = llm.submit_embed(body.inputs(), request_id=request_id, pooling=body.pooling,  # type: ignore[arg-type]
                               normalize=body.normalize, dimensions=body.dimensions)
     try:

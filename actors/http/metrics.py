@@ -1,8 +1,8 @@
 """Prometheus metrics of the daemon: per-request counters and histograms, batcher gauges at scrape.
 
 Each app owns its own ``CollectorRegistry`` (several apps may live in one test process). The
-batcher's own counters are read from ``LLM.stats()`` when Prometheus scrapes, not copied on
-every step.
+batchers' own counters are read from each replica's stats when Prometheus scrapes, not copied on
+every step, and carry ``model`` and ``replica`` labels.
 """
 
 from __future__ import annotations
@@ -19,21 +19,30 @@ from llamactor.completion import Completion
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
-def _families(family: type[GaugeMetricFamily] | type[CounterMetricFamily], values: dict[str, Any],
+LABELS = ["model", "replica"]
+ReplicaStats = list[tuple[str, int, dict[str, Any]]]  # (model, replica, LLM.stats())
+
+
+def _families(family: type[GaugeMetricFamily] | type[CounterMetricFamily], replicas: ReplicaStats, part: str | None,
               table: dict[str, tuple[str, str]]) -> Iterator[Any]:
-    """One metric family per ``table`` key present in ``values``: key -> (metric name, help)."""
+    """One metric family per ``table`` key (key -> (metric name, help)), a sample per replica whose
+    stats (or their ``part``) hold that key."""
     for key, (name, doc) in table.items():
-        if key in values:
-            yield family(name, doc, value=values[key])
+        metric = family(name, doc, labels=LABELS)
+        for model, replica, stats in replicas:
+            values = stats.get(part, {}) if part else stats
+            if key in values:
+                metric.add_metric([model, str(replica)], values[key])
+        yield metric
 
 
 class _BatcherCollector(Collector):
-    def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
+    def __init__(self, stats: Callable[[], ReplicaStats]) -> None:
         self._stats = stats
 
     def collect(self) -> Iterator[Any]:
-        s = self._stats() or {}
-        yield from _families(GaugeMetricFamily, s, {
+        s = self._stats()
+        yield from _families(GaugeMetricFamily, s, None, {
             "running": ("llamactor_running_sequences", "Sequences being decoded"),
             "pending": ("llamactor_pending_requests", "Requests waiting for a sequence"),
             "kv_usage": ("llamactor_kv_cache_usage_ratio", "Share of KV cache cells in use"),
@@ -42,7 +51,7 @@ class _BatcherCollector(Collector):
             "embedding_inputs_per_step": ("llamactor_embedding_inputs_per_step", "Mean inputs packed per embedding step"),
             "embedding_packing_efficiency": ("llamactor_embedding_packing_efficiency",
                                              "Mean tokens per embedding step / embedding_n_batch")})
-        yield from _families(CounterMetricFamily, s, {
+        yield from _families(CounterMetricFamily, s, None, {
             "steps": ("llamactor_steps", "Decode steps (one llama_decode each)"),
             "step_sequences": ("llamactor_step_sequences", "Sequences summed over steps (/ steps = mean batch size)"),
             "restarts": ("llamactor_batcher_restarts", "Times the supervisor restarted the batcher"),
@@ -57,46 +66,63 @@ class _BatcherCollector(Collector):
             "grammar_rows": ("llamactor_grammar_rows", "Tokens drawn for grammar-constrained requests"),
             "grammar_rows_masked": ("llamactor_grammar_rows_masked",
                                     "Constrained draws the grammar refused, drawn again under the full mask")})
-        cache = s.get("prefix_cache", {})
-        yield from _families(CounterMetricFamily, cache, {
+        yield from _families(CounterMetricFamily, s, "prefix_cache", {
             "lookups": ("llamactor_prefix_cache_lookups", "Admissions that looked for a cached prefix"),
             "hits": ("llamactor_prefix_cache_hits", "Admissions that attached a cached prefix"),
             "hit_tokens": ("llamactor_prefix_cache_hit_tokens", "Prompt tokens attached from the prefix cache"),
             "evicted_entries": ("llamactor_prefix_cache_evictions", "Cached prefixes dropped under KV pressure"),
             "evicted_cells": ("llamactor_prefix_cache_evicted_cells", "KV cells freed by evicting or trimming")})
-        yield from _families(GaugeMetricFamily, cache, {
+        yield from _families(GaugeMetricFamily, s, "prefix_cache", {
             "entries": ("llamactor_prefix_cache_entries", "Cached prefixes held"),
             "cells": ("llamactor_prefix_cache_cells", "KV cells held by cached prefixes alone"),
             "pinned_cells": ("llamactor_prefix_cache_pinned_cells", "KV cells of pinned prefixes (the system prompt)")})
         by_priority = GaugeMetricFamily("llamactor_pending_requests_by_priority", "Requests waiting, by base priority",
-                                        labels=["priority"])
-        for priority, n in s.get("pending_by_priority", {}).items():
-            by_priority.add_metric([priority], n)
-        yield by_priority
-        if s.get("oldest_waiting_priority") is not None:
-            yield GaugeMetricFamily("llamactor_oldest_waiting_effective_priority",
-                                    "Effective (aged) priority of the request waiting longest", value=s["oldest_waiting_priority"])
-        yield GaugeMetricFamily("llamactor_ready", "1 when the batcher is up", value=1 if s.get("state") == "ready" else 0)
+                                        labels=[*LABELS, "priority"])
+        oldest = GaugeMetricFamily("llamactor_oldest_waiting_effective_priority",
+                                   "Effective (aged) priority of the request waiting longest", labels=LABELS)
+        ready = GaugeMetricFamily("llamactor_ready", "1 when the replica's batcher is up", labels=LABELS)
+        in_flight = GaugeMetricFamily("llamactor_router_in_flight_requests",
+                                      "Requests the router has sent to the replica and not seen finish", labels=LABELS)
+        served = CounterMetricFamily("llamactor_router_requests", "Requests the router sent to the replica",
+                                     labels=LABELS)
+        for model, replica, stats in s:
+            labels = [model, str(replica)]
+            for priority, n in stats.get("pending_by_priority", {}).items():
+                by_priority.add_metric([*labels, priority], n)
+            if stats.get("oldest_waiting_priority") is not None:
+                oldest.add_metric(labels, stats["oldest_waiting_priority"])
+            ready.add_metric(labels, 1 if stats.get("state") == "ready" else 0)
+            in_flight.add_metric(labels, stats.get("in_flight", 0))
+            served.add_metric(labels, stats.get("served", 0))
+        yield from (by_priority, oldest, ready, in_flight, served)
 
 
 class Metrics:
-    def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
+    def __init__(self, stats: Callable[[], ReplicaStats]) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("llamactor_http_requests", "HTTP requests by path and status",
                                 ["path", "status"], registry=self.registry)
-        self.prompt_tokens = Counter("llamactor_prompt_tokens", "Prompt tokens of finished requests", registry=self.registry)
-        self.generated_tokens = Counter("llamactor_generated_tokens", "Tokens generated", registry=self.registry)
-        self.ttft = Histogram("llamactor_time_to_first_token_seconds", "Submit to first token",
+        self.prompt_tokens = Counter("llamactor_prompt_tokens", "Prompt tokens of finished requests", ["model"],
+                                     registry=self.registry)
+        self.generated_tokens = Counter("llamactor_generated_tokens", "Tokens generated", ["model"],
+                                        registry=self.registry)
+        self.ttft = Histogram("llamactor_time_to_first_token_seconds", "Submit to first token", ["model"],
                               buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.latency = Histogram("llamactor_request_latency_seconds", "Submit to last token",
+        self.latency = Histogram("llamactor_request_latency_seconds", "Submit to last token", ["model"],
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(_BatcherCollector(stats))
 
-    def observe(self, completion: Completion) -> None:
-        self.prompt_tokens.inc(completion.usage.prompt_tokens)
-        self.generated_tokens.inc(completion.usage.completion_tokens)
-        self.ttft.observe(completion.timings.ttft_ms / 1000)
-        self.latency.observe(completion.timings.total_ms / 1000)
+    def observer(self, model: str) -> Callable[[Completion], None]:
+        """What counts each finished completion of ``model``."""
+        prompt, generated = self.prompt_tokens.labels(model), self.generated_tokens.labels(model)
+        ttft, latency = self.ttft.labels(model), self.latency.labels(model)
+
+        def observe(completion: Completion) -> None:
+            prompt.inc(completion.usage.prompt_tokens)
+            generated.inc(completion.usage.completion_tokens)
+            ttft.observe(completion.timings.ttft_ms / 1000)
+            latency.observe(completion.timings.total_ms / 1000)
+        return observe
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,7 +1,7 @@
-"""The OpenAI-compatible HTTP app (FastAPI). Thin: every request goes to the same ``LLM`` handle.
+"""The OpenAI-compatible HTTP app (FastAPI). Thin: each request goes to its model's handle.
 
-Handlers run on uvicorn's event loop and only await futures from the actor tree. Errors become
-OpenAI-style JSON with the status of the error class (400, 401, 413, 429 + Retry-After, 503);
+Handlers run on uvicorn's event loop and only await futures from the actor trees. Errors become
+OpenAI-style JSON with the status of the error class (400, 401, 404, 413, 429 + Retry-After, 503);
 anything unexpected is a 500 with no stack trace. A client that disconnects cancels its request.
 """
 
@@ -44,15 +44,26 @@ log = structlog.get_logger("llamactor.http")
 
 
 class ServerState:
-    """What the app needs: the LLM once loaded, the model id, the API key, the drain flag."""
+    """What the app needs: the router once built, the model names, the API key, the drain flag.
 
-    def __init__(self, model_id: str, api_key: str | None, max_body_bytes: int) -> None:
-        self.llm: llamactor.LLM | None = None
-        self.model_id = model_id
+    ``router`` is a ``llamactor.Router`` (or under Ray Serve, ``llamactor.ray``'s equivalent):
+    ``model(name)`` gives a handle with the request API, ``loaded``, ``load()`` and
+    ``replica_stats()``."""
+
+    def __init__(self, model_names: list[str], api_key: str | None, max_body_bytes: int) -> None:
+        self.router: Any = None
+        self.model_names = list(model_names)
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.draining = False
-        self.metrics = Metrics(lambda: self.llm.stats() if self.llm is not None else None)
+        self.metrics = Metrics(self.replica_stats)
+
+    def replica_stats(self) -> list[tuple[str, int, dict[str, Any]]]:
+        """(model, replica, stats) of every replica of every model: asks the actors, may block."""
+        if self.router is None:
+            return []
+        return [(name, i, s) for name in self.model_names
+                for i, s in enumerate(self.router.model(name).replica_stats())]
 
 
 def _error(status: int, message: str, type_: str, code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -108,11 +119,23 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        # Ready when every loaded replica is (a model that is not loaded loads on its first request).
         # stats() asks the actors and may wait for the current step: never on the event loop.
-        stats = await asyncio.to_thread(state.llm.stats) if state.llm is not None else {"state": "loading"}
-        ready = stats.get("state") == "ready" and not state.draining
-        status = "draining" if state.draining else stats.get("state")
-        return JSONResponse({"status": status, "running": stats.get("running"), "pending": stats.get("pending")},
+        if state.router is None:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        replicas = await asyncio.to_thread(state.replica_stats)
+        models: dict[str, Any] = {name: {"status": "unloaded", "replicas": []} for name in state.model_names}
+        for name, i, s in replicas:
+            models[name]["replicas"].append({"replica": i, "status": s.get("state"), "running": s.get("running"),
+                                             "pending": s.get("pending")})
+        for entry in models.values():
+            states = {r["status"] for r in entry["replicas"]}
+            entry["status"] = "unloaded" if states <= {"unloaded"} else "ready" if states == {"ready"} else \
+                next(iter(states - {"ready", "unloaded"}), "ready")
+        ready = not state.draining and all(m["status"] in ("ready", "unloaded") for m in models.values())
+        status = "draining" if state.draining else "ready" if ready else "unavailable"
+        return JSONResponse({"status": status, "running": sum(r.get("running") or 0 for _, _, r in replicas),
+                             "pending": sum(r.get("pending") or 0 for _, _, r in replicas), "models": models},
                             status_code=200 if ready else 503)
 
     @app.get("/metrics")
@@ -122,12 +145,14 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": 0,
-                                            "owned_by": "llamactor"}]}
+        router = state.router
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "llamactor",
+             "loaded": bool(router is not None and router.model(name).loaded)} for name in state.model_names]}
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        llm = _ready_llm(state, body.model)
+        llm = await _ready_model(state, body.model)
         body.check()
         rid = f"cmpl-{request.state.request_id}"
         # A batch of prompts: choice index = prompt_index * n + choice, as OpenAI numbers them.
@@ -137,15 +162,15 @@ def create_app(state: ServerState) -> FastAPI:
                                         **body.sampling(index=k % n)) for k in range(len(prompts) * n)]
             await _all_queued(streams)
             echoed = [str(prompts[k // n]) for k in range(len(streams))] if body.echo else None
-            return sse_response(completion_chunks(streams, lambda: _envelope(rid, "text_completion", state),
-                                                  state.metrics.observe, body.logprobs, echoed))
-        generated = await _complete(request, state, len(prompts) * n_gen, lambda k: llm.submit(
+            return sse_response(completion_chunks(streams, lambda: _envelope(rid, "text_completion", llm.name),
+                                                  state.metrics.observer(llm.name), body.logprobs, echoed))
+        generated = await _complete(request, state.metrics.observer(llm.name), len(prompts) * n_gen, lambda k: llm.submit(
             prompts[k // n_gen], request_id=_choice_id(rid, k, len(prompts) * n_gen), **body.sampling(index=k % n_gen)))
         done = [c for p in range(len(prompts)) for c in (
             best_of(generated[p * n_gen:(p + 1) * n_gen], n) if n_gen > n else generated[p * n_gen:(p + 1) * n_gen])]
         echoed = [str(prompts[i // n]) if body.echo else "" for i in range(len(done))]
         return OACompletion.model_validate({
-            **_envelope(rid, "text_completion", state),
+            **_envelope(rid, "text_completion", llm.name),
             "choices": [{"index": i, "text": echoed[i] + c.text, "finish_reason": FINISH_REASON[c.finish_reason],
                          "logprobs": completion_logprobs(c.logprobs, body.logprobs) if body.logprobs is not None else None}
                         for i, c in enumerate(done)],
@@ -153,7 +178,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatRequest, request: Request) -> Any:
-        llm = _ready_llm(state, body.model)
+        llm = await _ready_model(state, body.model)
         body.check()
         rid = f"chatcmpl-{request.state.request_id}"
         messages = body.message_dicts()
@@ -162,12 +187,12 @@ def create_app(state: ServerState) -> FastAPI:
             streams = [llm.stream_chat_async(messages, request_id=_choice_id(rid, i, body.n), **body.sampling(index=i))
                        for i in range(body.n)]
             await _all_queued(streams)
-            return sse_response(chat_chunks(streams, lambda: _envelope(rid, "chat.completion.chunk", state),
-                                            state.metrics.observe, include_usage, body.logprobs, body.parsed_tools))
-        done = await _complete(request, state, body.n, lambda i: llm.submit_chat(
+            return sse_response(chat_chunks(streams, lambda: _envelope(rid, "chat.completion.chunk", llm.name),
+                                            state.metrics.observer(llm.name), include_usage, body.logprobs, body.parsed_tools))
+        done = await _complete(request, state.metrics.observer(llm.name), body.n, lambda i: llm.submit_chat(
             messages, request_id=_choice_id(rid, i, body.n), **body.sampling(index=i)))
         return ChatCompletion.model_validate({
-            **_envelope(rid, "chat.completion", state),
+            **_envelope(rid, "chat.completion", llm.name),
             "choices": [{"index": i, "message": chat_message(c),
                          "finish_reason": FINISH_REASON[c.finish_reason], "logprobs": chat_logprobs(c.logprobs)}
                         for i, c in enumerate(done)],
@@ -175,8 +200,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/embeddings", response_model=None)
     async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
-        llm = _ready_llm(state, body.model)
-        return await create_embeddings(llm, body, f"embd-{request.state.request_id}", state.model_id)
+        llm = await _ready_model(state, body.model)
+        return await create_embeddings(llm, body, f"embd-{request.state.request_id}", llm.name)
 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=state.max_body_bytes)  # outermost: runs first
     return app
@@ -191,32 +216,27 @@ async def _guard(request: Request, state: ServerState) -> Response | None:
     return None
 
 
-class ModelNotFoundError(LlamactorError):
-    """The request names a model this server does not serve (OpenAI answers 404)."""
-
-    http_status = 404
-    code = "model_not_found"
-
-
-def _ready_llm(state: ServerState, model: str | None) -> llamactor.LLM:
-    if model is not None and model != state.model_id:
-        raise ModelNotFoundError(f"The model {model!r} does not exist; this server serves {state.model_id!r}")
-    if state.llm is None or state.draining:
-        raise BatcherUnavailableError("the model is loading or the server is shutting down")
-    return state.llm
+async def _ready_model(state: ServerState, model: str | None) -> Any:
+    """The model the request names (404 if none), loaded (off the event loop) if it was not."""
+    if state.router is None or state.draining:
+        raise BatcherUnavailableError("the server is starting or shutting down")
+    handle = state.router.model(model)  # ModelNotFoundError: 404
+    if not handle.loaded:
+        await asyncio.to_thread(handle.load)
+    return handle
 
 
-def _envelope(rid: str, kind: str, state: ServerState) -> dict[str, Any]:
+def _envelope(rid: str, kind: str, model: str) -> dict[str, Any]:
     """The fields every completion object and chunk starts with."""
-    return {"id": rid, "object": kind, "created": int(time.time()), "model": state.model_id}
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": model}
 
 
-async def _complete(request: Request, state: ServerState, n: int,
+async def _complete(request: Request, observe: Callable[[llamactor.Completion], None], n: int,
                     submit: Callable[[int], Any]) -> list[llamactor.Completion]:
     """Submit the ``n`` choices, await them (cancelling on disconnect), count them in the metrics."""
     done = await _gather(request, [submit(i) for i in range(n)])
     for c in done:
-        state.metrics.observe(c)
+        observe(c)
     return done
 
 

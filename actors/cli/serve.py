@@ -1,0 +1,96 @@
+"""``llamactor serve``: the OpenAI-compatible daemon over one or several models.
+
+    llamactor serve                                   # the default model
+    llamactor serve --model chat=/m/a.gguf --model small=/m/b.gguf --replicas 2
+    llamactor serve --config models.toml              # [[models]] tables (llamactor.model_specs)
+    llamactor serve --ray --replicas 4                # replicas as Ray Serve deployment replicas
+
+Engine options (``--n-parallel``, ``--n-ctx`` ...) apply to every model unless its TOML table
+sets them; ``--replicas``, ``--routing-policy`` and ``--idle-unload`` to the ``--model`` ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any
+
+import click
+
+from llamactor.cli.options import engine_options, tree_options
+from llamactor.errors import LlamactorError
+from llamactor.model_specs import ModelSpec, specs_from
+from llamactor.models import resolve_model_path
+from llamactor.routing import POLICIES
+
+MODELS_OPTION = click.option("--model", "model_values", envvar="LLAMACTOR_MODEL", multiple=True,
+                             help="GGUF file, or NAME=PATH; repeat for several models (default: Gemma 3 270M).")
+
+
+def split_model(value: str) -> tuple[str | None, str]:
+    """``NAME=PATH`` -> (NAME, PATH); a plain path (even one holding '=') -> (None, PATH)."""
+    name, sep, path = value.partition("=")
+    if not sep or os.path.isfile(value) or "/" in name or not name:
+        return None, value
+    return name, path
+
+
+def model_specs(values: tuple[str, ...], toml_models: list[Any], options: dict[str, Any], *,
+                model_name: str | None, replicas: int, policy: str, idle_unload_s: float | None) -> list[ModelSpec]:
+    """The specs of ``--model`` values (default: the default model) and of TOML ``[[models]]``."""
+    from llamactor.http.daemon import model_id_for
+
+    entries: list[dict[str, Any]] = []
+    for value in values or (() if toml_models else (None,)):
+        name, path = split_model(value) if value else (None, None)
+        path = resolve_model_path(path)  # a missing file fails here, before the socket opens
+        if name is None:
+            name = model_name if model_name and len(values) <= 1 else model_id_for(path)
+        entries.append({"name": name, "path": path, "replicas": replicas, "policy": policy,
+                        "idle_unload_s": idle_unload_s})
+    return specs_from([*entries, *toml_models], options)
+
+
+@click.command()
+@click.option("--host", envvar="LLAMACTOR_HOST", default="127.0.0.1", show_default=True)
+@click.option("--port", envvar="LLAMACTOR_PORT", type=int, default=8000, show_default=True)
+@click.option("--uds", envvar="LLAMACTOR_UDS", default=None, help="Listen on this Unix socket instead.")
+@click.option("--api-key", envvar="LLAMACTOR_API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
+@click.option("--drain-timeout", "drain_timeout_s", envvar="LLAMACTOR_DRAIN_TIMEOUT", type=float, default=30.0,
+              show_default=True, help="Seconds SIGTERM waits for in-flight requests.")
+@click.option("--max-body-bytes", envvar="LLAMACTOR_MAX_BODY_BYTES", type=int, default=4 * 1024 * 1024,
+              show_default=True)
+@click.option("--model-name", envvar="LLAMACTOR_MODEL_NAME", default=None,
+              help="The model id clients send for a single --model (default: the file name without .gguf).")
+@click.option("--replicas", envvar="LLAMACTOR_REPLICAS", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Actor trees per --model (they split --n-threads unless it is given).")
+@click.option("--routing-policy", envvar="LLAMACTOR_ROUTING_POLICY", type=click.Choice(POLICIES),
+              default="shortest_queue", show_default=True, help="How a request picks one of a model's replicas.")
+@click.option("--max-loaded", envvar="LLAMACTOR_MAX_LOADED", type=click.IntRange(1), default=None,
+              help="Models loaded at once; the least recently used idle one is unloaded for another.")
+@click.option("--idle-unload", "idle_unload_s", envvar="LLAMACTOR_IDLE_UNLOAD", type=float, default=None,
+              help="Unload a --model after this many idle seconds (it loads again on its next request).")
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Run the replicas as Ray Serve deployment replicas (pip install 'llamactor[ray]'; RAY_ADDRESS).")
+@functools.partial(engine_options, model_option=MODELS_OPTION)
+def serve(host: str, port: int, uds: str | None, api_key: str | None, drain_timeout_s: float, max_body_bytes: int,
+          model_name: str | None, replicas: int, routing_policy: str, max_loaded: int | None,
+          idle_unload_s: float | None, use_ray: bool, model_values: tuple[str, ...], **opts: Any) -> None:
+    """The OpenAI-compatible HTTP daemon (/v1/completions, /v1/chat/completions, /v1/embeddings,
+    /v1/models, /health, /metrics)."""
+    ctx = click.get_current_context()
+    toml_models = (ctx.default_map or {}).get("models") or []  # [[models]] of --config (not an option)
+    try:
+        specs = model_specs(model_values, toml_models, tree_options(opts), model_name=model_name, replicas=replicas,
+                            policy=routing_policy, idle_unload_s=idle_unload_s)
+    except LlamactorError as e:
+        print(f"llamactor serve: {e}", file=sys.stderr)
+        sys.exit(1)
+    if use_ray:
+        from llamactor.rayserve.app import serve_on_ray
+        sys.exit(serve_on_ray(specs, host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes))
+    from llamactor.http.daemon import serve as run_daemon
+
+    sys.exit(run_daemon(host=host, port=port, uds=uds, api_key=api_key, drain_timeout_s=drain_timeout_s,
+                        max_body_bytes=max_body_bytes, models=specs, max_loaded=max_loaded))

@@ -1,0 +1,82 @@
+"""One daemon serving several models and replicas (``[[models]]`` in TOML, ``--model NAME=PATH``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from llamactor.cli.serve import model_specs, split_model
+
+from .daemon_helpers import Daemon, start_daemon
+
+QUESTION = [{"role": "user", "content": "Name a colour of the sea."}]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Iterator[Daemon]:
+    config = tmp_path_factory.mktemp("config") / "models.toml"
+    config.write_text(f'''
+[[models]]
+name = "plain"
+path = "{model_path}"
+replicas = 2
+n_parallel = 2
+
+[[models]]
+name = "pirate"
+path = "{model_path}"
+system_prompt = "Answer like a pirate would."
+preload = false
+''')
+    d = start_daemon("--config", str(config))
+    yield d
+    d.stop()
+
+
+def test_two_models_in_one_daemon_answer_under_their_own_names(daemon: Daemon) -> None:
+    client = daemon.client(api_key="unused")
+    listed = {m.id: m.model_extra["loaded"] for m in client.models.list().data}
+    assert listed == {"plain": True, "pirate": False}
+    plain = client.chat.completions.create(model="plain", messages=QUESTION, max_tokens=4, temperature=0)
+    pirate = client.chat.completions.create(model="pirate", messages=QUESTION, max_tokens=4, temperature=0)
+    assert (plain.model, pirate.model) == ("plain", "pirate")
+    assert pirate.usage.prompt_tokens > plain.usage.prompt_tokens  # loaded on first use, with its system prompt
+    assert {m.id: m.model_extra["loaded"] for m in client.models.list().data} == {"plain": True, "pirate": True}
+    vectors = client.embeddings.create(model="pirate", input=["sea", "sky"])
+    assert len(vectors.data) == 2 and vectors.model == "pirate"
+
+
+def test_an_unknown_model_is_a_404_in_openai_shape(daemon: Daemon) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        daemon.client(api_key="unused").chat.completions.create(model="poet", messages=QUESTION, max_tokens=2)
+    assert caught.value.body["code"] == "model_not_found" and "'poet' does not exist" in caught.value.body["message"]
+
+
+def test_health_and_metrics_report_each_model_and_replica(daemon: Daemon) -> None:
+    client = daemon.client(api_key="unused")
+    for _ in range(4):
+        client.completions.create(model="plain", prompt="The sea is", max_tokens=2)
+    health = httpx.get(f"{daemon.url}/health").json()
+    assert health["status"] == "ready"
+    assert [r["replica"] for r in health["models"]["plain"]["replicas"]] == [0, 1]
+    metrics = httpx.get(f"{daemon.url}/metrics").text
+    for model, replica in (("plain", 0), ("plain", 1)):
+        assert f'llamactor_ready{{model="{model}",replica="{replica}"}} 1.0' in metrics
+        assert f'llamactor_router_requests_total{{model="{model}",replica="{replica}"}}' in metrics
+    served = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+              if line.startswith('llamactor_router_requests_total{model="plain"')]
+    assert min(served) >= 1  # both replicas of plain served
+    assert 'llamactor_generated_tokens_total{model="plain"}' in metrics
+
+
+def test_model_flags_name_each_model_and_share_the_engine_options(model_path: str) -> None:
+    assert split_model(f"chat={model_path}") == ("chat", model_path)
+    assert split_model(model_path) == (None, model_path)
+    specs = model_specs((f"chat={model_path}", model_path), [], {"n_parallel": 3, "n_batch": 512}, model_name=None,
+                        replicas=2, policy="round_robin", idle_unload_s=None)
+    assert [(s.name, s.replicas, s.policy, s.config.n_parallel) for s in specs] == [
+        ("chat", 2, "round_robin", 3), ("gemma-3-270m-q4_k_m", 2, "round_robin", 3)]
+    assert specs[0].config.n_threads >= 1
