@@ -26,7 +26,12 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 
 install: $(VENV)/.installed
 
-test: install
+# The tests also run the Ray Serve deployment: the ray extra, only for them (make chat does not need it).
+$(VENV)/.ray: pyproject.toml | $(VENV)/.deps
+	$(PIP) install -q -e '.[ray]' --config-settings editable_mode=strict
+	touch $@
+
+test: install $(VENV)/.ray
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 typecheck: install

@@ -32,6 +32,11 @@ class ReplyChannel:
     on_piece: Callable[[Piece], None] | None = None  # streaming callers get each text piece here
     n_pieces_sent: int = 0  # > 0 means a restart can no longer replay this request invisibly
 
+    def __reduce__(self) -> tuple[type[ReplyChannel], tuple[()]]:
+        """A message sent to another process (a Ray Serve replica) arrives with an empty channel:
+        futures and callbacks stay where they were; the receiver gives the message its own."""
+        return ReplyChannel, ()
+
     def send_piece(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> bool:
         """Stream ``text`` (with the logprobs of the tokens it completes); False if it is empty
         and so was not sent (its logprobs then go with the next piece)."""
