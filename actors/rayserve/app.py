@@ -69,19 +69,30 @@ def build_app(specs: list[ModelSpec], *, api_key: str | None = None, max_body_by
 
 def serve_on_ray(specs: list[ModelSpec], *, host: str, port: int, api_key: str | None,
                  max_body_bytes: int) -> int:
-    """``llamactor serve --ray``: deploy, then wait for SIGTERM/SIGINT and shut the app down."""
+    """``llamactor serve --ray``: deploy, wait for SIGTERM/SIGINT, then remove the app (and stop
+    the local Ray instance if this process started it)."""
     import ray
 
-    ray.init(address=os.environ.get("RAY_ADDRESS"))
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(build_app(specs, api_key=api_key, max_body_bytes=max_body_bytes), name=APP_NAME, route_prefix="/")
-    for spec in specs:
-        log.info("model_ready", model=spec.name, replicas=spec.replicas, ray=True)
-    log.info("serving", address=f"http://{host}:{port}", models=[s.name for s in specs], ray=True)
+    cluster = os.environ.get("RAY_ADDRESS")
+    ray.init(address=cluster, **({} if cluster else {"include_dashboard": False}))
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, whose own SIGTERM handler aborts
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    serve.delete(APP_NAME)
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(build_app(specs, api_key=api_key, max_body_bytes=max_body_bytes), name=APP_NAME,
+                  route_prefix="/")
+        for spec in specs:
+            log.info("model_ready", model=spec.name, replicas=spec.replicas, ray=True)
+        log.info("serving", address=f"http://{host}:{port}", models=[s.name for s in specs], ray=True,
+                 cluster=cluster or "local")
+        stop.wait()
+        log.info("draining", ray=True)
+    finally:
+        if cluster:
+            serve.delete(APP_NAME)
+        else:
+            serve.shutdown()
+        ray.shutdown()
     log.info("stopped", exit_code=0)
     return 0
