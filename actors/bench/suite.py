@@ -7,7 +7,7 @@ fixed new tokens, greedy, EOG ignored), *shared system prompt* (configured vs in
 idle CPU use of a started tree, the daemon (``daemon``), the prefix cache's *multiturn* and
 *few-shot* workloads (``prefix``), the scheduler's *priorities* and *overcommit* (``scheduling``),
 JSON-Schema-constrained vs unconstrained requests (``structured``), packed embeddings
-(``embeddings``), and with a llama-server binary the *peer* leg (``peer``).
+(``embeddings``), two replicas behind the router (``replicas``), and with a llama-server binary the *peer* leg (``peer``).
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def bench_daemon(s: BenchSettings, tick: Callable[[], None]) -> list[dict[str, A
 
 def workloads(s: BenchSettings) -> dict[str, tuple[int, Callable[[BenchSettings, Callable[[], None]], Any]]]:
     """Every workload by its results key: (progress ticks, function)."""
-    from llamactor.bench import embeddings, peer, prefix, scheduling, structured
+    from llamactor.bench import embeddings, peer, prefix, replicas, scheduling, structured
 
     n_daemon = 1 if s.quick else len([c for c in s.concurrencies if c <= 16])
     found: dict[str, tuple[int, Callable[[BenchSettings, Callable[[], None]], Any]]] = {
@@ -238,7 +238,8 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Callable[[BenchSettings,
         "daemon": (n_daemon, bench_daemon),  # also fills results["daemon_idle"]
         "multiturn": (4, prefix.bench_multiturn), "few_shot": (2, prefix.bench_few_shot),
         "priorities": (2, scheduling.bench_priorities), "overcommit": (2, scheduling.bench_overcommit),
-        "structured": (1, structured.bench_structured), "embeddings": (3, embeddings.bench_embeddings)}
+        "structured": (1, structured.bench_structured), "embeddings": (3, embeddings.bench_embeddings),
+        "replicas": (3, replicas.bench_replicas)}
     if s.peer_server:
         found["peer"] = (2, peer.bench_peer)
     return found

@@ -74,7 +74,10 @@ def serve_on_ray(specs: list[ModelSpec], *, host: str, port: int, api_key: str |
     import ray
 
     cluster = os.environ.get("RAY_ADDRESS")
-    ray.init(address=cluster, **({} if cluster else {"include_dashboard": False}))
+    if cluster:
+        ray.init(address=cluster)
+    else:
+        ray.init(include_dashboard=False)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, whose own SIGTERM handler aborts
         signal.signal(sig, lambda *_: stop.set())
