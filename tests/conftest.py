@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pykka
@@ -33,26 +35,29 @@ def llm(model_path: str) -> Iterator[llamactor.LLM]:
     handle.close()
 
 
-@pytest.fixture
-def start_llm(model_path: str) -> Iterator[object]:
-    """Start a tree with the given options; every tree and actor the test started is stopped after it.
-
-    (Like pykka's own tests, but sparing the module-scoped tree: only actors new since the test
-    began are stopped.)"""
-    handles: list[llamactor.LLM] = []
+@contextlib.contextmanager
+def closing_what_the_test_started() -> Iterator[list[Any]]:
+    """Yields a list for the handles a test starts; closes them after it, then stops every actor
+    new since it began (like pykka's own tests, but sparing module-scoped trees)."""
+    handles: list[Any] = []
     before = set(pykka.ActorRegistry.get_all())
-
-    def start(**options: object) -> llamactor.LLM:
-        options.setdefault("n_ctx", 2048)
-        handle = llamactor.start(model_path, **options)
-        handles.append(handle)
-        return handle
-
-    yield start
+    yield handles
     for handle in handles:
         handle.close()
     for ref in set(pykka.ActorRegistry.get_all()) - before:
         ref.stop()
+
+
+@pytest.fixture
+def start_llm(model_path: str) -> Iterator[object]:
+    """Start a tree with the given options; every tree and actor the test started is stopped after it."""
+    with closing_what_the_test_started() as handles:
+        def start(**options: object) -> llamactor.LLM:
+            options.setdefault("n_ctx", 2048)
+            handles.append(llamactor.start(model_path, **options))
+            return handles[-1]
+
+        yield start
 
 
 def batcher_ref(llm: llamactor.LLM) -> pykka.ActorRef:

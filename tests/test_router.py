@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import pykka
 import pytest
 
 import llamactor
 from llamactor.errors import BatcherUnavailableError
 
-from .conftest import batcher_ref
+from .conftest import batcher_ref, closing_what_the_test_started
 from .test_supervisor import NotAMessage
 
 SMALL = {"n_parallel": 2, "n_ctx": 1024, "n_threads": 1}
@@ -21,19 +20,12 @@ HISTORY = [{"role": "user", "content": "You are a careful assistant. Describe th
 @pytest.fixture
 def start_router(model_path: str) -> Iterator[object]:
     """Start a router; it and every actor the test started are stopped after the test."""
-    routers: list[llamactor.Router] = []
-    before = set(pykka.ActorRegistry.get_all())
+    with closing_what_the_test_started() as routers:
+        def start(*models: dict[str, object], **options: object) -> llamactor.Router:
+            routers.append(llamactor.start(models=[{"path": model_path, **SMALL, **m} for m in models], **options))
+            return routers[-1]
 
-    def start(*models: dict[str, object], **options: object) -> llamactor.Router:
-        router = llamactor.start(models=[{"path": model_path, **SMALL, **m} for m in models], **options)
-        routers.append(router)
-        return router
-
-    yield start
-    for router in routers:
-        router.close()
-    for ref in set(pykka.ActorRegistry.get_all()) - before:
-        ref.stop()
+        yield start
 
 
 def test_two_models_answer_under_their_own_names_and_an_unknown_name_is_refused(start_router) -> None:
