@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from llamactor.cli.serve import model_specs, split_model
+from llamactor.http.server import model_status
 
 from .daemon_helpers import Daemon, start_daemon
 
@@ -80,3 +81,10 @@ def test_model_flags_name_each_model_and_share_the_engine_options(model_path: st
     assert [(s.name, s.replicas, s.policy, s.config.n_parallel) for s in specs] == [
         ("chat", 2, "round_robin", 3), ("gemma-3-270m-q4_k_m", 2, "round_robin", 3)]
     assert specs[0].config.n_threads >= 1
+
+
+def test_a_model_with_one_replica_restarting_is_degraded_but_still_served() -> None:
+    assert model_status({"ready"}) == "ready"
+    assert model_status({"ready", "restarting"}) == "degraded"
+    assert model_status({"restarting"}) == "restarting"
+    assert model_status({"unloaded"}) == model_status(set()) == "unloaded"

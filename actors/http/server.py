@@ -66,6 +66,15 @@ class ServerState:
                 for i, s in enumerate(self.router.model(name).replica_stats())]
 
 
+def model_status(replica_states: set[str]) -> str:
+    """A model's health from its replicas': ``degraded`` while some restart and others serve."""
+    if replica_states <= {"unloaded"}:
+        return "unloaded"
+    if replica_states == {"ready"}:
+        return "ready"
+    return "degraded" if "ready" in replica_states else sorted(replica_states - {"unloaded"})[0]
+
+
 def _error(status: int, message: str, type_: str, code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, type_, code), status_code=status, headers=headers)
 
@@ -129,10 +138,8 @@ def create_app(state: ServerState) -> FastAPI:
             models[name]["replicas"].append({"replica": i, "status": s.get("state"), "running": s.get("running"),
                                              "pending": s.get("pending")})
         for entry in models.values():
-            states = {r["status"] for r in entry["replicas"]}
-            entry["status"] = "unloaded" if states <= {"unloaded"} else "ready" if states == {"ready"} else \
-                next(iter(states - {"ready", "unloaded"}), "ready")
-        ready = not state.draining and all(m["status"] in ("ready", "unloaded") for m in models.values())
+            entry["status"] = model_status({r["status"] for r in entry["replicas"]})
+        ready = not state.draining and all(m["status"] in ("ready", "degraded", "unloaded") for m in models.values())
         status = "draining" if state.draining else "ready" if ready else "unavailable"
         return JSONResponse({"status": status, "running": sum(r.get("running") or 0 for _, _, r in replicas),
                              "pending": sum(r.get("pending") or 0 for _, _, r in replicas), "models": models},
