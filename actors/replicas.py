@@ -142,8 +142,9 @@ class Replicas(Client):
     def _send(self, msg: Generate | Embed, reply: ReplyChannel) -> concurrent.futures.Future[Any]:
         key = routing_key(msg.text, msg.messages, msg.token_ids) if isinstance(msg, Generate) else ""
         replica, tree = self._choose(key)
-        self._track(replica, msg.request_id, reply.future)
-        return tree._send(msg, reply)
+        future = tree._send(msg, reply)  # counted once sent: a refused send leaves nothing in flight
+        self._track(replica, msg.request_id, future)
+        return future
 
     def _submit_n(self, prompt: dict[str, Any], n: int, request_id: str | None,
                   sampling: dict[str, Any]) -> list[concurrent.futures.Future[Completion]]:
