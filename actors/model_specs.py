@@ -1,6 +1,8 @@
-"""What a router serves: ``ModelSpec`` (one named model, its replicas and routing) and TOML files.
+"""What a router serves: ``ModelSpec``, one named model with its replicas and routing.
 
-    max_loaded = 2                # models loaded at once; the least recently used idle one goes
+As ``[[models]]`` tables of ``llamactor serve --config`` (a top-level ``max_loaded = 2`` goes
+with them), or as dicts with the same keys to ``llamactor.start(models=[...])``:
+
     [[models]]
     name = "chat"
     path = "/models/gemma-3-270m-q4_k_m.gguf"   # or omitted: the default model
@@ -17,8 +19,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,9 +81,6 @@ class ModelSpec:
             raise InvalidRequestError(f"model {spec.get('name')!r}: {e}") from e
         return cls(config=config, **spec)
 
-    def replace(self, **changes: Any) -> ModelSpec:
-        return dataclasses.replace(self, **changes)
-
 
 def specs_from(models: Sequence[ModelSpec | Mapping[str, Any]], defaults: Mapping[str, Any] | None = None,
                ) -> list[ModelSpec]:
@@ -97,21 +94,3 @@ def specs_from(models: Sequence[ModelSpec | Mapping[str, Any]], defaults: Mappin
         raise InvalidRequestError(f"model names must be unique: {', '.join(duplicated)}")
     return specs
 
-
-def load_toml(path: str, defaults: Mapping[str, Any] | None = None) -> tuple[list[ModelSpec], int | None]:
-    """The ``[[models]]`` of a TOML file and its top-level ``max_loaded``."""
-    try:
-        with open(path, "rb") as f:
-            document = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise InvalidRequestError(f"cannot read {path}: {e}") from e
-    unknown = set(document) - {"models", "max_loaded"}
-    if unknown:
-        raise InvalidRequestError(f"{path}: unknown top-level key(s): {', '.join(sorted(unknown))}")
-    max_loaded = document.get("max_loaded")
-    if max_loaded is not None and (not isinstance(max_loaded, int) or max_loaded < 1):
-        raise InvalidRequestError(f"{path}: max_loaded must be a positive integer")
-    models = document.get("models")
-    if not isinstance(models, list):
-        raise InvalidRequestError(f"{path}: needs [[models]] tables")
-    return specs_from(models, defaults), max_loaded
