@@ -85,5 +85,9 @@ class ModelNotFoundError(LlamactorError, KeyError):
     http_status = 404
     code = "model_not_found"
 
+    @classmethod
+    def among(cls, name: str, served: list[str]) -> ModelNotFoundError:
+        return cls(f"The model {name!r} does not exist; this server serves {', '.join(repr(n) for n in served)}")
+
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""

@@ -72,8 +72,7 @@ class Router:
         try:
             return self._models[name]
         except KeyError:
-            raise ModelNotFoundError(f"The model {name!r} does not exist; this server serves "
-                                     f"{', '.join(repr(n) for n in self._models)}") from None
+            raise ModelNotFoundError.among(name, self.names) from None
 
     __getitem__ = model
 

@@ -120,6 +120,5 @@ class RemoteRouter:
         if name is None:
             return next(iter(self._models.values()))
         if name not in self._models:
-            raise ModelNotFoundError(f"The model {name!r} does not exist; this server serves "
-                                     f"{', '.join(repr(n) for n in self._models)}")
+            raise ModelNotFoundError.among(name, self.names)
         return self._models[name]
