@@ -175,13 +175,13 @@ class Replicas(Client):
         return [{**tree.stats(), "in_flight": in_flight[i], "served": served[i]} for i, tree in enumerate(trees)]
 
     def stats(self) -> dict[str, Any]:
-        """The replicas' counters summed, ``state`` the worst of theirs, and ``replicas`` each."""
+        """The model's queue (``running``, ``pending``, ``in_flight``, ``served`` summed over its
+        replicas), ``state`` the worst of theirs, and each replica's own ``stats()`` in
+        ``replicas`` (ratios such as ``kv_usage`` are per replica: a sum would mean nothing)."""
         per_replica = self.replica_stats()
         total: dict[str, Any] = {"model": self.name, "replicas": per_replica, "policy": self.policy.name}
-        for s in per_replica:
-            for k, v in s.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    total[k] = total.get(k, 0) + v
+        for key in ("running", "pending", "in_flight", "served"):
+            total[key] = sum(s.get(key) or 0 for s in per_replica)
         states = [s.get("state") for s in per_replica]
         total["state"] = next((st for st in ("failed", "stopped", "restarting", "starting", "unloaded")
                                if st in states), "ready")
