@@ -7,15 +7,34 @@ PIP := $(PY) -m pip
 TORCH := torch==2.13.0
 SOURCES := $(wildcard actors/*.py actors/*/*.py native/*.py)
 
-.PHONY: install test typecheck chat bench bench-quick clean
+.PHONY: install test test-pure typecheck chat bench bench-quick clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# Dependencies change rarely; llama-cpp-python builds from source once, then comes from pip's cache.
-$(VENV)/.deps: pyproject.toml | $(PY)
+# llama-cpp-python compiles llama.cpp (~6 min on 2 cores) for this CPU (-march=native), but with
+# AMX off: ggml's AMX kernels segfault on the first decode on virtualized Sapphire/Granite Rapids
+# CPUs (llama.cpp #20824, ollama #17249), and -march=native turns them on wherever the CPU
+# reports AMX. The wheel is cached per version, flag set and CPU architecture outside pip's own
+# cache, which ignores CMAKE_ARGS and would hand back a wheel built with other flags.
+LLAMA_CPP := llama-cpp-python==0.3.36
+ARCH := $(shell uname -m)
+ifeq ($(ARCH),x86_64)
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
+endif
+WHEELS := $(HOME)/.cache/llamactor/wheels/$(shell echo '$(LLAMA_CPP) $(LLAMA_CMAKE_ARGS) $(ARCH)' | sha1sum | cut -c1-12)
+
+$(WHEELS)/.built: | $(PY)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(PIP) wheel --no-deps --no-cache-dir -w $(WHEELS) $(LLAMA_CPP)
+	touch $@
+
+# Dependencies change rarely: a new .venv reinstalls them, llama-cpp-python from the wheel above.
+$(VENV)/.deps: pyproject.toml $(WHEELS)/.built | $(PY)
 	$(PIP) install $(TORCH)
+	$(PIP) install --no-deps --no-index --find-links $(WHEELS) $(LLAMA_CPP)
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -e '.[test,bench]' --config-settings editable_mode=strict
 	touch $@
 
@@ -34,8 +53,14 @@ $(VENV)/.ray: pyproject.toml | $(VENV)/.deps
 test: install $(VENV)/.ray
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The model-free tests alone (pure logic, import layering): seconds, no model loaded.
+test-pure: install
+	$(PY) -m pytest -m pure $(PYTEST_ARGS)
+
+# mypy reads the package as installed (the editable install's tree of links), so that every
+# `llamactor.*` import is typed rather than Any.
 typecheck: install
-	$(PY) -m mypy actors native
+	MYPYPATH=$$(ls -d build/__editable__.llamactor-*) $(PY) -m mypy --cache-dir build/mypy-cache -p llamactor
 
 chat: install
 	$(VENV)/bin/llamactor chat $(CHAT_ARGS)
