@@ -1,25 +1,24 @@
-"""The daemon leg of the benchmark: ``llamactor serve`` on loopback, N concurrent streaming clients.
+"""The *daemon* leg of ``llamactor bench``: ``llamactor serve`` on loopback, N concurrent streaming clients.
 
 The in-process leg runs the same load through ``LLM.stream_chat`` from N threads, in the same
-run but not at the same time (both would share the same two cores).
+run but not at the same time (both would share the same two cores). Also records the idle CPU
+of the started daemon (``results["daemon_idle"]``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
-import httpx
 import openai
 
 import llamactor
+from llamactor.bench.measure import median_runs
+from llamactor.bench.servers import idle_cpu_percent, running_server, serve_command
+from llamactor.bench.settings import BenchSettings
 
 MODEL_ID = "bench-model"
 
@@ -68,32 +67,6 @@ def daemon_streams(client: openai.OpenAI, n: int, max_tokens: int) -> dict[str, 
 
 
 @contextlib.contextmanager
-def running_server(command: Callable[[int], list[str]], timeout_s: float = 120) -> Iterator[tuple[str, int]]:
-    """Start ``command(port)`` on a free loopback port; once ``/health`` answers 200, yield its URL and pid."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen(command(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + timeout_s
-        while not _healthy(url):  # a benchmark, not a test: polling the health check is what a client does
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the benchmark server {command(port)[0]} did not become ready")
-            time.sleep(0.2)
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(60)
-
-
-def serve_command(model_path: str, model_name: str, *options: str) -> Callable[[int], list[str]]:
-    """``llamactor serve`` of ``model_path`` under ``model_name``, for ``running_server``."""
-    return lambda port: [sys.executable, "-m", "llamactor.cli", "serve", "--port", str(port), "--model", model_path,
-                         "--model-name", model_name, "--log-level", "warning", *options]
-
-
-@contextlib.contextmanager
 def running_daemon(model_path: str, *, n_threads: int, n_ctx: int) -> Iterator[tuple[openai.OpenAI, int]]:
     command = serve_command(model_path, MODEL_ID, "--n-parallel", "16", "--n-threads", str(n_threads),
                             "--n-ctx", str(n_ctx))
@@ -103,24 +76,29 @@ def running_daemon(model_path: str, *, n_threads: int, n_ctx: int) -> Iterator[t
         yield client, pid
 
 
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def _run_warmup(client: Any) -> None:
     client.chat.completions.create(model=MODEL_ID, messages=_messages(0), max_tokens=2)
 
 
-def idle_cpu_percent(pid: int, seconds: float = 2.0) -> float:
-    """CPU used by process ``pid`` (all its threads) over ``seconds`` with no request in flight."""
-    def cpu_seconds() -> float:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+def daemon_concurrencies(s: BenchSettings) -> list[int]:
+    """The concurrencies the daemon leg runs (one progress tick each)."""
+    return [16] if s.quick else [c for c in s.concurrencies if c <= 16]
 
-    before, t0 = cpu_seconds(), time.perf_counter()
-    time.sleep(seconds)  # measuring idleness: nothing to wait for
-    return 100 * (cpu_seconds() - before) / (time.perf_counter() - t0)
+
+def bench_daemon(s: BenchSettings, tick: Callable[[], None]) -> list[dict[str, Any]]:
+    """Streamed chat completions from N threads: in-process ``stream_chat`` vs the daemon over HTTP."""
+    rows = []
+    with llamactor.start(s.model_path, n_parallel=16, n_threads=s.n_threads, n_ctx=s.n_ctx) as llm, \
+            running_daemon(s.model_path, n_threads=s.n_threads, n_ctx=s.n_ctx) as (client, pid):
+        llm.ask("warm up", max_tokens=2)
+        s.results["daemon_idle"] = {"cpu_percent": idle_cpu_percent(pid)}
+        for c in daemon_concurrencies(s):
+            m = median_runs({"local": lambda: in_process_streams(llm, c, s.max_tokens),
+                             "remote": lambda: daemon_streams(client, c, s.max_tokens)}, s.repeats)
+            local, remote = m["local"], m["remote"]
+            rows.append({"concurrency": c, "in_process_tok_s": local["tokens_per_s"],
+                         "daemon_tok_s": remote["tokens_per_s"], "in_process_ttft_p50_ms": local["ttft_p50_ms"],
+                         "daemon_ttft_p50_ms": remote["ttft_p50_ms"],
+                         "daemon_vs_in_process": remote["tokens_per_s"] / local["tokens_per_s"]})
+            tick()
+    return rows

@@ -17,7 +17,8 @@ from typing import Any
 
 import llamactor
 from llamactor.bench import baselines
-from llamactor.bench.suite import WORDS, BenchSettings, uniform_prompts
+from llamactor.bench.prompts import WORDS, uniform_prompts
+from llamactor.bench.settings import BenchSettings
 
 
 def _texts(n: int, seed: int = 11) -> list[str]:

@@ -17,9 +17,10 @@ from typing import Any
 
 import openai
 
-from llamactor.bench.suite import BenchSettings, percentile
-from llamactor.bench.daemon import running_server, serve_command
-from llamactor.bench.prefix import QUESTIONS, persona
+from llamactor.bench.conversations import QUESTIONS, persona
+from llamactor.bench.measure import percentile
+from llamactor.bench.servers import running_server, serve_command
+from llamactor.bench.settings import BenchSettings
 
 N_USERS, N_TURNS, N_PARALLEL, MAX_TOKENS = 8, 6, 8, 32
 

@@ -11,56 +11,20 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import llamactor
-from llamactor.bench.suite import BenchSettings, percentile
-
-TRADES = ["baker", "smith", "weaver", "potter", "miller", "tanner", "cooper", "mason", "carver", "glazier", "joiner",
-          "brewer", "dyer", "fletcher", "chandler", "roper"]
-TOWNS = ["Arden", "Brill", "Colby", "Dunmore", "Elkin", "Farrow", "Galt", "Hollin", "Ivel", "Jarrow", "Kells",
-         "Lusk", "Marlow", "Nairn", "Orme", "Pell"]
-QUESTIONS = ["What do you make?", "Who taught you your trade?", "What is the hardest part of your work?",
-             "What did you do yesterday?", "What will you do tomorrow?", "What is your favourite tool?"]
-
-
-def persona(i: int) -> str:
-    """About 300 tokens about user ``i``'s character, different from the first word on."""
-    trade, town = TRADES[i % len(TRADES)], TOWNS[(i * 7) % len(TOWNS)]
-    facts = " ".join(f"Fact {k} about {trade} number {i}: in the year {1700 + 13 * i + k} the {trade} of {town} "
-                     f"sold {k + 3} fine pieces at the {['spring', 'summer', 'autumn', 'winter'][k % 4]} fair."
-                     for k in range(10))
-    return f"Character {i}: you are the {trade} of {town}, a proud craftsman. {facts} Stay in character and answer briefly."
-
-
-@dataclass(slots=True)
-class Turn:
-    user: int
-    turn: int
-    ttft_ms: float
-    prompt_tokens: int
-    cached_tokens: int
-    history_tokens: int  # tokens the previous turn left: its prompt and its answer (0 on turn 1)
-
-
-def _conversation(llm: llamactor.LLM, user: int, n_turns: int, max_tokens: int) -> list[Turn]:
-    messages: list[dict[str, str]] = [{"role": "system", "content": persona(user)}]
-    turns, history = [], 0
-    for t in range(n_turns):
-        messages.append({"role": "user", "content": QUESTIONS[(user + t) % len(QUESTIONS)]})
-        c = llm.chat(messages, max_tokens=max_tokens, temperature=0)
-        messages.append({"role": "assistant", "content": c.text})
-        turns.append(Turn(user, t, c.timings.ttft_ms, c.usage.prompt_tokens, c.usage.cached_tokens, history))
-        history = c.usage.prompt_tokens + c.usage.completion_tokens
-    return turns
+from llamactor.bench.conversations import conversation
+from llamactor.bench.measure import percentile
+from llamactor.bench.prompts import TOWNS, TRADES
+from llamactor.bench.settings import BenchSettings
 
 
 def _multiturn_run(llm: llamactor.LLM, n_users: int, n_turns: int, max_tokens: int) -> dict[str, Any]:
     before = llm.stats()
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(n_users) as pool:
-        turns = [t for conv in pool.map(lambda u: _conversation(llm, u, n_turns, max_tokens), range(n_users))
+        turns = [t for conv in pool.map(lambda u: conversation(llm, u, n_turns, max_tokens), range(n_users))
                  for t in conv]
     wall = time.perf_counter() - start
     after = llm.stats()

@@ -16,8 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 import llamactor
-from llamactor.bench.prefix import _conversation
-from llamactor.bench.suite import BenchSettings, _llamactor_burst, _median_runs, percentile, uniform_prompts
+from llamactor.bench.conversations import conversation
+from llamactor.bench.measure import llamactor_burst, median_runs, percentile
+from llamactor.bench.prompts import uniform_prompts
+from llamactor.bench.settings import BenchSettings
 
 
 def _router(s: BenchSettings, policy: str, replicas: int, n_parallel: int) -> llamactor.Router:
@@ -29,7 +31,7 @@ def _router(s: BenchSettings, policy: str, replicas: int, n_parallel: int) -> ll
 def _multiturn(model: llamactor.Replicas, n_users: int, n_turns: int) -> dict[str, Any]:
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(n_users) as pool:
-        turns = [t for conv in pool.map(lambda u: _conversation(model, u, n_turns, 32), range(n_users)) for t in conv]
+        turns = [t for conv in pool.map(lambda u: conversation(model, u, n_turns, 32), range(n_users)) for t in conv]
     wall = time.perf_counter() - start
     later = [t.ttft_ms for t in turns if t.turn > 0]
     history = sum(t.history_tokens for t in turns)
@@ -44,8 +46,8 @@ def bench_replicas(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]
             s.model_path, n_parallel=16, n_threads=s.n_threads, n_ctx=s.n_ctx) as one:
         two["bench"].ask("warm up", max_tokens=2)
         one.ask("warm up", max_tokens=2)
-        m = _median_runs({"two_replicas": lambda: _llamactor_burst(two["bench"], prompts, mt),
-                          "one_tree": lambda: _llamactor_burst(one, prompts, mt)}, s.repeats)
+        m = median_runs({"two_replicas": lambda: llamactor_burst(two["bench"], prompts, mt),
+                         "one_tree": lambda: llamactor_burst(one, prompts, mt)}, s.repeats)
     tick()
     out: dict[str, Any] = {"throughput": {**m, "ratio": m["two_replicas"]["tokens_per_s"] / m["one_tree"]["tokens_per_s"]}}
     # An odd number of users: in lockstep rounds, the rotation among equal loads then sends a

@@ -15,7 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 import llamactor
-from llamactor.bench.suite import ANIMALS, BenchSettings, percentile, uniform_prompts
+from llamactor.bench.measure import percentile
+from llamactor.bench.prompts import ANIMALS, uniform_prompts
+from llamactor.bench.settings import BenchSettings
 
 
 def _arrivals(n: int, rate: float, seed: int = 7) -> list[tuple[float, str, str]]:

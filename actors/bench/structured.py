@@ -16,7 +16,8 @@ from typing import Annotated, Any
 import pydantic
 
 import llamactor
-from llamactor.bench.suite import ANIMALS, BenchSettings
+from llamactor.bench.prompts import ANIMALS
+from llamactor.bench.settings import BenchSettings
 
 
 class Animal(pydantic.BaseModel):

@@ -1,0 +1,41 @@
+"""Measurement helpers the benchmark's workloads share: percentiles, interleaved medians, bursts.
+
+``median_runs`` interleaves the legs it compares, so the drift of a shared machine's speed over
+minutes hits them alike; ``llamactor_burst`` is the standard load: N threads calling ``ask()`` at once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import llamactor
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))] if ordered else 0.0
+
+
+def median_runs(runs: dict[str, Callable[[], dict[str, float]]], repeats: int) -> dict[str, dict[str, float]]:
+    """Run each named measurement ``repeats`` times, interleaved, and keep each figure's median."""
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            samples[name].append(run())
+    return {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in samples.items()}
+
+
+def llamactor_burst(llm: llamactor.Client, prompts: list[str], max_tokens: int, **extra: Any) -> dict[str, float]:
+    """``len(prompts)`` threads call ``ask()`` at once; tokens/s over the wall time of the burst."""
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        done = list(pool.map(lambda p: llm.ask(p, max_tokens=max_tokens, temperature=0, ignore_eos=True, **extra),
+                             prompts))
+    seconds = time.perf_counter() - start
+    ttfts = [c.timings.ttft_ms for c in done]
+    return {"tokens_per_s": sum(c.usage.completion_tokens for c in done) / seconds,
+            "ttft_p50_ms": percentile(ttfts, 50), "ttft_p99_ms": percentile(ttfts, 99)}

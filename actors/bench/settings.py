@@ -1,0 +1,36 @@
+"""The settings of one ``llamactor bench`` run, shared by the runner and every workload.
+
+``BenchSettings`` says which model, how many threads and how thorough a run is (``quick``,
+``full``), derives the concurrencies, new tokens and repeats from that, and carries the results
+dict that workloads may add side results to (the daemon's idle CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class BenchSettings:
+    model_path: str
+    quick: bool = False
+    full: bool = False
+    n_threads: int = 2
+    n_ctx: int = 8192
+    peer_server: str | None = None  # a llama-server binary: adds the "peer" workload
+    results: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def concurrencies(self) -> list[int]:
+        if self.quick:
+            return [1, 4, 16]
+        return [1, 2, 4, 8, 16, 32] if self.full else [1, 2, 4, 8, 16]
+
+    @property
+    def max_tokens(self) -> int:
+        return 32 if self.quick else 64
+
+    @property
+    def repeats(self) -> int:
+        return 1 if self.quick else 5
