@@ -5,15 +5,16 @@
         print(llm.ask("Write a haiku", max_tokens=64, temperature=0).text)
 """
 
-from llamactor.api import LLM, start
-from llamactor.client import Client
-from llamactor.model_specs import ModelSpec
-from llamactor.replicas import Replicas
-from llamactor.router import Router
-from llamactor.completion import Completion, Embeddings, Timings, Usage
-from llamactor.config import Config, SamplingParams
-from llamactor.grammar import Grammar
-from llamactor.errors import (
+from llamactor.facade import start
+from llamactor.handles.tree import LLM
+from llamactor.handles.client import Client
+from llamactor.serving.model_specs import ModelSpec
+from llamactor.serving.replicas import Replicas
+from llamactor.serving.router import Router
+from llamactor.base.completion import Completion, Embeddings, Timings, Usage
+from llamactor.base.config import Config, SamplingParams
+from llamactor.base.grammar import Grammar
+from llamactor.base.errors import (
     BatcherRestartedError,
     BatcherUnavailableError,
     CancelledError,

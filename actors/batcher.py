@@ -3,13 +3,12 @@
 It holds every running request, steps while there is work (schedule -> run -> postprocess) and
 sleeps otherwise: the next ``Step`` is a message it tells itself, so callers' messages are
 handled between steps, and a lone request waits for company on a ``threading.Timer`` that
-tells it ``FlushDue``, never on a spin. Work messages arrive by ``tell``, so an exception in a
+tells it ``FlushDue`` (``FlushTimer``), never on a spin. Work messages arrive by ``tell``, so an exception in a
 handler reaches ``on_failure``, which reports to the supervisor before the actor dies.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -17,13 +16,14 @@ import numpy as np
 import pykka
 import structlog
 
-from llamactor.config import MAX_SEQUENCES, Config
-from llamactor.errors import ContextFullError, LlamactorError, QueueFullError, StepAbortedError
-from llamactor.batcher_stats import audit_kv, batcher_stats
+from llamactor.base.logging import get_logger
+from llamactor.base.config import MAX_SEQUENCES, Config
+from llamactor.base.errors import ContextFullError, LlamactorError, QueueFullError, StepAbortedError
+from llamactor.batcher_stats import StepCounters, audit_kv, batcher_stats
 from llamactor.embedding_steps import EmbeddingSteps
-from llamactor.embeddings import EmbeddingQueue
-from llamactor.grammar import GrammarSampler
-from llamactor.messages import (
+from llamactor.scheduling.embedding_queue import EmbeddingQueue
+from llamactor.grammar_sampler import GrammarSampler
+from llamactor.base.messages import (
     AuditKv,
     BatcherFailed,
     BatcherReady,
@@ -36,31 +36,34 @@ from llamactor.messages import (
     tell_quietly,
 )
 from llamactor.native.engine import Engine
-from llamactor.policy import Policy
-from llamactor.prefix_index import KvOp, PrefixIndex
+from llamactor.scheduling.policy import Policy
+from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
 from llamactor.prompts import PromptBuilder
 from llamactor.requests import RequestState, finish_request
-from llamactor.scheduler import Scheduler, Sequence, StepPlan
+from llamactor.scheduling.scheduler import Scheduler, Sequence, StepPlan
+from llamactor.flush_timer import FlushTimer
+from llamactor.stats_board import BATCHER_PUBLISH_S, StatsBoard
 from llamactor.watchdog import Watchdog
 
-log = structlog.get_logger("llamactor.batcher")
+log = get_logger("llamactor.batcher")
 
 
 class BatcherActor(pykka.ThreadingActor):
     def __init__(self, config: Config, model_path: str, supervisor: pykka.ActorRef[Any] | None = None,
-                 generation: int = 0, watchdog_trips: int = 0) -> None:
+                 generation: int = 0, watchdog_trips: int = 0, board: StatsBoard | None = None) -> None:
         super().__init__()
         self.config = config
         self.model_path = model_path
         self.watchdog_trips = watchdog_trips  # of earlier generations, for the batcher_stats line
         self.supervisor = supervisor
         self.generation = generation
-        self.counters = {"steps": 0, "tokens_generated": 0, "prompt_tokens_computed": 0,
-                         "tokens_recomputed": 0, "requests_finished": 0, "step_sequences": 0}
-        self.step_ms = {"schedule": 0.0, "decode": 0.0, "mask": 0.0, "sample": 0.0, "postprocess": 0.0}
+        self.board = board if board is not None else StatsBoard()
+        self.step_counters = StepCounters()
+        self.counters = self.step_counters.counts
+        self.step_ms = self.step_counters.step_ms
+        self._last_publish = 0.0
         self._step_queued = False
-        self._timer: threading.Timer | None = None
-        self._timer_id = 0
+        self.flush_timer = FlushTimer(self.actor_ref)
         self._last_stats_log = time.perf_counter()
         self.watchdog: Watchdog | None = None
 
@@ -92,6 +95,7 @@ class BatcherActor(pykka.ThreadingActor):
                 self.watchdog = Watchdog(cfg.watchdog_timeout_s, self.engine.abort_flag, self._on_watchdog_fired)
             if self.engine.test_hang is not None:
                 self.engine.test_hang.arm()  # the first step's decode hangs until the watchdog aborts it
+            self.board.batcher = self.stats()
             if self.supervisor is not None:
                 tell_quietly(self.supervisor, BatcherReady(self.generation, self.engine.info))
             log.info("batcher_started", generation=self.generation, n_ctx=self.engine.info.n_ctx,
@@ -104,7 +108,7 @@ class BatcherActor(pykka.ThreadingActor):
 
     def _prefill_pinned(self, tokens: list[int]) -> None:
         """Compute a system prompt's KV on a fresh seq_id and pin it in the index."""
-        seq_id, _ = self.index.allocate(0.0)
+        seq_id, _ = self.index.allocate()
         self.engine.prefill(seq_id, tokens)
         self.index.extend(seq_id, tokens, 0.0)
         self.index.pin(seq_id)
@@ -115,7 +119,7 @@ class BatcherActor(pykka.ThreadingActor):
         self.on_stop()  # pykka skips on_stop after a failure; the context must still be freed
 
     def on_stop(self) -> None:
-        self._cancel_timer()
+        self.flush_timer.cancel()
         if self.watchdog is not None:
             self.watchdog.stop()
         if getattr(self, "engine", None) is not None:
@@ -123,7 +127,7 @@ class BatcherActor(pykka.ThreadingActor):
             self.engine = None  # type: ignore[assignment]
 
     def _report_failure(self, error: BaseException) -> None:
-        self._cancel_timer()
+        self.flush_timer.cancel()
         if self.supervisor is not None:
             tell_quietly(self.supervisor, BatcherFailed(self.generation, repr(error),
                                                         watchdog=isinstance(error, StepAbortedError)))
@@ -144,9 +148,8 @@ class BatcherActor(pykka.ThreadingActor):
         elif isinstance(message, Embed):
             self.embeddings.add(message)
         elif isinstance(message, FlushDue):
-            if message.timer_id != self._timer_id:
+            if not self.flush_timer.fired(message):
                 return None  # a stale timer: the window it guarded was already flushed
-            self._timer = None
         elif isinstance(message, Cancel):
             self._on_cancel(message.request_id)
         elif isinstance(message, GetStats):
@@ -156,6 +159,7 @@ class BatcherActor(pykka.ThreadingActor):
         else:
             raise TypeError(f"batcher got an unknown message: {message!r}")
         self._arm()
+        self._publish(time.perf_counter())
         return None
 
     def _on_generate(self, msg: Generate) -> None:
@@ -185,24 +189,14 @@ class BatcherActor(pykka.ThreadingActor):
         """After each message: queue the next step, start the window timer, or go idle."""
         now = time.perf_counter()
         if self.scheduler.running or self.scheduler.flush_due(now) or self.embeddings.queue.waiting:
-            self._cancel_timer()
+            self.flush_timer.cancel()
             if not self._step_queued:
                 self._step_queued = True
                 self.actor_ref.tell(Step())
             return
         deadline = self.scheduler.flush_deadline()
-        if deadline is not None and self._timer is None:
-            self._timer_id += 1
-            self._timer = threading.Timer(max(0.0, deadline - now), tell_quietly,
-                                          (self.actor_ref, FlushDue(self._timer_id)))
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-            self._timer_id += 1
+        if deadline is not None:
+            self.flush_timer.start(deadline - now)
 
     # -- one step: schedule -> run -> postprocess ------------------------------------------
 
@@ -236,14 +230,7 @@ class BatcherActor(pykka.ThreadingActor):
         result = self._run(plan)
         t2 = time.perf_counter()
         self._postprocess(plan, result)
-        self._add_step_time(t0, t1, t2, time.perf_counter())
-
-    def _add_step_time(self, t0: float, t1: float, t2: float, t3: float) -> None:
-        """Cumulative per-phase milliseconds, for the benchmark's per-step breakdown."""
-        c = self.step_ms
-        c["schedule"] += (t1 - t0) * 1000
-        c["decode"] += (t2 - t1) * 1000
-        c["postprocess"] += (t3 - t2) * 1000
+        self.step_counters.add_step_time(t0, t1, t2, time.perf_counter())
 
     def _apply(self, ops: list[KvOp]) -> None:
         """Carry out the prefix index's decisions on the llama context, in order."""
@@ -254,16 +241,7 @@ class BatcherActor(pykka.ThreadingActor):
                 self.engine.seq_rm(op.seq_id, op.p0, -1)
 
     def _run(self, plan: StepPlan) -> Any:
-        tokens: list[int] = []
-        positions: list[int] = []
-        seq_ids: list[int] = []
-        wants: list[int] = []
-        for chunk in plan.chunks:
-            seq, n = chunk.seq, chunk.n_tokens
-            tokens += seq.token_ids[seq.n_past:seq.n_past + n]
-            positions += range(seq.n_past, seq.n_past + n)
-            seq_ids += [seq.seq_id] * n
-            wants += [0] * (n - 1) + [1 if chunk.samples else 0]
+        tokens, positions, seq_ids, wants = plan.rows()
         return self._guarded(lambda: self.engine.decode(
             np.array(tokens, dtype=np.int32), np.array(positions, dtype=np.int32), np.array(seq_ids, dtype=np.int32),
             np.array(wants, dtype=np.int8)), {"n_tokens": len(tokens), "n_sequences": len(plan.chunks)})
@@ -330,4 +308,13 @@ class BatcherActor(pykka.ThreadingActor):
         return audit_kv(self.engine, self.index)
 
     def stats(self) -> dict[str, Any]:
-        return batcher_stats(self)
+        return batcher_stats(generation=self.generation, watchdog_trips=self.watchdog_trips,
+                             counters=self.step_counters, scheduler=self.scheduler, index=self.index,
+                             info=self.engine.info, embeddings=self.embeddings, sampler=self.sampler)
+
+    def _publish(self, now: float) -> None:
+        """Put a stats snapshot on the tree's board: when idle, or at most every BATCHER_PUBLISH_S."""
+        idle = not self._step_queued and not self.flush_timer.armed
+        if idle or now - self._last_publish >= BATCHER_PUBLISH_S:
+            self._last_publish = now
+            self.board.batcher = self.stats()

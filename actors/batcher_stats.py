@@ -1,18 +1,40 @@
-"""What the batcher reports: its ``stats()`` snapshot, and the KV audit the tests ask for.
+"""What the batcher counts and reports: ``StepCounters``, the ``batcher_stats`` snapshot, and the
+KV audit the tests ask for.
 
-Both run on the batcher thread (``GetStats`` / ``AuditKv`` are asked of the actor).
+Everything here runs on the batcher thread; the snapshot is built from the pieces the batcher
+owns (scheduler, prefix index, embedding steps, grammar sampler), passed in explicitly.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
+from llamactor.embedding_steps import EmbeddingSteps
+from llamactor.grammar_sampler import GrammarSampler
+from llamactor.base.engine_info import EngineInfo
 from llamactor.native.engine import Engine
-from llamactor.prefix_index import PrefixIndex
+from llamactor.scheduling.prefix_index import PrefixIndex
+from llamactor.scheduling.scheduler import Scheduler
 
-if TYPE_CHECKING:
-    from llamactor.batcher import BatcherActor
+
+@dataclass(slots=True)
+class StepCounters:
+    """Cumulative counts since the batcher started, and per-phase milliseconds (the benchmark's
+    per-step profile)."""
+
+    counts: dict[str, int] = field(default_factory=lambda: {
+        "steps": 0, "tokens_generated": 0, "prompt_tokens_computed": 0, "tokens_recomputed": 0,
+        "requests_finished": 0, "step_sequences": 0})
+    step_ms: dict[str, float] = field(default_factory=lambda: {
+        "schedule": 0.0, "decode": 0.0, "mask": 0.0, "sample": 0.0, "postprocess": 0.0})
+
+    def add_step_time(self, t0: float, t1: float, t2: float, t3: float) -> None:
+        """Schedule ``t0..t1``, decode ``t1..t2``, postprocess ``t2..t3`` (perf_counter seconds)."""
+        self.step_ms["schedule"] += (t1 - t0) * 1000
+        self.step_ms["decode"] += (t2 - t1) * 1000
+        self.step_ms["postprocess"] += (t3 - t2) * 1000
 
 
 def audit_kv(engine: Engine, index: PrefixIndex) -> list[str]:
@@ -27,21 +49,23 @@ def audit_kv(engine: Engine, index: PrefixIndex) -> list[str]:
     return problems
 
 
-def batcher_stats(b: BatcherActor) -> dict[str, Any]:
-    s, info, index = b.scheduler, b.engine.info, b.index
+def batcher_stats(*, generation: int, watchdog_trips: int, counters: StepCounters, scheduler: Scheduler,
+                  index: PrefixIndex, info: EngineInfo, embeddings: EmbeddingSteps,
+                  sampler: GrammarSampler) -> dict[str, Any]:
+    s = scheduler
     cache = index.stats()
     oldest = s.oldest_waiting_effective_priority(time.perf_counter())
-    return {"generation": b.generation, "running": len(s.running), "pending": len(s.pending),
-            "free_seq_ids": s.n_free, "n_parallel": b.config.n_parallel,
-            "schedule_policy": s.policy.name, "preemptions": s.n_preemptions, "watchdog_trips": b.watchdog_trips,
+    return {"generation": generation, "running": len(s.running), "pending": len(s.pending),
+            "free_seq_ids": s.n_free, "n_parallel": s.n_parallel,
+            "schedule_policy": s.policy.name, "preemptions": s.n_preemptions, "watchdog_trips": watchdog_trips,
             "pending_by_priority": {str(p): n for p, n in s.waiting_by_priority().items()},
             "oldest_waiting_priority": round(oldest, 3) if oldest is not None else None,
             "kv_used": index.cells_used, "kv_size": info.n_ctx,
-            "kv_usage": round(index.cells_used / info.n_ctx, 4), **b.counters,
+            "kv_usage": round(index.cells_used / info.n_ctx, 4), **counters.counts,
             "tokens_cached": cache["hit_tokens"],
             # entries may use every seq_id that running sequences and pinned prompts leave
             "prefix_cache": {**cache, "max_entries": info.n_seq_max - s.n_parallel - cache["pinned"]},
-            **b.embeddings.queue.stats(), "embedding_retries": b.embeddings.n_retries,
+            **embeddings.queue.stats(), "embedding_retries": embeddings.n_retries,
             # constrained rows sampled, and those the grammar refused at first (drawn again masked)
-            "grammar_rows": b.sampler.n_checked, "grammar_rows_masked": b.sampler.n_masked,
-            "step_ms": {**{k: round(v, 3) for k, v in b.step_ms.items()}, "embed": round(b.embeddings.ms, 3)}}
+            "grammar_rows": sampler.n_checked, "grammar_rows_masked": sampler.n_masked,
+            "step_ms": {**{k: round(v, 3) for k, v in counters.step_ms.items()}, "embed": round(embeddings.ms, 3)}}

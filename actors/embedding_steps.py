@@ -1,7 +1,7 @@
 """The batcher's embedding work: requests in, packed steps, retries in halves, results out.
 
 Runs on the batcher thread (it tokenizes and calls the engine's embedding contexts). The queue
-and the packing rule are pure (``actors/embeddings.py``); this is where they meet llama.cpp.
+and the packing rule are pure (``llamactor.scheduling.embedding_queue``); this is where they meet llama.cpp.
 """
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import structlog
 
-from llamactor.embeddings import EmbeddingInput, EmbeddingJob, EmbeddingQueue
-from llamactor.errors import CancelledError, ContextFullError, InvalidRequestError, LlamactorError
-from llamactor.messages import Embed
+from llamactor.base.logging import get_logger
+from llamactor.scheduling.embedding_queue import EmbeddingInput, EmbeddingJob, EmbeddingQueue
+from llamactor.base.errors import CancelledError, ContextFullError, InvalidRequestError, LlamactorError
+from llamactor.base.messages import Embed
 from llamactor.native.embedding import EmbeddingNoRoomError
 from llamactor.native.tokenizer import Tokenizer
 
-log = structlog.get_logger("llamactor.batcher")
+log = get_logger("llamactor.batcher")
 
 EmbedFn = Callable[[list[list[int]], str], np.ndarray]  # (inputs, pooling) -> [n, n_embd]
 

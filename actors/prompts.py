@@ -8,10 +8,10 @@ starting with either attach its KV by ``seq_cp`` instead of recomputing it.
 
 from __future__ import annotations
 
-from llamactor.config import SamplingParams
-from llamactor.errors import InvalidRequestError
-from llamactor.messages import Generate
-from llamactor.native.chat_template import ChatTemplate, ChatTemplateError
+from llamactor.base.config import SamplingParams
+from llamactor.base.errors import InvalidRequestError
+from llamactor.base.messages import Generate
+from llamactor.base.chat_template import ChatTemplate, ChatTemplateError
 from llamactor.native.tokenizer import Tokenizer
 
 _SPLIT_MARK = "\x00llamactor-split\x00"

@@ -13,20 +13,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import structlog
 
-from llamactor.completion import Completion, Timings, TokenLogprob, Usage
-from llamactor.config import SamplingParams
-from llamactor.errors import CancelledError, InvalidRequestError, LlamactorError
-from llamactor.grammar import new_matcher
-from llamactor.messages import ReplyChannel
-from llamactor.tools import parse_tool_calls
+from llamactor.base.logging import get_logger
+from llamactor.base.completion import Completion, Timings, TokenLogprob, Usage
+from llamactor.base.config import SamplingParams
+from llamactor.base.errors import CancelledError, InvalidRequestError, LlamactorError
+from llamactor.grammar_sampler import new_matcher
+from llamactor.base.messages import ReplyChannel
+from llamactor.base.tools import parse_tool_calls
 from llamactor.native.sampling import RowSpec
 from llamactor.native.tokenizer import Tokenizer
 from llamactor.output import TextAssembler
-from llamactor.scheduler import Sequence
+from llamactor.scheduling.scheduler import Sequence
 
-log = structlog.get_logger("llamactor.batcher")
+log = get_logger("llamactor.batcher")
 
 
 @dataclass(slots=True, eq=False)

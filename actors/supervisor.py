@@ -6,6 +6,9 @@ requests that had not streamed anything are re-run from scratch (their callers n
 streaming requests that already delivered text fail with ``BatcherRestartedError``. Restarts
 back off exponentially; more than ``max_restarts`` within ``restart_window_s`` and it gives up:
 every caller then gets ``BatcherUnavailableError``.
+
+It never asks the batcher anything: its own state and counters go to the tree's ``StatsBoard``
+as they change, so health checks and stats never hold up request forwarding.
 """
 
 from __future__ import annotations
@@ -13,34 +16,44 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 import pykka
-import structlog
 
-from llamactor.batcher import BatcherActor
-from llamactor.config import Config
-from llamactor.errors import BatcherRestartedError, BatcherUnavailableError
-from llamactor.messages import (
+from llamactor.base.logging import get_logger
+from llamactor.base.config import Config
+from llamactor.base.errors import BatcherRestartedError, BatcherUnavailableError
+from llamactor.stats_board import StatsBoard
+from llamactor.base.messages import (
     BatcherFailed,
     BatcherReady,
     Cancel,
     Forget,
     Embed,
     Generate,
-    GetStats,
     RestartBatcher,
     tell_quietly,
 )
 
-log = structlog.get_logger("llamactor.supervisor")
+log = get_logger("llamactor.supervisor")
+
+
+BatcherFactory = Callable[..., pykka.ActorRef[Any]]
 
 
 class SupervisorActor(pykka.ThreadingActor):
-    def __init__(self, config: Config, model_path: str) -> None:
+    """``start_batcher(config, model_path, supervisor_ref, generation, watchdog_trips, board)``
+    starts a batcher actor (``BatcherActor.start``; passed in so that importing the caller side
+    never loads llama.cpp)."""
+
+    def __init__(self, config: Config, model_path: str, start_batcher: BatcherFactory,
+                 board: StatsBoard | None = None) -> None:
         super().__init__()
         self.config = config
         self.model_path = model_path
+        self.start_batcher = start_batcher
+        self.board = board if board is not None else StatsBoard()
         self.inflight: dict[str, Generate | Embed] = {}
         self.batcher: pykka.ActorRef[Any] | None = None
         self.generation = 0
@@ -63,7 +76,7 @@ class SupervisorActor(pykka.ThreadingActor):
             self._restart_timer.cancel()
         if self.batcher is not None:
             self.batcher.stop(block=True)
-        self.state = "stopped"
+        self._set_state("stopped")
         self._fail_all(BatcherUnavailableError("llamactor was closed before this request finished"))
         self.ready.set()
 
@@ -74,8 +87,9 @@ class SupervisorActor(pykka.ThreadingActor):
 
     def _start_batcher(self) -> None:
         self.generation += 1
-        self.batcher = BatcherActor.start(self.config, self.model_path, self.actor_ref, self.generation,
-                                          self.n_watchdog_trips)
+        self.batcher = self.start_batcher(self.config, self.model_path, self.actor_ref, self.generation,
+                                          self.n_watchdog_trips, self.board)
+        self.board.batcher_ref = self.batcher
         for msg in self.inflight.values():  # replay in submission order
             tell_quietly(self.batcher, msg)
 
@@ -91,17 +105,17 @@ class SupervisorActor(pykka.ThreadingActor):
             self.inflight.pop(message.request_id, None)
         elif isinstance(message, BatcherReady):
             if message.generation == self.generation:
-                self.state, self.info = "ready", message.info
+                self.info = message.info
+                self._set_state("ready")
                 self.ready.set()
         elif isinstance(message, BatcherFailed):
             self._on_batcher_failed(message)
         elif isinstance(message, RestartBatcher):
             if message.generation == self.generation and self.state == "restarting":
                 self._start_batcher()
-        elif isinstance(message, GetStats):
-            return self._stats()
         else:
             raise TypeError(f"supervisor got an unknown message: {message!r}")
+        self._publish()
         return None
 
     def _on_generate(self, msg: Generate | Embed) -> None:
@@ -109,8 +123,11 @@ class SupervisorActor(pykka.ThreadingActor):
             msg.reply.fail(BatcherUnavailableError(f"the batcher is not running ({self.failure_reason})"))
             return
         self.inflight[msg.request_id] = msg
-        me = self.actor_ref
-        msg.reply.future.add_done_callback(lambda _f, rid=msg.request_id: tell_quietly(me, Forget(rid)))
+        me, forget = self.actor_ref, Forget(msg.request_id)
+
+        def forget_when_done(_: object) -> None:  # any thread: the one that completed the future
+            tell_quietly(me, forget)
+        msg.reply.future.add_done_callback(forget_when_done)
         if self.batcher is not None:
             # A batcher that just died raises ActorDeadError here; the request stays in
             # inflight and is replayed when its BatcherFailed arrives and a new one starts.
@@ -119,7 +136,8 @@ class SupervisorActor(pykka.ThreadingActor):
     def _on_batcher_failed(self, msg: BatcherFailed) -> None:
         if msg.generation != self.generation or self.state in ("failed", "stopped"):
             return
-        self.batcher = None
+        self.batcher = self.board.batcher_ref = None
+        self.board.batcher = {}  # the dead batcher's counters; the next one publishes its own
         self.n_watchdog_trips += msg.watchdog
         if self.info is None:  # it never came up: a bad model path will not heal by retrying
             self._give_up(f"the model could not be loaded: {msg.reason}")
@@ -132,12 +150,12 @@ class SupervisorActor(pykka.ThreadingActor):
             self._give_up(f"the batcher failed {len(self.restart_times)} times in "
                           f"{self.config.restart_window_s:g}s; last: {msg.reason}")
             return
+        self.n_restarts += 1
+        self._set_state("restarting")  # published before any caller hears of the restart
         for rid, req in list(self.inflight.items()):
             if req.reply.n_pieces_sent > 0:
                 del self.inflight[rid]
                 req.reply.fail(BatcherRestartedError("the batcher restarted after this stream had started"))
-        self.n_restarts += 1
-        self.state = "restarting"
         delay = min(0.05 * 2 ** (len(self.restart_times) - 1), 5.0)
         log.warning("batcher_restarting", generation=self.generation, delay_s=delay, reason=msg.reason,
                     requests_replayed=len(self.inflight))
@@ -147,7 +165,8 @@ class SupervisorActor(pykka.ThreadingActor):
 
     def _give_up(self, reason: str) -> None:
         log.error("supervisor_gave_up", reason=reason)
-        self.state, self.failure_reason = "failed", reason
+        self.failure_reason = reason
+        self._set_state("failed")  # published before any caller hears of it
         self._fail_all(BatcherUnavailableError(reason))
         self.ready.set()
 
@@ -156,12 +175,10 @@ class SupervisorActor(pykka.ThreadingActor):
             req.reply.fail(error)
         self.inflight.clear()
 
-    def _stats(self) -> dict[str, Any]:
-        stats: dict[str, Any] = {"state": self.state, "restarts": self.n_restarts, "watchdog_trips": self.n_watchdog_trips,
-                                 "inflight": len(self.inflight)}
-        if self.batcher is not None and self.state == "ready":
-            try:
-                stats.update(cast(dict[str, Any], self.batcher.ask(GetStats(), timeout=10)))
-            except (pykka.ActorDeadError, pykka.Timeout):
-                pass
-        return stats
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        self._publish()
+
+    def _publish(self) -> None:
+        self.board.supervisor = {"state": self.state, "restarts": self.n_restarts,
+                                 "watchdog_trips": self.n_watchdog_trips, "inflight": len(self.inflight)}

@@ -50,16 +50,14 @@ class ReusableBatch:
         self.logits[:n] = logits
         self.n_tokens = n
 
-    def view(self, start: int = 0, n: int | None = None) -> llama_cpp.llama_batch:
-        """A llama_batch over entries [start, start + n) of the filled arrays (no copy)."""
-        n = self.n_tokens - start if n is None else n
+    def view(self) -> llama_cpp.llama_batch:
+        """A llama_batch over the filled entries (no copy)."""
         return llama_cpp.llama_batch(
-            n_tokens=n,
-            token=ctypes.cast(self.token.ctypes.data + 4 * start, ctypes.POINTER(llama_cpp.llama_token)),
+            n_tokens=self.n_tokens,
+            token=ctypes.cast(self.token.ctypes.data, ctypes.POINTER(llama_cpp.llama_token)),
             embd=None,
-            pos=ctypes.cast(self.pos.ctypes.data + 4 * start, ctypes.POINTER(llama_cpp.llama_pos)),
-            n_seq_id=ctypes.cast(self._n_seq_id.ctypes.data + 4 * start, _I32P),
-            seq_id=ctypes.cast(ctypes.addressof(self._seq_id_ptrs) + ctypes.sizeof(_I32P) * start,
-                               ctypes.POINTER(ctypes.POINTER(llama_cpp.llama_seq_id))),
-            logits=ctypes.cast(self.logits.ctypes.data + start, ctypes.POINTER(ctypes.c_int8)),
+            pos=ctypes.cast(self.pos.ctypes.data, ctypes.POINTER(llama_cpp.llama_pos)),
+            n_seq_id=ctypes.cast(self._n_seq_id.ctypes.data, _I32P),
+            seq_id=ctypes.cast(ctypes.addressof(self._seq_id_ptrs), ctypes.POINTER(ctypes.POINTER(llama_cpp.llama_seq_id))),
+            logits=ctypes.cast(self.logits.ctypes.data, ctypes.POINTER(ctypes.c_int8)),
         )

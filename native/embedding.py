@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import llama_cpp
 import numpy as np
 
-from llamactor.errors import EngineError, StepAbortedError
+from llamactor.base.errors import EngineError, StepAbortedError
 from llamactor.native.abort import AbortFlag
 from llamactor.native.batch import ReusableBatch
 
@@ -34,7 +34,6 @@ class EmbeddingInfo:
     n_embd: int
     n_batch: int  # tokens one embedding step packs; also the longest input (n_ubatch == n_batch)
     n_seq_max: int  # inputs one step packs
-    default_pooling: str  # the GGUF's pooling type, else "mean"
 
 
 class Embedder:
@@ -46,8 +45,7 @@ class Embedder:
         self._abort_flag = abort_flag  # the generation context's: the watchdog stops embedding steps too
         self._n_threads = n_threads
         self._contexts: dict[str, tuple[llama_cpp.llama_context_p, ReusableBatch]] = {}
-        self.info = EmbeddingInfo(n_embd=llama_cpp.llama_model_n_embd(model), n_batch=n_batch, n_seq_max=n_seq_max,
-                                  default_pooling=default_pooling(model))
+        self.info = EmbeddingInfo(n_embd=llama_cpp.llama_model_n_embd(model), n_batch=n_batch, n_seq_max=n_seq_max)
 
     def _context(self, pooling: str) -> tuple[llama_cpp.llama_context_p, ReusableBatch]:
         found = self._contexts.get(pooling)

@@ -17,16 +17,17 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import llama_cpp
 import numpy as np
 
-from llamactor.config import MAX_SEQUENCES
-from llamactor.errors import EngineError, ModelLoadError, StepAbortedError
+from llamactor.base.config import MAX_SEQUENCES
+from llamactor.base.engine_info import EngineInfo
+from llamactor.base.errors import EngineError, ModelLoadError, StepAbortedError
 from llamactor.native.abort import AbortFlag, TestHang
 from llamactor.native.batch import ReusableBatch
-from llamactor.native.chat_template import ChatTemplate
+from llamactor.base.chat_template import ChatTemplate
 from llamactor.native.embedding import Embedder, default_pooling
 from llamactor.native.tokenizer import Tokenizer
 
@@ -50,27 +51,6 @@ def _init_backend() -> None:
         if not _backend_ready:
             llama_cpp.llama_backend_init()
             _backend_ready = True
-
-
-@dataclass(frozen=True, slots=True)
-class EngineInfo:
-    model_path: str
-    description: str
-    n_params: int
-    size_bytes: int
-    n_vocab: int
-    n_embd: int  # the width of an embedding
-    embedding_pooling: str  # what embed() pools with by default: the GGUF's pooling type, else mean
-    n_ctx_train: int
-    n_ctx: int  # KV cells actually allocated (llama.cpp may round the request up)
-    n_ctx_seq: int  # the most one sequence may hold
-    n_batch: int
-    n_ubatch: int
-    n_seq_max: int
-    n_threads: int
-    chat_template: str  # which chat format requests with messages get (ChatTemplate.name)
-    looks_like_base_model: bool  # the GGUF has no chat template: a pretrained, not a chat, model
-    metadata: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

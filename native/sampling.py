@@ -76,7 +76,7 @@ def _adjust(row: torch.Tensor, spec: RowSpec) -> None:
 
 
 def _candidate_count(logits: torch.Tensor, specs: list[RowSpec], lse: torch.Tensor | None) -> int:
-    """The smallest K (doubling from 64) whose top-K holds every token any row could draw."""
+    """The smallest K (x4 from 64) whose top-K holds every token any row could draw."""
     vocab = logits.shape[1]
     if all(s.top_k > 0 for s in specs):
         return min(vocab, max(s.top_k for s in specs))

@@ -10,9 +10,10 @@ import warnings
 from typing import Any
 
 import llama_cpp
-import structlog
 
-log = structlog.get_logger("llamactor.native")
+from llamactor.base.logging import get_logger
+
+log = get_logger("llamactor.native")
 
 
 class Tokenizer:

@@ -69,7 +69,7 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
         self._template = env.from_string(self.source)
         # Hugging Face templates that render tools read a ``tools`` variable; others get the
-        # plain-text fallback of llamactor.tools.
+        # plain-text fallback of llamactor.base.tools.
         self.takes_tools = "tools" in self.source
         self._bos_token = bos_token
         self._eos_token = eos_token

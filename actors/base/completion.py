@@ -84,7 +84,7 @@ class Completion:
     parse_error: str | None = None
     # A chat with tools: the calls parsed out of the answer (``text`` is then what is left around
     # them, ``raw_text`` the whole answer) and finish_reason "tool_calls".
-    tool_calls: tuple[Any, ...] = ()  # llamactor.tools.ToolCall
+    tool_calls: tuple[Any, ...] = ()  # llamactor.base.tools.ToolCall
     raw_text: str | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -11,10 +11,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from llamactor.errors import InvalidRequestError
-from llamactor.grammar import Grammar
-from llamactor.native.chat_template import ChatTemplateError, check_template_syntax
-from llamactor.policy import Policy
+from llamactor.base.errors import InvalidRequestError
+from llamactor.base.grammar import Grammar
+from llamactor.base.chat_template import ChatTemplateError, check_template_syntax
+from llamactor.base.priority import check_policy
 
 
 # Sequences one llama context may hold: llama.cpp's LLAMA_MAX_SEQ (256) halved, because the
@@ -81,10 +81,6 @@ class SamplingParams:
                  "stop must be at most 16 non-empty strings")
 
     @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
     def has_penalties(self) -> bool:
         return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
@@ -113,9 +109,9 @@ class Config:
 
     model: str | None = None
     n_ctx: int = 8192  # total KV cells, shared by all sequences (unified KV cache)
-    n_parallel: int = 16  # sequences decoded at once = size of the seq_id pool
+    n_parallel: int = 16  # sequences decoded at once (the rest of the 128 seq_ids hold cached prefixes)
     n_batch: int = 512  # token budget of one step (decode tokens + prompt chunks)
-    n_ubatch: int = 512
+    n_ubatch: int = 0  # the physical batch llama.cpp computes at once; 0: min(n_batch, 512)
     n_threads: int = field(default_factory=default_n_threads)
     n_gpu_layers: int = 0
     batch_size: int | None = None  # pending requests that flush at once; None = n_parallel
@@ -125,7 +121,7 @@ class Config:
     chat_template: str | None = None  # a Jinja chat template used instead of the GGUF's (or the transcript)
     prefix_cache: bool = True  # keep finished requests' KV as cached prefixes for later requests
     prefix_cache_cells: int | None = None  # most KV cells cached prefixes may hold; None: all that is free
-    schedule_policy: str = "priority"  # "fcfs" | "priority" | "lpm" (llamactor.policy)
+    schedule_policy: str = "priority"  # "fcfs" | "priority" | "lpm" (llamactor.scheduling.policy)
     priority_aging_per_s: float = 0.1  # effective priority gained per second of waiting (seed 001)
     watchdog_timeout_s: float = 60.0  # a step running longer is aborted and the batcher restarted; 0: off
     watchdog_test_hang: bool = False  # tests only: the first batcher's first step hangs until the watchdog fires
@@ -144,6 +140,8 @@ class Config:
         _require(self.n_batch >= self.n_parallel,
                  f"n_batch ({self.n_batch}) must be >= n_parallel ({self.n_parallel}): every running "
                  "sequence needs one token per step")
+        if self.n_ubatch == 0:
+            object.__setattr__(self, "n_ubatch", min(self.n_batch, 512))
         _require(1 <= self.n_ubatch <= self.n_batch, f"n_ubatch must be in [1, n_batch], got {self.n_ubatch}")
         _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")
         _require(self.batch_timeout_ms >= 0, f"batch_timeout_ms must be >= 0, got {self.batch_timeout_ms}")
@@ -156,7 +154,7 @@ class Config:
                 check_template_syntax(self.chat_template)
             except ChatTemplateError as e:
                 raise InvalidRequestError(f"chat_template: {e}") from e
-        Policy(self.schedule_policy, self.priority_aging_per_s)  # validates both
+        check_policy(self.schedule_policy, self.priority_aging_per_s)
         _require(self.watchdog_timeout_s >= 0, f"watchdog_timeout_s must be >= 0 (0: off), got {self.watchdog_timeout_s}")
         _require(16 <= self.embedding_n_batch <= 8192, f"embedding_n_batch must be in [16, 8192], got {self.embedding_n_batch}")
         _require(1 <= self.embedding_n_seq_max <= 256,

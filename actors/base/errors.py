@@ -11,7 +11,7 @@ import concurrent.futures
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from llamactor.completion import Completion
+    from llamactor.base.completion import Completion
 
 
 class LlamactorError(Exception):
@@ -36,7 +36,9 @@ class QueueFullError(LlamactorError):
 
 
 class ContextFullError(LlamactorError):
-    """The shared KV cache had no room for this sequence, even with the step split to one token."""
+    """This sequence cannot fit in the shared KV cache even alone (every other running sequence
+    preempted, cached prefixes evicted), or llama.cpp found no room for it although the scheduler
+    expected some (``llama_decode`` returned 1 with the step already split down to it)."""
 
     http_status = 400
     code = "context_full"
@@ -61,7 +63,9 @@ class BatcherRestartedError(LlamactorError):
 
 
 class BatcherUnavailableError(LlamactorError):
-    """No batcher is running: the handle was closed, or the supervisor gave up restarting it."""
+    """Nothing can serve the request now: the handle is closed or closing, the supervisor gave up
+    restarting its batcher, the server is starting or draining, a model was unloaded mid-route,
+    ``max_loaded`` models are loaded and busy, or no Ray replica could serve it."""
 
     http_status = 503
     code = "batcher_unavailable"

@@ -14,11 +14,12 @@ from typing import Any
 
 import pykka
 
-from llamactor.completion import Completion, Piece, TokenLogprob
-from llamactor.config import SamplingParams
-from llamactor.errors import InvalidRequestError
-from llamactor.policy import DEFAULT_PRIORITY
-from llamactor.tools import Tools
+from llamactor.base.completion import Completion, Piece, TokenLogprob
+from llamactor.base.config import SamplingParams
+from llamactor.base.engine_info import EngineInfo
+from llamactor.base.errors import InvalidRequestError
+from llamactor.base.priority import DEFAULT_PRIORITY
+from llamactor.base.tools import Tools
 
 
 @dataclass(slots=True, eq=False)
@@ -81,7 +82,7 @@ class Generate:
     params: SamplingParams
     reply: ReplyChannel
     submitted_at: float  # time.perf_counter() when the caller submitted
-    priority: int = DEFAULT_PRIORITY  # lower runs first; see llamactor.policy
+    priority: int = DEFAULT_PRIORITY  # lower runs first; see llamactor.scheduling.policy
     text: str | None = None
     messages: tuple[dict[str, Any], ...] | None = None
     token_ids: tuple[int, ...] | None = None
@@ -145,7 +146,7 @@ class FlushDue:
 
 @dataclass(frozen=True, slots=True)
 class GetStats:
-    """Asked (not told) of the batcher or supervisor: a dict snapshot of counters."""
+    """Asked (not told) of the batcher, by ``LLM.stats()``: a dict snapshot of its counters."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +175,7 @@ class BatcherReady:
     """Batcher -> supervisor, at the end of ``on_start``: the model is loaded, here is its info."""
 
     generation: int
-    info: Any  # llamactor.native.engine.EngineInfo
+    info: EngineInfo
 
 
 @dataclass(frozen=True, slots=True)

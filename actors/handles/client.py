@@ -1,8 +1,13 @@
 """``Client``: the request API every llamactor handle offers (``LLM``, ``Replicas``).
 
-Every method runs on the caller's thread (or event loop) and only builds a message; where the
-message goes is the subclass's ``_send``: one actor tree (``LLM``), a replica chosen by policy
-(``Replicas``), or a Ray Serve deployment (``llamactor.ray``). Nothing here touches llama.cpp.
+Every method runs on the caller's thread (or event loop) and only builds messages; where a
+message goes is the subclass's ``send``: one actor tree (``LLM``), a replica chosen by policy
+(``Replicas``), or a Ray Serve deployment (``llamactor.rayserve``). Nothing here touches llama.cpp.
+
+Every request, single or ``n`` choices, streamed or not, is built by ``_choices``: choice ``i``
+of ``n`` is seeded ``seed + i`` and has the request id ``<request_id>-<i>`` (the id itself when
+``n`` is 1), and the ``n`` messages go out together through ``send_n``, so they reach one tree
+and share the prompt's KV.
 """
 
 from __future__ import annotations
@@ -12,31 +17,37 @@ import concurrent.futures
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
-from llamactor.completion import Completion, Embeddings
-from llamactor.config import Config
-from llamactor.errors import InvalidRequestError
-from llamactor.grammar import compile_constraint
-from llamactor.messages import Embed, Generate, ReplyChannel
-from llamactor.policy import DEFAULT_PRIORITY, parse_priority
-from llamactor.streams import AsyncTextStream, TextStream
-from llamactor.tools import pop_tools
+from llamactor.base.completion import Completion, Embeddings
+from llamactor.base.config import Config
+from llamactor.base.errors import InvalidRequestError
+from llamactor.base.grammar import compile_constraint
+from llamactor.base.messages import Embed, Generate, ReplyChannel
+from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
+from llamactor.handles.streams import AsyncTextStream, TextStream
+from llamactor.base.tools import pop_tools
 
-MAX_CHOICES = 64  # choices of one prompt per call (n, best_of)
+MAX_CHOICES = 64  # choices of one prompt per call (the API's n; HTTP caps n and best_of at 16)
 Prompt = str | Sequence[int]
 Messages = Sequence[Mapping[str, Any]]
 EmbedInputs = str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]]
+T = TypeVar("T")  # what a future resolves to: a Completion or Embeddings
 
 
 class Client:
-    """The request API. Subclasses set ``config`` (the model's defaults) and implement ``_send``
-    (deliver a message whose answer goes to ``reply``) and ``cancel``."""
+    """The request API. Subclasses set ``config`` (the model's defaults) and implement ``send``
+    and ``cancel``; ``send_n`` when the ``n`` choices of one prompt need to stay together."""
 
     config: Config
 
-    def _send(self, msg: Generate | Embed, reply: ReplyChannel) -> concurrent.futures.Future[Any]:
+    def send(self, msg: Generate | Embed) -> concurrent.futures.Future[Any]:
+        """Deliver ``msg``; its answer goes to ``msg.reply``, whose future this returns."""
         raise NotImplementedError
+
+    def send_n(self, msgs: Sequence[Generate]) -> list[concurrent.futures.Future[Completion]]:
+        """Deliver the ``n`` choices of one prompt, in order."""
+        return [self.send(m) for m in msgs]
 
     def cancel(self, request_id: str) -> None:
         """End ``request_id`` now; its caller gets ``CancelledError`` holding the partial completion."""
@@ -52,23 +63,23 @@ class Client:
     def submit(self, prompt: Prompt, *, request_id: str | None = None,
                **sampling: Any) -> concurrent.futures.Future[Completion]:
         """Queue a raw completion of ``prompt`` (text or token ids); returns its future at once."""
-        return self._submit(_prompt_fields(prompt), request_id, sampling, ReplyChannel())
+        return self._choices(_prompt_fields(prompt), 1, request_id, sampling)[0]
 
     def submit_chat(self, messages: Messages, *, request_id: str | None = None,
                     **sampling: Any) -> concurrent.futures.Future[Completion]:
         """Queue a chat completion: ``messages`` rendered with the model's chat template."""
-        return self._submit({"messages": _messages_tuple(messages)}, request_id, sampling, ReplyChannel())
+        return self._choices({"messages": _messages_tuple(messages)}, 1, request_id, sampling)[0]
 
     def submit_n(self, prompt: Prompt, n: int, *, request_id: str | None = None,
                  **sampling: Any) -> list[concurrent.futures.Future[Completion]]:
         """``n`` completions of one prompt, whose KV is computed once and shared by all ``n``.
 
         With a ``seed``, choice ``i`` uses ``seed + i``; request ids are ``<request_id>-<i>``."""
-        return self._submit_n(_prompt_fields(prompt), n, request_id, sampling)
+        return self._choices(_prompt_fields(prompt), n, request_id, sampling)
 
     def submit_chat_n(self, messages: Messages, n: int, *, request_id: str | None = None,
                       **sampling: Any) -> list[concurrent.futures.Future[Completion]]:
-        return self._submit_n({"messages": _messages_tuple(messages)}, n, request_id, sampling)
+        return self._choices({"messages": _messages_tuple(messages)}, n, request_id, sampling)
 
     @overload
     def ask(self, prompt: Prompt, *, n: None = None, timeout: float | None = None, **sampling: Any) -> Completion: ...
@@ -115,11 +126,20 @@ class Client:
         return list(await asyncio.gather(*(self._await(f) for f in self.submit_chat_n(messages, n, **sampling))))
 
     def stream_async(self, prompt: Prompt, *, request_id: str | None = None, **sampling: Any) -> AsyncTextStream:
-        return self._stream_async(_prompt_fields(prompt), request_id, sampling)
+        return self._streams_async(_prompt_fields(prompt), 1, request_id, sampling)[0]
 
     def stream_chat_async(self, messages: Messages, *, request_id: str | None = None,
                           **sampling: Any) -> AsyncTextStream:
-        return self._stream_async({"messages": _messages_tuple(messages)}, request_id, sampling)
+        return self._streams_async({"messages": _messages_tuple(messages)}, 1, request_id, sampling)[0]
+
+    def stream_n_async(self, prompt: Prompt, n: int, *, request_id: str | None = None,
+                       **sampling: Any) -> list[AsyncTextStream]:
+        """``n`` streamed choices of one prompt (as ``submit_n``: computed once, seeds ``seed + i``)."""
+        return self._streams_async(_prompt_fields(prompt), n, request_id, sampling)
+
+    def stream_chat_n_async(self, messages: Messages, n: int, *, request_id: str | None = None,
+                            **sampling: Any) -> list[AsyncTextStream]:
+        return self._streams_async({"messages": _messages_tuple(messages)}, n, request_id, sampling)
 
     # -- embeddings --------------------------------------------------------------------------
     # ``inputs``: a string, a list of strings, a list of token ids, or a list of such lists.
@@ -132,48 +152,44 @@ class Client:
         reply = ReplyChannel()
         msg = Embed(request_id=request_id or new_request_id(), inputs=_embed_inputs(inputs), reply=reply,
                     submitted_at=time.perf_counter(), pooling=pooling, normalize=normalize, dimensions=dimensions)
-        return self._send(msg, reply)
+        return self.send(msg)
 
     def embed(self, inputs: EmbedInputs, *, timeout: float | None = None, **options: Any) -> Embeddings:
         """One vector per input (``Embeddings``: iterable, ``.vectors`` a float32 array)."""
-        return self._wait(self.submit_embed(inputs, **options), timeout)  # type: ignore[arg-type]
+        return self._wait(self.submit_embed(inputs, **options), timeout)
 
     async def embed_async(self, inputs: EmbedInputs, **options: Any) -> Embeddings:
-        return await self._await(self.submit_embed(inputs, **options))  # type: ignore[arg-type]
+        return await self._await(self.submit_embed(inputs, **options))
 
     # -- internals (caller's thread) --------------------------------------------------------
 
-    def _submit(self, prompt: dict[str, Any], request_id: str | None, sampling: dict[str, Any],
-                reply: ReplyChannel) -> concurrent.futures.Future[Completion]:
-        sampling = compile_constraint(sampling)
-        tools = pop_tools(sampling, chat="messages" in prompt)
-        priority = parse_priority(sampling.pop("priority", DEFAULT_PRIORITY))
-        params = self.config.sampling.replace(**sampling)
-        rid = request_id or new_request_id()
-        msg = Generate(request_id=rid, params=params, reply=reply, submitted_at=time.perf_counter(),
-                       priority=priority, tools=tools, **prompt)
-        return self._send(msg, reply)
+    def _choices(self, prompt: dict[str, Any], n: int, request_id: str | None, sampling: dict[str, Any],
+                 replies: Sequence[ReplyChannel] | None = None) -> list[concurrent.futures.Future[Completion]]:
+        """The one path of every generation request: ``n`` messages of one prompt, sent together.
 
-    def _submit_n(self, prompt: dict[str, Any], n: int, request_id: str | None,
-                  sampling: dict[str, Any]) -> list[concurrent.futures.Future[Completion]]:
-        if not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
-            raise InvalidRequestError(f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}")
+        Submitted together, the batcher admits them together: the first computes the prompt, the
+        others wait one step and attach its KV (see Scheduler)."""
+        _check_n(n)
         rid = request_id or new_request_id()
         sampling = compile_constraint(sampling)  # once for all n choices
-        seed = sampling.get("seed")
-        # Submitted together, so the batcher admits them together: the first computes the
-        # prompt, the others wait one step and attach its KV (see Scheduler).
-        return [self._submit(prompt, f"{rid}-{i}", {**sampling, **({"seed": seed + i} if seed is not None else {})},
-                             ReplyChannel()) for i in range(n)]
+        tools = pop_tools(sampling, chat="messages" in prompt)
+        priority = parse_priority(sampling.pop("priority", DEFAULT_PRIORITY))
+        seed = sampling.pop("seed", None)
+        params = self.config.sampling.replace(**sampling)
+        now = time.perf_counter()
+        msgs = [Generate(request_id=choice_request_id(rid, i, n), reply=reply, submitted_at=now, priority=priority,
+                         tools=tools, params=params.replace(seed=seed + i) if seed is not None else params, **prompt)
+                for i, reply in enumerate(replies or [ReplyChannel() for _ in range(n)])]
+        return self.send_n(msgs)
 
-    def _wait(self, future: concurrent.futures.Future[Completion], timeout: float | None) -> Completion:
+    def _wait(self, future: concurrent.futures.Future[T], timeout: float | None) -> T:
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise
 
-    async def _await(self, future: concurrent.futures.Future[Completion]) -> Completion:
+    async def _await(self, future: concurrent.futures.Future[T]) -> T:
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -182,16 +198,19 @@ class Client:
 
     def _stream(self, prompt: dict[str, Any], request_id: str | None, sampling: dict[str, Any]) -> TextStream:
         stream = TextStream(request_id or new_request_id(), self.cancel)
-        stream.attach(self._submit(prompt, stream.request_id, sampling, ReplyChannel(on_piece=stream.push)))
+        stream.attach(self._choices(prompt, 1, stream.request_id, sampling, [ReplyChannel(on_piece=stream.push)])[0])
         return stream
 
-    def _stream_async(self, prompt: dict[str, Any], request_id: str | None,
-                      sampling: dict[str, Any]) -> AsyncTextStream:
-        stream = AsyncTextStream(request_id or new_request_id(), self.cancel, asyncio.get_running_loop())
-        reply = ReplyChannel(on_piece=stream.push)
-        stream.attach(self._submit(prompt, stream.request_id, sampling, reply), reply.queued)
-        return stream
-
+    def _streams_async(self, prompt: dict[str, Any], n: int, request_id: str | None,
+                       sampling: dict[str, Any]) -> list[AsyncTextStream]:
+        _check_n(n)
+        rid, loop = request_id or new_request_id(), asyncio.get_running_loop()
+        streams = [AsyncTextStream(choice_request_id(rid, i, n), self.cancel, loop) for i in range(n)]
+        replies = [ReplyChannel(on_piece=s.push) for s in streams]
+        futures = self._choices(prompt, n, rid, sampling, replies)
+        for stream, future, reply in zip(streams, futures, replies, strict=True):
+            stream.attach(future, reply.queued)
+        return streams
 
 
 def _embed_inputs(inputs: EmbedInputs) -> tuple[str | tuple[int, ...], ...]:
@@ -208,6 +227,16 @@ def _embed_inputs(inputs: EmbedInputs) -> tuple[str | tuple[int, ...], ...]:
 
 def new_request_id() -> str:
     return f"req-{uuid.uuid4().hex[:16]}"
+
+
+def _check_n(n: object) -> None:
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
+        raise InvalidRequestError(f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}")
+
+
+def choice_request_id(request_id: str, index: int, n: int) -> str:
+    """The id of choice ``index`` of ``n``: the request's own id when ``n`` is 1."""
+    return request_id if n == 1 else f"{request_id}-{index}"
 
 
 def _prompt_fields(prompt: Prompt) -> dict[str, Any]:

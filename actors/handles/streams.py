@@ -12,7 +12,7 @@ import concurrent.futures
 import queue
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 
-from llamactor.completion import Completion, Piece
+from llamactor.base.completion import Completion, Piece
 
 _END = object()
 

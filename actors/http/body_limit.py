@@ -12,9 +12,9 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import structlog
+from llamactor.base.logging import get_logger
 
-log = structlog.get_logger("llamactor.http")
+log = get_logger("llamactor.http")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

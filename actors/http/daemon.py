@@ -19,14 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import structlog
 import uvicorn
 
 import llamactor
-from llamactor.model_specs import ModelSpec
+from llamactor.base.logging import get_logger
+from llamactor.serving.model_specs import ModelSpec
 from llamactor.http.server import ServerState, create_app
 
-log = structlog.get_logger("llamactor.daemon")
+log = get_logger("llamactor.daemon")
 
 
 def model_id_for(path: str) -> str:
@@ -42,12 +42,13 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
                             timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)), lifespan="off")
     server = _DrainingServer(config, state)
     exit_code = 0
+    router: llamactor.Router | None = None
 
     def load() -> None:
-        nonlocal exit_code
+        nonlocal exit_code, router
         try:
-            state.router = llamactor.Router(models, max_loaded=max_loaded)
-            for replicas in state.router:
+            router = state.router = llamactor.Router(models, max_loaded=max_loaded)
+            for replicas in router:
                 if replicas.loaded:
                     log.info("model_ready", model=replicas.name, replicas=replicas.spec.replicas,
                              n_ctx=replicas.info.n_ctx, n_parallel=replicas.config.n_parallel)
@@ -60,8 +61,8 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
     log.info("serving", address=uds or f"http://{host}:{port}", models=state.model_names, pid=os.getpid())
     server.run()  # returns after SIGTERM/SIGINT and the graceful drain of open connections
     state.draining = True
-    if state.router is not None:
-        state.router.close(drain_timeout_s=drain_timeout_s)
+    if router is not None:
+        router.close(drain_timeout_s=drain_timeout_s)
     log.info("stopped", exit_code=exit_code)
     return exit_code
 

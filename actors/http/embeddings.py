@@ -1,7 +1,7 @@
 """``POST /v1/embeddings``: OpenAI's request body and response, over ``LLM.submit_embed``.
 
 Runs on uvicorn's event loop. Every input of every concurrent request goes into the batcher's
-one embedding queue, packed by tokens (``llamactor.embeddings``).
+one embedding queue, packed by tokens (``llamactor.scheduling.embedding_queue``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 import llamactor
-from llamactor.messages import MAX_EMBEDDING_INPUTS
+from llamactor.base.messages import MAX_EMBEDDING_INPUTS
 
 
 class EmbeddingRequest(BaseModel):

@@ -14,13 +14,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from llamactor.completion import Completion
+from llamactor.base.completion import Completion
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
 LABELS = ["model", "replica"]
-ReplicaStats = list[tuple[str, int, dict[str, Any]]]  # (model, replica, LLM.stats())
+ReplicaStats = list[tuple[str, int, dict[str, Any]]]  # (model, replica, published stats + in_flight/served)
 
 
 def _families(family: type[GaugeMetricFamily] | type[CounterMetricFamily], replicas: ReplicaStats, part: str | None,

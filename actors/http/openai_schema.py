@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from llamactor.completion import Completion, TokenLogprob
-from llamactor.errors import InvalidRequestError
-from llamactor.grammar import Grammar
-from llamactor.tools import Tools
+from llamactor.base.completion import Completion, TokenLogprob
+from llamactor.base.errors import InvalidRequestError
+from llamactor.base.grammar import Grammar
+from llamactor.base.tools import Tools, pop_tools
 
 
 class JsonSchemaFormat(BaseModel):
@@ -37,7 +37,7 @@ class ResponseFormat(BaseModel):
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = None  # may be left out: this server serves one model
+    model: str | None = None  # may be left out: the first (default) model
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
@@ -62,12 +62,12 @@ class _Request(BaseModel):
     # llama.cpp server extras: a GBNF (or Lark) grammar, or a bare JSON Schema
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
-    # llamactor extra: "high" | "normal" | "low" or an int, lower first (llamactor.policy)
+    # llamactor extra: "high" | "normal" | "low" or an int, lower first (llamactor.scheduling.policy)
     priority: Literal["high", "normal", "low"] | int | None = None
     _grammar: Grammar | None = PrivateAttr(default=None)
 
-    def sampling(self, *, index: int = 0) -> dict[str, Any]:
-        """llamactor sampling options; with ``n`` > 1 each choice gets its own seed."""
+    def sampling(self) -> dict[str, Any]:
+        """llamactor sampling options (with ``n`` > 1 the client seeds choice ``i`` ``seed + i``)."""
         out: dict[str, Any] = {k: v for k, v in {
             "temperature": self.temperature, "top_p": self.top_p,
             "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
@@ -77,7 +77,7 @@ class _Request(BaseModel):
         # chat API, vLLM and llama-server do): never refused because an implicit default does not fit.
         out["max_tokens"] = self.max_tokens
         if self.seed is not None:
-            out["seed"] = self.seed + index
+            out["seed"] = self.seed
         if self.stop is not None:
             out["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
         if self.ignore_eos:
@@ -147,8 +147,8 @@ class CompletionRequest(_Request):
         if not 1 <= len(self.prompts()) <= MAX_PROMPTS:
             raise InvalidRequestError(f"prompt must hold 1 to {MAX_PROMPTS} prompts")
 
-    def sampling(self, *, index: int = 0) -> dict[str, Any]:
-        out = super().sampling(index=index)
+    def sampling(self) -> dict[str, Any]:
+        out = super().sampling()
         if self.logprobs is not None:
             out.update(logprobs=True, top_logprobs=self.logprobs)
         elif self.n_generated > self.n:
@@ -196,7 +196,7 @@ class ChatRequest(_Request):
     _tools: Tools | None = PrivateAttr(default=None)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None  # default off, as in llama.cpp's server (llamactor.tools)
+    parallel_tool_calls: bool | None = None  # default off, as in llama.cpp's server (llamactor.base.tools)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -206,20 +206,17 @@ class ChatRequest(_Request):
         super().check()
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs: true")
-        if self.tools:
-            self._tools = Tools.from_openai(self.tools, self.tool_choice, self.parallel_tool_calls)
-            if self._tools.grammar() is not None and self._grammar is not None:
-                raise InvalidRequestError("a required or named tool_choice cannot be combined with response_format")
-        elif self.tool_choice not in (None, "none"):
-            raise InvalidRequestError("tool_choice needs tools")
+        # the API's own rules (llamactor.base.tools), once here: the tools are also needed to parse streams
+        self._tools = pop_tools({"tools": self.tools or None, "tool_choice": self.tool_choice,
+                                 "parallel_tool_calls": self.parallel_tool_calls, "grammar": self._grammar}, chat=True)
 
     @property
     def parsed_tools(self) -> Tools | None:
         """The request's tools when its answers are parsed for calls (not ``tool_choice: none``)."""
         return self._tools if self._tools is not None and self._tools.parses else None
 
-    def sampling(self, *, index: int = 0) -> dict[str, Any]:
-        out = super().sampling(index=index)
+    def sampling(self) -> dict[str, Any]:
+        out = super().sampling()
         if self.max_completion_tokens is not None:
             out["max_tokens"] = self.max_completion_tokens
         if self.logprobs:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -23,7 +23,8 @@ from openai.types import Completion as OACompletion
 from openai.types.chat import ChatCompletion
 
 import llamactor
-from llamactor.errors import BatcherUnavailableError, LlamactorError
+from llamactor.base.logging import get_logger
+from llamactor.base.errors import BatcherUnavailableError, LlamactorError
 from llamactor.http.body_limit import BodyLimitMiddleware
 from llamactor.http.embeddings import EmbeddingRequest, create_embeddings
 from llamactor.http.metrics import Metrics
@@ -38,20 +39,20 @@ from llamactor.http.openai_schema import (
     error_body,
 )
 from llamactor.http.sse import chat_chunks, completion_chunks, sse_response, usage
-from llamactor.streams import AsyncTextStream
+from llamactor.handles.model import ModelClient, ModelRouter
+from llamactor.handles.streams import AsyncTextStream
 
-log = structlog.get_logger("llamactor.http")
+log = get_logger("llamactor.http")
 
 
 class ServerState:
     """What the app needs: the router once built, the model names, the API key, the drain flag.
 
-    ``router`` is a ``llamactor.Router`` (or under Ray Serve, ``llamactor.ray``'s equivalent):
-    ``model(name)`` gives a handle with the request API, ``loaded``, ``load()`` and
-    ``replica_stats()``."""
+    ``router`` is a ``llamactor.Router`` (under Ray Serve, ``llamactor.rayserve``'s
+    ``RemoteRouter``): ``model(name)`` gives a ``ModelClient``."""
 
     def __init__(self, model_names: list[str], api_key: str | None, max_body_bytes: int) -> None:
-        self.router: Any = None
+        self.router: ModelRouter | None = None
         self.model_names = list(model_names)
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
@@ -59,11 +60,12 @@ class ServerState:
         self.metrics = Metrics(self.replica_stats)
 
     def replica_stats(self) -> list[tuple[str, int, dict[str, Any]]]:
-        """(model, replica, stats) of every replica of every model: asks the actors, may block."""
-        if self.router is None:
+        """(model, replica, stats) of every replica of every model, as last published (in-process
+        this never waits for an actor; under Ray Serve it asks the replicas)."""
+        router = self.router
+        if router is None:
             return []
-        return [(name, i, s) for name in self.model_names
-                for i, s in enumerate(self.router.model(name).replica_stats())]
+        return [(name, i, s) for name in self.model_names for i, s in enumerate(router.model(name).replica_stats())]
 
 
 def model_status(replica_states: set[str]) -> str:
@@ -129,7 +131,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         # Ready when every loaded replica is (a model that is not loaded loads on its first request).
-        # stats() asks the actors and may wait for the current step: never on the event loop.
+        # Published stats never wait for an actor; under Ray Serve they are remote calls: off the loop.
         if state.router is None:
             return JSONResponse({"status": "loading"}, status_code=503)
         replicas = await asyncio.to_thread(state.replica_stats)
@@ -147,7 +149,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        body = await asyncio.to_thread(state.metrics.render)  # scraping asks the actors for stats
+        body = await asyncio.to_thread(state.metrics.render)  # under Ray Serve, rendering asks the replicas
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
@@ -162,17 +164,20 @@ def create_app(state: ServerState) -> FastAPI:
         llm = await _ready_model(state, body.model)
         body.check()
         rid = f"cmpl-{request.state.request_id}"
-        # A batch of prompts: choice index = prompt_index * n + choice, as OpenAI numbers them.
+        # A batch of prompts: choice index = prompt_index * n + choice, as OpenAI numbers them; the
+        # n choices of each prompt go out together (one replica, the prompt computed once).
         prompts, n, n_gen = body.prompts(), body.n, body.n_generated
+        sampling = body.sampling()
         if body.stream:
-            streams = [llm.stream_async(prompts[k // n], request_id=_choice_id(rid, k, len(prompts) * n),
-                                        **body.sampling(index=k % n)) for k in range(len(prompts) * n)]
-            await _all_queued(streams)
+            streams = await _all_queued([functools.partial(llm.stream_n_async, prompt, n, **sampling,
+                                                           request_id=_prompt_id(rid, p, len(prompts)))
+                                         for p, prompt in enumerate(prompts)])
             echoed = [str(prompts[k // n]) for k in range(len(streams))] if body.echo else None
             return sse_response(completion_chunks(streams, lambda: _envelope(rid, "text_completion", llm.name),
                                                   state.metrics.observer(llm.name), body.logprobs, echoed))
-        generated = await _complete(request, state.metrics.observer(llm.name), len(prompts) * n_gen, lambda k: llm.submit(
-            prompts[k // n_gen], request_id=_choice_id(rid, k, len(prompts) * n_gen), **body.sampling(index=k % n_gen)))
+        generated = await _complete(request, state.metrics.observer(llm.name), lambda: [
+            f for p, prompt in enumerate(prompts)
+            for f in llm.submit_n(prompt, n_gen, request_id=_prompt_id(rid, p, len(prompts)), **sampling)])
         done = [c for p in range(len(prompts)) for c in (
             best_of(generated[p * n_gen:(p + 1) * n_gen], n) if n_gen > n else generated[p * n_gen:(p + 1) * n_gen])]
         echoed = [str(prompts[i // n]) if body.echo else "" for i in range(len(done))]
@@ -191,13 +196,12 @@ def create_app(state: ServerState) -> FastAPI:
         messages = body.message_dicts()
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            streams = [llm.stream_chat_async(messages, request_id=_choice_id(rid, i, body.n), **body.sampling(index=i))
-                       for i in range(body.n)]
-            await _all_queued(streams)
+            streams = await _all_queued([functools.partial(llm.stream_chat_n_async, messages, body.n,
+                                                           request_id=rid, **body.sampling())])
             return sse_response(chat_chunks(streams, lambda: _envelope(rid, "chat.completion.chunk", llm.name),
                                             state.metrics.observer(llm.name), include_usage, body.logprobs, body.parsed_tools))
-        done = await _complete(request, state.metrics.observer(llm.name), body.n, lambda i: llm.submit_chat(
-            messages, request_id=_choice_id(rid, i, body.n), **body.sampling(index=i)))
+        done = await _complete(request, state.metrics.observer(llm.name), lambda: llm.submit_chat_n(
+            messages, body.n, request_id=rid, **body.sampling()))
         return ChatCompletion.model_validate({
             **_envelope(rid, "chat.completion", llm.name),
             "choices": [{"index": i, "message": chat_message(c),
@@ -223,7 +227,7 @@ async def _guard(request: Request, state: ServerState) -> Response | None:
     return None
 
 
-async def _ready_model(state: ServerState, model: str | None) -> Any:
+async def _ready_model(state: ServerState, model: str | None) -> ModelClient:
     """The model the request names (404 if none), loaded (off the event loop) if it was not."""
     if state.router is None or state.draining:
         raise BatcherUnavailableError("the server is starting or shutting down")
@@ -238,29 +242,33 @@ def _envelope(rid: str, kind: str, model: str) -> dict[str, Any]:
     return {"id": rid, "object": kind, "created": int(time.time()), "model": model}
 
 
-async def _complete(request: Request, observe: Callable[[llamactor.Completion], None], n: int,
-                    submit: Callable[[int], Any]) -> list[llamactor.Completion]:
-    """Submit the ``n`` choices, await them (cancelling on disconnect), count them in the metrics."""
-    done = await _gather(request, [submit(i) for i in range(n)])
+async def _complete(request: Request, observe: Callable[[llamactor.Completion], None],
+                    submit: Callable[[], list[Any]]) -> list[llamactor.Completion]:
+    """Submit the choices, await them (cancelling on disconnect), count them in the metrics."""
+    done = await _gather(request, submit())
     for c in done:
         observe(c)
     return done
 
 
-def _choice_id(rid: str, index: int, n: int) -> str:
-    """The llamactor request id of one choice: the HTTP id itself, or ``-<index>`` with n > 1."""
-    return rid if n == 1 else f"{rid}-{index}"
+def _prompt_id(rid: str, index: int, n_prompts: int) -> str:
+    """The llamactor request id of one prompt of a batch: the HTTP id itself, or ``-p<index>``."""
+    return rid if n_prompts == 1 else f"{rid}-p{index}"
 
 
-async def _all_queued(streams: list[AsyncTextStream]) -> None:
-    """Before the 200: every choice accepted by the batcher, or the first refusal raised (its
-    4xx, as without ``stream``) and the other choices cancelled."""
+async def _all_queued(starts: list[Callable[[], list[AsyncTextStream]]]) -> list[AsyncTextStream]:
+    """Start the streams; before the 200: every choice accepted by the batcher, or the first
+    refusal raised (its 4xx, as without ``stream``) and the other choices cancelled."""
+    streams: list[AsyncTextStream] = []
     try:
+        for start in starts:
+            streams += start()
         await asyncio.gather(*(s.queued() for s in streams))
     except BaseException:
         for s in streams:
             s.cancel()
         raise
+    return streams
 
 
 async def _gather(request: Request, futures: list[Any]) -> list[llamactor.Completion]:

@@ -16,11 +16,11 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 from openai.types.chat import ChatCompletionChunk
 
-from llamactor.completion import Completion, Piece
-from llamactor.errors import LlamactorError
+from llamactor.base.completion import Completion, Piece
+from llamactor.base.errors import LlamactorError
 from llamactor.http.openai_schema import FINISH_REASON, chat_logprobs, completion_logprobs, error_body
-from llamactor.streams import AsyncTextStream
-from llamactor.tools import ToolCall, Tools, ToolCallStream
+from llamactor.handles.streams import AsyncTextStream
+from llamactor.base.tools import ToolCall, Tools, ToolCallStream
 
 Envelope = Callable[[], dict[str, Any]]
 Observe = Callable[[Completion], None]

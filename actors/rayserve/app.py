@@ -16,19 +16,19 @@ import signal
 import threading
 from typing import Any
 
-import structlog
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
+from llamactor.base.logging import get_logger
 from llamactor.http.server import ServerState, create_app
-from llamactor.logging import configure_default
-from llamactor.model_specs import ModelSpec
+from llamactor.base.logging import configure_from_env
+from llamactor.serving.model_specs import ModelSpec
 from llamactor.rayserve.remote import RemoteReplicas, RemoteRouter
 from llamactor.rayserve.replica import ReplicaServer
 from llamactor.rayserve.request_router import LlamactorRequestRouter
 
-log = structlog.get_logger("llamactor.rayserve")
+log = get_logger("llamactor.rayserve")
 APP_NAME = "llamactor"
 INGRESS_MAX_ONGOING = 4096
 
@@ -37,7 +37,7 @@ INGRESS_MAX_ONGOING = 4096
 class Ingress:
     def __init__(self, specs: list[ModelSpec], handles: list[DeploymentHandle], api_key: str | None,
                  max_body_bytes: int) -> None:
-        configure_default()
+        configure_from_env()  # this Ray worker process is ours: its entry point
         self.state = ServerState([s.name for s in specs], api_key, max_body_bytes)
         self.state.router = RemoteRouter([RemoteReplicas(s, h) for s, h in zip(specs, handles, strict=True)])
 

@@ -1,8 +1,9 @@
 """The ingress side: ``RemoteReplicas``, the request API over a model's Ray Serve deployment.
 
 The OpenAI app (``llamactor.http.server``) runs unchanged on the ingress replica's event loop; it
-calls ``submit``/``stream_async``/``submit_embed`` as on an in-process handle, and ``_send`` turns
-each message into a call on the model's ``DeploymentHandle`` (Ray's request router, ours by
+calls ``submit``/``stream_async``/``submit_embed`` as on an in-process handle, and ``send`` /
+``send_n`` turn the messages of one request (its ``n`` choices together) into one call on the
+model's ``DeploymentHandle`` (Ray's request router, ours by
 default, picks the replica). A plain request whose replica dies is sent again, to another replica;
 a stream whose replica dies after it began fails with ``BatcherRestartedError``, as in-process.
 """
@@ -11,28 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Sequence
 from typing import Any
 
-import structlog
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.handle import DeploymentHandle
 
-from llamactor.client import Client
-from llamactor.errors import BatcherRestartedError, BatcherUnavailableError, EngineError, ModelNotFoundError
-from llamactor.messages import Embed, Generate, ReplyChannel
-from llamactor.model_specs import ModelSpec
+from llamactor.base.logging import get_logger
+from llamactor.handles.model import ModelClient
+from llamactor.base.completion import Completion
+from llamactor.base.errors import BatcherRestartedError, BatcherUnavailableError, EngineError, ModelNotFoundError
+from llamactor.base.messages import Embed, Generate, ReplyChannel
+from llamactor.serving.model_specs import ModelSpec
 from llamactor.rayserve.replica import QUEUED
 
-log = structlog.get_logger("llamactor.rayserve")
+log = get_logger("llamactor.rayserve")
 REPLICA_LOST = (ActorDiedError, ActorUnavailableError, RayActorError)
 MAX_ATTEMPTS = 4  # a request is sent to at most this many replicas in turn
 
 
-class RemoteReplicas(Client):
+class RemoteReplicas(ModelClient):
     """A model served by a Ray Serve deployment. Methods run on the ingress's event loop, except
     ``replica_stats`` (blocking: call it from a worker thread)."""
-
-    loaded = True  # Ray Serve starts (and autoscales) the replicas; nothing loads on first use
 
     def __init__(self, spec: ModelSpec, handle: DeploymentHandle) -> None:
         self.spec = spec
@@ -41,38 +42,51 @@ class RemoteReplicas(Client):
         self._handle = handle
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
+    @property
+    def loaded(self) -> bool:
+        return True  # Ray Serve starts (and autoscales) the replicas; nothing loads on first use
+
     def load(self) -> None:
         pass
 
-    def _send(self, msg: Generate | Embed, reply: ReplyChannel) -> concurrent.futures.Future[Any]:
+    def send(self, msg: Generate | Embed) -> concurrent.futures.Future[Any]:
+        return self._run([msg])[0]
+
+    def send_n(self, msgs: Sequence[Generate]) -> list[concurrent.futures.Future[Completion]]:
+        """The ``n`` choices in one call, so they reach one replica and share the prompt's KV."""
+        return self._run(list(msgs))
+
+    def _run(self, msgs: list[Generate | Embed]) -> list[concurrent.futures.Future[Any]]:
         loop = asyncio.get_running_loop()
-        streaming = reply.on_piece is not None
-        task = loop.create_task(self._stream(msg, reply) if streaming else self._complete(msg, reply))
-        self._tasks[msg.request_id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(msg.request_id, None))
-        # a caller that cancels its future (a disconnected client) cancels the remote call too
-        reply.future.add_done_callback(lambda f: f.cancelled() and loop.call_soon_threadsafe(task.cancel))
-        return reply.future
+        replies = [m.reply for m in msgs]
+        task = loop.create_task(self._call(msgs, replies))
 
-    async def _complete(self, msg: Generate | Embed, reply: ReplyChannel) -> None:
+        def forget(_: asyncio.Task[None]) -> None:
+            for msg in msgs:
+                self._tasks.pop(msg.request_id, None)
+
+        def cancel_if_cancelled(future: concurrent.futures.Future[Any]) -> None:
+            if future.cancelled():  # a caller that cancels its future (a disconnected client)
+                loop.call_soon_threadsafe(task.cancel)  # cancels the remote call
+
+        task.add_done_callback(forget)
+        for msg, reply in zip(msgs, replies, strict=True):
+            self._tasks[msg.request_id] = task
+            reply.future.add_done_callback(cancel_if_cancelled)
+        return [r.future for r in replies]
+
+    async def _call(self, msgs: list[Generate | Embed], replies: list[ReplyChannel]) -> None:
+        """One remote ``run`` call for ``msgs``; on a replica's death, the messages not yet ended
+        are sent again (to another replica), unless one already streamed text."""
+        stream = any(r.on_piece is not None for r in replies)
         for attempt in range(1, MAX_ATTEMPTS + 1):
-            try:
-                status, value = await self._handle.complete.remote(msg)
-            except REPLICA_LOST as e:
-                log.warning("replica_lost", model=self.name, request_id=msg.request_id, attempt=attempt, error=repr(e))
-                continue
-            except Exception as e:  # noqa: BLE001 - anything else Ray raises ends this request alone
-                reply.fail(EngineError(f"the replica failed: {e}"))
+            waiting = [i for i, r in enumerate(replies) if not r.future.done()]
+            if not waiting:
                 return
-            (reply.resolve if status == "ok" else reply.fail)(value)
-            return
-        reply.fail(BatcherUnavailableError(f"no replica of {self.name!r} could serve the request"))
-
-    async def _stream(self, msg: Generate | Embed, reply: ReplyChannel) -> None:
-        for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
-                pieces: Any = self._handle.options(stream=True).stream.remote(msg)  # a DeploymentResponseGenerator
-                async for status, value in pieces:
+                events: Any = self._handle.options(stream=True).run.remote([msgs[i] for i in waiting], stream)
+                async for j, status, value in events:  # a DeploymentResponseGenerator
+                    reply = replies[waiting[j]]
                     if status == QUEUED:
                         reply.mark_queued()
                     elif status == "piece":
@@ -81,30 +95,38 @@ class RemoteReplicas(Client):
                         (reply.resolve if status == "ok" else reply.fail)(value)
                 return
             except REPLICA_LOST as e:
-                log.warning("replica_lost", model=self.name, request_id=msg.request_id, attempt=attempt, error=repr(e))
-                if reply.n_pieces_sent:  # the client saw text already: cannot restart invisibly
-                    reply.fail(BatcherRestartedError("the replica serving this stream died"))
-                    return
-            except Exception as e:  # noqa: BLE001
-                reply.fail(EngineError(f"the replica failed: {e}"))
+                log.warning("replica_lost", model=self.name, request_id=msgs[0].request_id, attempt=attempt,
+                            error=repr(e))
+                for i in waiting:
+                    if replies[i].n_pieces_sent:  # the client saw text already: cannot restart invisibly
+                        replies[i].fail(BatcherRestartedError("the replica serving this stream died"))
+            except Exception as e:  # noqa: BLE001 - anything else Ray raises ends these requests alone
+                for reply in replies:
+                    reply.fail(EngineError(f"the replica failed: {e}"))
                 return
-        reply.fail(BatcherUnavailableError(f"no replica of {self.name!r} could serve the request"))
+        for reply in replies:
+            reply.fail(BatcherUnavailableError(f"no replica of {self.name!r} could serve the request"))
 
     def cancel(self, request_id: str) -> None:
+        """Cancel the remote call carrying ``request_id`` (with ``n`` choices: all of them, as
+        they travel in one call)."""
         task = self._tasks.get(request_id)
         if task is not None:
             task.get_loop().call_soon_threadsafe(task.cancel)  # Ray cancels the call on the replica
 
-    def replica_stats(self) -> list[dict[str, Any]]:
-        """Stats of the replicas the handle reaches (asked a few times over: Ray picks the replica)."""
+    def replica_stats(self, *, exact: bool = False) -> list[dict[str, Any]]:
+        """Published stats of the replicas the handle reaches (asked a few times over: Ray picks
+        the replica; ``exact`` is not offered across processes)."""
+        # Under autoscaling there may be up to max_replicas of them
+        n_replicas = int((self.spec.autoscaling or {}).get("max_replicas", self.spec.replicas))
         seen: dict[str, dict[str, Any]] = {}
-        for _ in range(3 * self.spec.replicas):
+        for _ in range(3 * n_replicas):
             try:
                 stats = self._handle.stats.remote().result(timeout_s=30)
             except Exception:  # noqa: BLE001 - a replica being replaced
                 continue
             seen[stats["replica_id"]] = stats
-            if len(seen) == self.spec.replicas:
+            if len(seen) == n_replicas:
                 break
         return [seen[k] for k in sorted(seen)]
 

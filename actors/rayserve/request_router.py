@@ -1,4 +1,4 @@
-"""Our routing policies (``llamactor.routing``) as a Ray Serve request router.
+"""Our routing policies (``llamactor.serving.routing``) as a Ray Serve request router.
 
 Ray Serve calls ``choose_replicas`` on the caller's (the ingress replica's) event loop with the
 replicas that can take the request; we rank them with a ``RoutingPolicy``, one replica per rank,
@@ -12,12 +12,14 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from llamactor.messages import Generate
-from llamactor.routing import RoutingPolicy, routing_key
+from llamactor.base.messages import Generate
+from llamactor.serving.routing import RoutingPolicy, routing_key
 
 
 def _key(pending_request: PendingRequest | None) -> str:
-    msg = pending_request.args[0] if pending_request is not None and pending_request.args else None
+    """The routing key of a ``ReplicaServer.run(msgs, stream)`` call: its first message's prompt."""
+    msgs = pending_request.args[0] if pending_request is not None and pending_request.args else None
+    msg = msgs[0] if isinstance(msgs, list) and msgs else None
     return routing_key(msg.text, msg.messages, msg.token_ids) if isinstance(msg, Generate) else ""
 
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llamactor.completion import Embeddings
-from llamactor.errors import InvalidRequestError
-from llamactor.messages import Embed
+from llamactor.base.completion import Embeddings
+from llamactor.base.errors import InvalidRequestError
+from llamactor.base.messages import Embed
 
 
 @dataclass(slots=True, eq=False)

@@ -20,12 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from llamactor.errors import InvalidRequestError
+from llamactor.base.priority import check_policy
 
-PRIORITY_LEVELS = {"high": 0, "normal": 1, "low": 2}
-DEFAULT_PRIORITY = PRIORITY_LEVELS["normal"]
-PRIORITY_RANGE = (-1000, 1000)
-POLICIES = ("fcfs", "priority", "lpm")
 LPM_MAX_WAITING = 64
 
 
@@ -42,17 +38,6 @@ class Schedulable(Protocol):
 S = TypeVar("S", bound=Schedulable)
 
 
-def parse_priority(value: object) -> int:
-    """``"high" | "normal" | "low"`` or an int in ``PRIORITY_RANGE``; ``InvalidRequestError`` else."""
-    if isinstance(value, str) and value.lower() in PRIORITY_LEVELS:
-        return PRIORITY_LEVELS[value.lower()]
-    low, high = PRIORITY_RANGE
-    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
-        return value
-    raise InvalidRequestError(f"priority must be 'high', 'normal', 'low' or an integer in [{low}, {high}] "
-                              f"(lower runs first), got {value!r}")
-
-
 def effective_priority(priority: int, submitted_at: float, now: float, aging_per_s: float) -> float:
     """Seed 001's rule: the base priority less ``aging_per_s`` per second waited."""
     return priority - aging_per_s * max(0.0, now - submitted_at)
@@ -64,10 +49,7 @@ class Policy:
     aging_per_s: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.name not in POLICIES:
-            raise InvalidRequestError(f"schedule_policy must be one of {', '.join(POLICIES)}, got {self.name!r}")
-        if not 0.0 <= self.aging_per_s <= 1000.0:
-            raise InvalidRequestError(f"priority_aging_per_s must be in [0, 1000], got {self.aging_per_s}")
+        check_policy(self.name, self.aging_per_s)
 
     def effective(self, seq: Schedulable, now: float) -> float:
         return effective_priority(seq.priority, seq.submitted_at, now, self.aging_per_s)

@@ -120,7 +120,7 @@ class PrefixIndex:
 
     # -- sequences ----------------------------------------------------------------------------
 
-    def allocate(self, now: float) -> tuple[int, list[KvOp]]:
+    def allocate(self) -> tuple[int, list[KvOp]]:
         """A free seq_id, dropping the least useful entry if none is free (``IndexError``: none can be)."""
         ops: list[KvOp] = []
         if not self.free_ids:

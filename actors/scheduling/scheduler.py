@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llamactor.errors import QueueFullError
-from llamactor.messages import Generate
-from llamactor.policy import Policy
-from llamactor.prefix_index import KvOp, Match, PrefixIndex, common_prefix_len
+from llamactor.base.errors import QueueFullError
+from llamactor.base.messages import Generate
+from llamactor.scheduling.policy import Policy
+from llamactor.scheduling.prefix_index import KvOp, Match, PrefixIndex, common_prefix_len
 
 
 @dataclass(slots=True, eq=False)
@@ -89,6 +89,21 @@ class StepPlan:
     preempted: list[Sequence] = field(default_factory=list)  # back among the waiting, KV released
     failed: list[Sequence] = field(default_factory=list)  # cannot fit even alone: to end with an error
     kv_ops: list[KvOp] = field(default_factory=list)  # to apply, in order, before the decode
+
+    def rows(self) -> tuple[list[int], list[int], list[int], list[int]]:
+        """The step's batch as (tokens, positions, seq_ids, wants_logits): each chunk's tokens
+        from its ``n_past``, logits only on the last row of a chunk that samples."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        seq_ids: list[int] = []
+        wants: list[int] = []
+        for chunk in self.chunks:
+            seq, n = chunk.seq, chunk.n_tokens
+            tokens += seq.token_ids[seq.n_past:seq.n_past + n]
+            positions += range(seq.n_past, seq.n_past + n)
+            seq_ids += [seq.seq_id] * n
+            wants += [0] * (n - 1) + [1 if chunk.samples else 0]
+        return tokens, positions, seq_ids, wants
 
 
 class Scheduler:
@@ -198,7 +213,7 @@ class Scheduler:
             if needed > room - match.n_tokens and self.running:
                 break  # the most urgent waits for room; admitting others past it could starve it
             room -= needed
-            seq_id, ops = self.index.allocate(now)
+            seq_id, ops = self.index.allocate()
             if ops:  # an entry was dropped to free the seq_id: it may have been the match
                 match = self._lookup(reusable)
             plan.kv_ops += ops + self.index.attach(seq_id, match, now)

@@ -12,23 +12,23 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import structlog
 
-from llamactor.api import LLM, start_tree
-from llamactor.client import Client, new_request_id
-from llamactor.completion import Completion
-from llamactor.errors import BatcherUnavailableError
-from llamactor.messages import Embed, Generate, ReplyChannel
-from llamactor.model_specs import ModelSpec
-from llamactor.routing import RoutingPolicy, routing_key
+from llamactor.base.logging import get_logger
+from llamactor.handles.tree import LLM, start_tree
+from llamactor.handles.model import ModelClient
+from llamactor.base.completion import Completion
+from llamactor.base.errors import BatcherUnavailableError
+from llamactor.base.messages import Embed, Generate
+from llamactor.serving.model_specs import ModelSpec
+from llamactor.serving.routing import RoutingPolicy, routing_key
 
-log = structlog.get_logger("llamactor.replicas")
+log = get_logger("llamactor.serving.replicas")
 
 
-class Replicas(Client):
+class Replicas(ModelClient):
     """A model's replica trees; loaded by ``load()`` or on the first request."""
 
     def __init__(self, spec: ModelSpec, before_load: Callable[[Replicas], None] | None = None) -> None:
@@ -94,6 +94,7 @@ class Replicas(Client):
         """Stop the trees (after letting in-flight requests finish up to ``drain_timeout_s``);
         the next request loads them again."""
         with self._load_lock:
+            started = time.perf_counter()
             trees, self._trees = self._trees, []
             for tree in trees:
                 tree.close(drain_timeout_s)
@@ -101,7 +102,7 @@ class Replicas(Client):
                 for replica in range(self.spec.replicas):
                     self.policy.forget(replica)
             if trees:
-                log.info("model_unloaded", model=self.name)
+                log.info("model_unloaded", model=self.name, ms=round((time.perf_counter() - started) * 1000, 1))
 
     def close(self, drain_timeout_s: float | None = 0.0) -> None:
         self.unload(drain_timeout_s)
@@ -139,21 +140,20 @@ class Replicas(Client):
             self.last_used = time.monotonic()
         future.add_done_callback(release)
 
-    def _send(self, msg: Generate | Embed, reply: ReplyChannel) -> concurrent.futures.Future[Any]:
+    def send(self, msg: Generate | Embed) -> concurrent.futures.Future[Any]:
         key = routing_key(msg.text, msg.messages, msg.token_ids) if isinstance(msg, Generate) else ""
         replica, tree = self._choose(key)
-        future = tree._send(msg, reply)  # counted once sent: a refused send leaves nothing in flight
+        future = tree.send(msg)  # counted once sent: a refused send leaves nothing in flight
         self._track(replica, msg.request_id, future)
         return future
 
-    def _submit_n(self, prompt: dict[str, Any], n: int, request_id: str | None,
-                  sampling: dict[str, Any]) -> list[concurrent.futures.Future[Completion]]:
-        # All n choices on one replica: the first computes the prompt, the others attach its KV.
-        replica, tree = self._choose(routing_key(**prompt))
-        request_id = request_id or new_request_id()
-        futures = tree._submit_n(prompt, n, request_id, sampling)
-        for i, future in enumerate(futures):
-            self._track(replica, f"{request_id}-{i}", future)
+    def send_n(self, msgs: Sequence[Generate]) -> list[concurrent.futures.Future[Completion]]:
+        """All ``n`` choices on one replica: the first computes the prompt, the others attach its KV."""
+        first = msgs[0]
+        replica, tree = self._choose(routing_key(first.text, first.messages, first.token_ids))
+        futures = [tree.send(m) for m in msgs]
+        for msg, future in zip(msgs, futures, strict=True):
+            self._track(replica, msg.request_id, future)
         return futures
 
     def cancel(self, request_id: str) -> None:
@@ -165,20 +165,22 @@ class Replicas(Client):
 
     # -- observing ---------------------------------------------------------------------------
 
-    def replica_stats(self) -> list[dict[str, Any]]:
-        """Each replica's ``LLM.stats()`` with what routing knows: ``in_flight``, ``served``."""
+    def replica_stats(self, *, exact: bool = False) -> list[dict[str, Any]]:
+        """Each replica's published stats (``LLM.published_stats``: never waits; ``exact``: its
+        ``LLM.stats()``) with what routing knows: ``in_flight``, ``served``."""
         trees = self._trees
         with self._lock:
             in_flight, served = list(self._in_flight), list(self.served)
         if not trees:
             return [{"state": "unloaded", "in_flight": 0, "served": served[i]} for i in range(self.spec.replicas)]
-        return [{**tree.stats(), "in_flight": in_flight[i], "served": served[i]} for i, tree in enumerate(trees)]
+        return [{**(tree.stats() if exact else tree.published_stats()), "in_flight": in_flight[i],
+                 "served": served[i]} for i, tree in enumerate(trees)]
 
     def stats(self) -> dict[str, Any]:
         """The model's queue (``running``, ``pending``, ``in_flight``, ``served`` summed over its
-        replicas), ``state`` the worst of theirs, and each replica's own ``stats()`` in
+        replicas), ``state`` the worst of theirs, and each replica's own exact ``stats()`` in
         ``replicas`` (ratios such as ``kv_usage`` are per replica: a sum would mean nothing)."""
-        per_replica = self.replica_stats()
+        per_replica = self.replica_stats(exact=True)
         total: dict[str, Any] = {"model": self.name, "replicas": per_replica, "policy": self.policy.name}
         for key in ("running", "pending", "in_flight", "served"):
             total[key] = sum(s.get(key) or 0 for s in per_replica)

@@ -19,13 +19,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import structlog
 
-from llamactor.errors import BatcherUnavailableError, InvalidRequestError, ModelNotFoundError
-from llamactor.model_specs import ModelSpec, specs_from
-from llamactor.replicas import Replicas
+from llamactor.base.logging import get_logger
+from llamactor.base.errors import BatcherUnavailableError, InvalidRequestError, ModelNotFoundError
+from llamactor.serving.model_specs import ModelSpec, specs_from
+from llamactor.serving.replicas import Replicas
 
-log = structlog.get_logger("llamactor.router")
+log = get_logger("llamactor.serving.router")
 JANITOR_PERIOD_S = 1.0
 
 

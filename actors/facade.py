@@ -1,0 +1,50 @@
+"""``llamactor.start()``: one model (an ``LLM`` over one actor tree) or several (a ``Router``).
+
+A thin facade over ``llamactor.handles.tree.start_tree`` and ``llamactor.serving.router.Router``;
+runs on the caller's thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, overload
+
+from llamactor.base.config import Config
+from llamactor.base.errors import InvalidRequestError
+from llamactor.handles.tree import LLM, start_tree
+from llamactor.serving.router import Router
+
+
+@overload
+def start(model: str | None = None, *, models: None = None, config: Config | None = None,
+          start_timeout_s: float = 300.0, **options: Any) -> LLM: ...
+@overload
+def start(model: None = None, *, models: Sequence[Any], max_loaded: int | None = None,
+          start_timeout_s: float = 300.0, **options: Any) -> Router: ...
+
+
+def start(model: str | None = None, *, models: Sequence[Any] | None = None, max_loaded: int | None = None,
+          config: Config | None = None, start_timeout_s: float = 300.0, **options: Any) -> LLM | Router:
+    """Load ``model`` (None: ``$LLAMACTOR_MODEL`` or the default Gemma 3 270M) and start the actors.
+
+    ``options`` are ``Config`` fields (``n_parallel``, ``n_ctx``, ``system_prompt``, ...) and
+    default sampling fields (``temperature``, ``max_tokens``, ...). Blocks until the model is
+    loaded; raises ``ModelLoadError`` if it cannot be.
+
+    With ``models`` (``ModelSpec``s or dicts: ``name``, ``path``, ``replicas``, ``policy``,
+    ``preload``, ``idle_unload_s`` and Config fields), returns a ``Router`` over them; ``options``
+    are then defaults for every model, and at most ``max_loaded`` models are loaded at once.
+    """
+    if models is not None:
+        if model is not None or config is not None:
+            raise InvalidRequestError("pass either models= or model/config, not both")
+        return Router(models, max_loaded=max_loaded, defaults=options)
+    if max_loaded is not None:
+        raise InvalidRequestError("max_loaded applies to models=[...]")
+    if config is None:
+        config = Config.from_kwargs(model=model, **options)
+    elif model is not None or options:
+        raise InvalidRequestError("pass either config= or model/options, not both")
+    return start_tree(config, start_timeout_s)
+
+
