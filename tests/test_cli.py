@@ -62,7 +62,7 @@ def test_the_repl_on_the_default_model_answers_a_factual_question_in_one_line_an
         child.expect(">>> ")
         child.sendline("What is the capital of France?")
         child.expect("France\\?\r\n")  # the terminal's echo of the line
-        child.expect(">>> ")  # the answer ended by itself (max_tokens is 512)
+        child.expect(">>> ")  # the answer ended by itself (before the default max_tokens, 256)
         answer = child.before.strip()
         assert "Paris" in answer and "\n" not in answer and "User:" not in answer
         child.sendeof()

@@ -1,9 +1,12 @@
 """The ``llamactor`` command: ``chat`` (REPL), ``ask``, ``serve``, ``info``, ``bench``.
 
-Every option can also come from an environment variable (``LLAMACTOR_MODEL``,
-``LLAMACTOR_N_PARALLEL``, ...) or a TOML file given with ``--config`` (keys are the option names
-with underscores); the command line wins over the environment, which wins over the file.
-Logging is configured here, once, for the whole process.
+The engine and sampling options are generated from ``Config`` and ``SamplingParams``
+(``llamactor.cli.options``), so ``--help`` shows the library's own defaults. Every option can
+also come from an environment variable (``LLAMACTOR_MODEL``, ``LLAMACTOR_N_PARALLEL``, ...) or a
+TOML file given with ``--config`` (keys are the option names with underscores; unknown keys are
+refused); the command line wins over the environment, which wins over the file, which wins over
+the library's default. Logging is configured here, once, for the whole process (the CLI is its
+entry point; the library itself never configures logging).
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from typing import Any
 import click
 
 import llamactor
-from llamactor import logging as llamactor_logging
+from llamactor.base import logging as llamactor_logging
 from llamactor.cli.options import engine_options, sampling_options, tree_options
 from llamactor.cli.serve import serve
-from llamactor.errors import LlamactorError
+from llamactor.base.errors import LlamactorError
 
 
 def start_tree(opts: dict[str, Any], quiet: bool = False) -> llamactor.LLM:
@@ -102,6 +105,7 @@ def ask(prompt: str, as_json: bool, as_chat: bool, **opts: Any) -> None:
 
 @main.command()
 @engine_options
+@sampling_options  # unused here, but a --config file shared with chat/ask may set them
 @handle_errors
 def info(**opts: Any) -> None:
     """Model metadata, context sizes and the chat template in use, as JSON."""
@@ -129,8 +133,8 @@ def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out
           only: str | None, peer_server: str | None) -> None:
     """Measure llamactor against sequential create_completion and the raw batched-decode ceiling."""
     from llamactor.bench import report, suite
-    from llamactor.config import default_n_threads
-    from llamactor.models import resolve_model_path
+    from llamactor.base.config import default_n_threads
+    from llamactor.base.models import resolve_model_path
 
     llamactor_logging.configure("auto", "warning")
     settings = suite.BenchSettings(model_path=resolve_model_path(model), quick=quick, full=full,

@@ -1,74 +1,147 @@
-"""The options the ``llamactor`` subcommands share, and turning them into ``start()`` keywords.
+"""The engine and sampling options of the ``llamactor`` subcommands, generated from the fields
+of ``Config`` and ``SamplingParams``: their defaults, shown by ``--help``, are the library's own.
 
-Every option can also come from an environment variable or a TOML file given with ``--config``
-(keys are the option names with underscores; ``serve`` also reads ``[[models]]`` tables from it).
+Each exposed field ``name`` becomes ``--name`` (or the flag of ``TWEAKS``), read also from
+``$LLAMACTOR_NAME`` (and the older names in ``TWEAKS``) and from a ``--config`` TOML file
+(``llamactor.cli.config_file``); the command line beats the environment, which beats the file.
+Only options that one of those set reach ``llamactor.start()``: for the rest the library's
+default applies, so no default is written twice. The options are built once at import; the
+values are turned into ``start()`` keywords on the main thread, when a command runs.
 """
 
 from __future__ import annotations
 
-import tomllib
-from collections.abc import Callable
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
-from llamactor import logging as llamactor_logging
+from llamactor.base import logging as llamactor_logging
+from llamactor.base.config import Config, SamplingParams
+from llamactor.base.priority import POLICIES
+from llamactor.cli.config_file import config_option
 
-def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    if value:
-        try:
-            data = tomllib.loads(Path(value).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise click.BadParameter(str(e)) from e
-        ctx.default_map = {**(ctx.default_map or {}), **{k.replace("-", "_"): v for k, v in data.items()}}
-    return value
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
-MODEL_OPTION = click.option("--model", envvar="LLAMACTOR_MODEL", help="GGUF file (default: Gemma 3 270M Q4_K_M).")
+@dataclass(frozen=True)
+class Tweak:
+    """How one field appears on the command line, where the generic rule does not fit."""
+
+    help: str
+    flag: str | None = None  # instead of --field-name
+    param: str | None = None  # the click parameter (and TOML key) instead of the field name
+    envvars: tuple[str, ...] = ()  # older names, documented before, read after $LLAMACTOR_<FIELD>
+    type: click.ParamType | None = None  # instead of the one the annotation gives
+    show_default: str | None = None  # for a default computed at run time
 
 
-def engine_options(fn: Callable[..., Any], model_option: Callable[..., Any] = MODEL_OPTION) -> Callable[..., Any]:
-    """Options that shape the actor tree, shared by every subcommand that starts one."""
+CONFIG_TWEAKS: dict[str, Tweak] = {
+    "model": Tweak("GGUF file (default: Gemma 3 270M Q4_K_M)."),
+    "n_ctx": Tweak("KV cache cells shared by all sequences."),
+    "n_parallel": Tweak("Sequences decoded together."),
+    "n_batch": Tweak("Token budget of one decode step (at least --n-parallel)."),
+    "n_ubatch": Tweak("Tokens llama.cpp computes at once within a step (0: min(n_batch, 512))."),
+    "n_threads": Tweak("CPU threads.", show_default="all cores"),
+    "n_gpu_layers": Tweak("Layers offloaded to the GPU."),
+    "batch_size": Tweak("Pending requests that flush at once.", show_default="--n-parallel"),
+    "batch_timeout_ms": Tweak("How long a lone request waits for company."),
+    "max_queue": Tweak("Waiting requests beyond which new ones are refused."),
+    "system_prompt": Tweak("System prompt shared by every request (its KV is computed once).", flag="--system"),
+    "chat_template": Tweak("A Jinja chat template file, used instead of the GGUF's (or the plain transcript).",
+                           param="chat_template_file", type=click.Path(exists=True, dir_okay=False)),
+    "prefix_cache": Tweak("Keep finished requests' KV so later requests reuse shared prefixes."),
+    "prefix_cache_cells": Tweak("Most KV cells cached prefixes may hold.", show_default="what running requests leave"),
+    "schedule_policy": Tweak("Admission order: by arrival, by priority with aging, or longest cached prefix first.",
+                             type=click.Choice(POLICIES)),
+    "priority_aging_per_s": Tweak("Priority levels a waiting request gains per second.", flag="--priority-aging",
+                                  envvars=("LLAMACTOR_PRIORITY_AGING",)),
+    "watchdog_timeout_s": Tweak("Abort a decode step running longer (seconds) and restart the batcher; 0: off.",
+                                flag="--watchdog-timeout", envvars=("LLAMACTOR_WATCHDOG_TIMEOUT",)),
+    "max_restarts": Tweak("Batcher restarts allowed within --restart-window-s before giving up."),
+    "restart_window_s": Tweak("Seconds over which batcher restarts are counted."),
+    "stats_interval_s": Tweak("How often a busy batcher logs a batcher_stats line (seconds)."),
+    "embedding_n_batch": Tweak("Tokens per embedding step, and the longest embedding input."),
+    "embedding_n_seq_max": Tweak("Inputs one embedding step packs."),
+    "embedding_time_share": Tweak("Most decode time embedding steps take while generation also waits."),
+}
+SAMPLING_TWEAKS: dict[str, Tweak] = {
+    "max_tokens": Tweak("Most tokens generated per answer."),
+    "temperature": Tweak("0 is greedy."),
+    "top_k": Tweak("0 disables."),
+    "top_p": Tweak("1.0 disables."),
+    "min_p": Tweak("0 disables."),
+    "repeat_penalty": Tweak("Over the last --repeat-last-n tokens; 1.0 disables."),
+    "repeat_last_n": Tweak("Tokens the repeat penalty looks back."),
+    "presence_penalty": Tweak("In [-2, 2]."),
+    "frequency_penalty": Tweak("In [-2, 2]."),
+    "seed": Tweak("Sampling seed.", show_default="random"),
+    "stop": Tweak("A string that ends the answer; repeat the option for several."),
+    "ignore_eos": Tweak("Go on past the end-of-generation token."),
+}
+# Not options: test hooks, the nested SamplingParams itself, and per-request values that have no
+# meaning as a process-wide default or no command-line form (they stay API / HTTP fields).
+HIDDEN = frozenset({"watchdog_test_hang", "sampling", "logprobs", "top_logprobs", "grammar", "logit_bias"})
+
+
+def _base_type(annotation: Any) -> tuple[Any, bool]:
+    """``int | None`` -> (int, False); ``tuple[str, ...]`` -> (str, True: a repeatable option)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is tuple:
+        return typing.get_args(annotation)[0], True
+    return annotation, False
+
+
+def _option(field: dataclasses.Field[Any], annotation: Any, tweak: Tweak) -> Decorator:
+    """The click option of one dataclass field; its default is the field's own."""
+    name = tweak.param or field.name
+    flag = tweak.flag or "--" + field.name.replace("_", "-")
+    base, multiple = _base_type(annotation)
+    envvars = [f"LLAMACTOR_{field.name.upper()}", *tweak.envvars]
+    default = None if field.default is dataclasses.MISSING else field.default  # MISSING: a default_factory
+    kwargs: dict[str, Any] = {"envvar": envvars, "show_envvar": True, "help": tweak.help, "multiple": multiple,
+                              "show_default": tweak.show_default or default not in (None, ())}
+    if base is bool:
+        return click.option(f"{flag}/--no-{flag[2:]}", name, default=default, **kwargs)
+    return click.option(flag, name, type=tweak.type or base, default=default, **kwargs)
+
+
+def _options(cls: type, tweaks: dict[str, Tweak], skip: Iterable[str] = ()) -> list[Decorator]:
+    hints = typing.get_type_hints(cls)
+    return [_option(f, hints[f.name], tweaks.get(f.name) or Tweak(""))
+            for f in dataclasses.fields(cls) if f.name not in HIDDEN and f.name not in skip]
+
+
+def _param_name(field_name: str) -> str:
+    tweak = CONFIG_TWEAKS.get(field_name) or SAMPLING_TWEAKS.get(field_name)
+    return (tweak.param if tweak else None) or field_name
+
+
+# The click parameters that become start() keywords: every generated one (and --model).
+START_PARAMS = frozenset(_param_name(f.name) for cls in (Config, SamplingParams)
+                         for f in dataclasses.fields(cls) if f.name not in HIDDEN)
+MODEL_OPTION = _options(Config, CONFIG_TWEAKS)[0]  # --model, the first Config field
+
+
+def engine_options(fn: Callable[..., Any], model_option: Decorator | None = None) -> Callable[..., Any]:
+    """Options that shape the actor tree, shared by every subcommand that starts one; ``serve``
+    passes its own repeatable ``model_option``."""
     options = [
-        click.option("--config", type=click.Path(exists=True, dir_okay=False), is_eager=True, expose_value=False,
-                     callback=_load_config_file, help="TOML file of option defaults (serve: also [[models]])."),
-        model_option,
-        click.option("--n-parallel", envvar="LLAMACTOR_N_PARALLEL", type=int, default=8, show_default=True,
-                     help="Sequences decoded together."),
-        click.option("--n-ctx", envvar="LLAMACTOR_N_CTX", type=int, default=8192, show_default=True,
-                     help="KV cache cells shared by all sequences."),
-        click.option("--n-threads", envvar="LLAMACTOR_N_THREADS", type=int, default=None, help="CPU threads."),
-        click.option("--n-gpu-layers", envvar="LLAMACTOR_N_GPU_LAYERS", type=int, default=0, show_default=True),
-        click.option("--batch-timeout-ms", envvar="LLAMACTOR_BATCH_TIMEOUT_MS", type=float, default=20.0,
-                     show_default=True, help="How long a lone request waits for company."),
-        click.option("--max-queue", envvar="LLAMACTOR_MAX_QUEUE", type=int, default=256, show_default=True),
-        click.option("--system", "system_prompt", envvar="LLAMACTOR_SYSTEM_PROMPT", default=None,
-                     help="System prompt shared by every request (its KV is computed once)."),
-        click.option("--prefix-cache/--no-prefix-cache", envvar="LLAMACTOR_PREFIX_CACHE", default=True,
-                     show_default=True, help="Keep finished requests' KV so later requests reuse shared prefixes."),
-        click.option("--prefix-cache-cells", envvar="LLAMACTOR_PREFIX_CACHE_CELLS", type=int, default=None,
-                     help="Most KV cells cached prefixes may hold (default: whatever running requests leave)."),
-        click.option("--chat-template", "chat_template_file", envvar="LLAMACTOR_CHAT_TEMPLATE", default=None,
-                     type=click.Path(exists=True, dir_okay=False),
-                     help="A Jinja chat template file, used instead of the GGUF's (or the plain transcript)."),
-        click.option("--schedule-policy", envvar="LLAMACTOR_SCHEDULE_POLICY", default="priority", show_default=True,
-                     type=click.Choice(["fcfs", "priority", "lpm"]),
-                     help="Admission order: by arrival, by priority with aging, or longest cached prefix first."),
-        click.option("--priority-aging", "priority_aging_per_s", envvar="LLAMACTOR_PRIORITY_AGING", type=float,
-                     default=0.1, show_default=True, help="Priority levels a waiting request gains per second."),
-        click.option("--watchdog-timeout", "watchdog_timeout_s", envvar="LLAMACTOR_WATCHDOG_TIMEOUT", type=float,
-                     default=60.0, show_default=True,
-                     help="Abort a decode step running longer (seconds) and restart the batcher; 0: off."),
-        click.option("--embedding-n-batch", "embedding_n_batch", envvar="LLAMACTOR_EMBEDDING_N_BATCH", type=int,
-                     default=512, show_default=True, help="Tokens per embedding step, and the longest embedding input."),
-        click.option("--embedding-time-share", "embedding_time_share", envvar="LLAMACTOR_EMBEDDING_TIME_SHARE",
-                     type=float, default=0.10, show_default=True,
-                     help="Most decode time embedding steps take while generation also waits."),
+        config_option(models=model_option is not None),
+        model_option or MODEL_OPTION,
+        *_options(Config, CONFIG_TWEAKS, skip=("model",)),
+        # The process's own logging, not the library's: these defaults are the CLI's.
         click.option("--log-format", envvar="LLAMACTOR_LOG_FORMAT", type=click.Choice(["auto", "console", "json"]),
-                     default="auto", show_default=True),
+                     default="auto", show_default=True, show_envvar=True),
         click.option("--log-level", envvar="LLAMACTOR_LOG_LEVEL", default="warning", show_default=True,
-                     type=click.Choice(["debug", "info", "warning", "error"])),
+                     show_envvar=True, type=click.Choice(["debug", "info", "warning", "error"])),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -76,25 +149,26 @@ def engine_options(fn: Callable[..., Any], model_option: Callable[..., Any] = MO
 
 
 def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    options = [
-        click.option("--temperature", envvar="LLAMACTOR_TEMPERATURE", type=float, default=0.7, show_default=True),
-        click.option("--max-tokens", envvar="LLAMACTOR_MAX_TOKENS", type=int, default=512, show_default=True),
-        click.option("--top-p", envvar="LLAMACTOR_TOP_P", type=float, default=0.95, show_default=True),
-        click.option("--top-k", envvar="LLAMACTOR_TOP_K", type=int, default=40, show_default=True),
-        click.option("--seed", envvar="LLAMACTOR_SEED", type=int, default=None),
-    ]
-    for option in reversed(options):
+    """Default sampling of the tree's requests (per request, the API and HTTP bodies override them)."""
+    for option in reversed(_options(SamplingParams, SAMPLING_TWEAKS)):
         fn = option(fn)
     return fn
 
 
 def tree_options(opts: dict[str, Any]) -> dict[str, Any]:
-    """Configure logging from the options, and return the rest as ``llamactor.start`` keywords."""
-    opts = dict(opts)
-    llamactor_logging.configure(opts.pop("log_format"), opts.pop("log_level"))
-    if opts.get("n_threads") is None:
-        opts.pop("n_threads", None)
-    if template_file := opts.pop("chat_template_file", None):
-        opts["chat_template"] = Path(template_file).read_text()
-    opts["n_batch"] = max(512, opts["n_parallel"])  # every running sequence needs a token per step
-    return opts
+    """Configure logging from the options (the CLI is the process's entry point), and return
+    the ``llamactor.start`` keywords: the engine and sampling options a user set, no others.
+
+    Called inside the running command (it asks click's current context where values came from)."""
+    ctx = click.get_current_context()
+    llamactor_logging.configure(opts["log_format"], opts["log_level"])
+    chosen = {k: v for k, v in opts.items() if k in START_PARAMS and ctx.get_parameter_source(k) not in
+              (ParameterSource.DEFAULT, None)}
+    if "stop" in chosen:
+        chosen["stop"] = tuple(chosen["stop"])
+    if template_file := chosen.pop("chat_template_file", None):
+        try:
+            chosen["chat_template"] = Path(template_file).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise click.BadParameter(str(e), param_hint="--chat-template") from e
+    return chosen

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 import llamactor
-from llamactor.errors import CancelledError, LlamactorError
+from llamactor.base.errors import CancelledError, LlamactorError
 
 try:  # line editing and history for input(), where available
     import readline  # noqa: F401

@@ -2,7 +2,7 @@
 
     llamactor serve                                   # the default model
     llamactor serve --model chat=/m/a.gguf --model small=/m/b.gguf --replicas 2
-    llamactor serve --config models.toml              # [[models]] tables (llamactor.model_specs)
+    llamactor serve --config models.toml              # [[models]] tables (llamactor.serving.model_specs)
     llamactor serve --ray --replicas 4                # replicas as Ray Serve deployment replicas
 
 Engine options (``--n-parallel``, ``--n-ctx`` ...) apply to every model unless its TOML table
@@ -11,6 +11,7 @@ sets them; ``--replicas``, ``--routing-policy`` and ``--idle-unload`` to the ``-
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
@@ -18,14 +19,18 @@ from typing import Any
 
 import click
 
-from llamactor.cli.options import engine_options, tree_options
-from llamactor.errors import LlamactorError
-from llamactor.model_specs import ModelSpec, specs_from
-from llamactor.models import resolve_model_path
-from llamactor.routing import POLICIES
+from llamactor.cli.config_file import TOML_MODELS, TOML_PATH
+from llamactor.cli.options import engine_options, sampling_options, tree_options
+from llamactor.base.errors import InvalidRequestError, LlamactorError
+from llamactor.serving.model_specs import ModelSpec, specs_from
+from llamactor.base.models import resolve_model_path
+from llamactor.serving.routing import POLICIES
 
-MODELS_OPTION = click.option("--model", "model_values", envvar="LLAMACTOR_MODEL", multiple=True,
+option = functools.partial(click.option, show_envvar=True)  # --help names each option's variable
+MODELS_OPTION = option("--model", envvar="LLAMACTOR_MODEL", multiple=True,
                              help="GGUF file, or NAME=PATH; repeat for several models (default: Gemma 3 270M).")
+# --replicas, --routing-policy and --idle-unload default to ModelSpec's own defaults.
+SPEC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelSpec)}
 
 
 def split_model(value: str) -> tuple[str | None, str]:
@@ -37,8 +42,11 @@ def split_model(value: str) -> tuple[str | None, str]:
 
 
 def model_specs(values: tuple[str, ...], toml_models: list[Any], options: dict[str, Any], *,
-                model_name: str | None, replicas: int, policy: str, idle_unload_s: float | None) -> list[ModelSpec]:
-    """The specs of ``--model`` values (default: the default model) and of TOML ``[[models]]``."""
+                model_name: str | None, replicas: int, policy: str, idle_unload_s: float | None,
+                toml_path: str | None = None) -> list[ModelSpec]:
+    """The specs of ``--model`` values (default: the default model) and of TOML ``[[models]]``;
+    ``options`` (the engine options a user set) are every model's defaults. An error in a
+    ``[[models]]`` table names ``toml_path``."""
     from llamactor.http.daemon import model_id_for
 
     entries: list[dict[str, Any]] = []
@@ -49,45 +57,55 @@ def model_specs(values: tuple[str, ...], toml_models: list[Any], options: dict[s
             name = model_name if model_name and len(values) <= 1 else model_id_for(path)
         entries.append({"name": name, "path": path, "replicas": replicas, "policy": policy,
                         "idle_unload_s": idle_unload_s})
-    return specs_from([*entries, *toml_models], options)
+    from_file: list[ModelSpec] = []
+    for table in toml_models:
+        try:
+            from_file.append(ModelSpec.from_dict(table, options))
+        except InvalidRequestError as e:
+            raise InvalidRequestError(f"{toml_path}: {e}") from e
+    return specs_from([*entries, *from_file], options)
 
 
 @click.command()
-@click.option("--host", envvar="LLAMACTOR_HOST", default="127.0.0.1", show_default=True)
-@click.option("--port", envvar="LLAMACTOR_PORT", type=int, default=8000, show_default=True)
-@click.option("--uds", envvar="LLAMACTOR_UDS", default=None, help="Listen on this Unix socket instead.")
-@click.option("--api-key", envvar="LLAMACTOR_API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
-@click.option("--drain-timeout", "drain_timeout_s", envvar="LLAMACTOR_DRAIN_TIMEOUT", type=float, default=30.0,
-              show_default=True, help="Seconds SIGTERM waits for in-flight requests.")
-@click.option("--max-body-bytes", envvar="LLAMACTOR_MAX_BODY_BYTES", type=int, default=4 * 1024 * 1024,
-              show_default=True)
-@click.option("--model-name", envvar="LLAMACTOR_MODEL_NAME", default=None,
-              help="The model id clients send for a single --model (default: the file name without .gguf).")
-@click.option("--replicas", envvar="LLAMACTOR_REPLICAS", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Actor trees per --model (they split --n-threads unless it is given).")
-@click.option("--routing-policy", envvar="LLAMACTOR_ROUTING_POLICY", type=click.Choice(POLICIES),
-              default="shortest_queue", show_default=True, help="How a request picks one of a model's replicas.")
-@click.option("--max-loaded", envvar="LLAMACTOR_MAX_LOADED", type=click.IntRange(1), default=None,
-              help="Models loaded at once; the least recently used idle one is unloaded for another.")
-@click.option("--idle-unload", "idle_unload_s", envvar="LLAMACTOR_IDLE_UNLOAD", type=float, default=None,
-              help="Unload a --model after this many idle seconds (it loads again on its next request).")
+@option("--host", envvar="LLAMACTOR_HOST", default="127.0.0.1", show_default=True)
+@option("--port", envvar="LLAMACTOR_PORT", type=int, default=8000, show_default=True)
+@option("--uds", envvar="LLAMACTOR_UDS", default=None, help="Listen on this Unix socket instead.")
+@option("--api-key", envvar="LLAMACTOR_API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
+@option("--drain-timeout", "drain_timeout_s", envvar="LLAMACTOR_DRAIN_TIMEOUT", type=float, default=30.0,
+        show_default=True, help="Seconds SIGTERM waits for in-flight requests.")
+@option("--max-body-bytes", envvar="LLAMACTOR_MAX_BODY_BYTES", type=int, default=4 * 1024 * 1024, show_default=True)
+@option("--model-name", envvar="LLAMACTOR_MODEL_NAME", default=None,
+        help="The model id clients send for a single --model (default: the file name without .gguf).")
+@option("--replicas", envvar="LLAMACTOR_REPLICAS", type=click.IntRange(1, 64), default=SPEC_DEFAULTS["replicas"],
+        show_default=True, help="Actor trees per --model (they split --n-threads unless it is given).")
+@option("--routing-policy", envvar="LLAMACTOR_ROUTING_POLICY", type=click.Choice(POLICIES),
+        default=SPEC_DEFAULTS["policy"], show_default=True, help="How a request picks one of a model's replicas.")
+@option("--max-loaded", envvar="LLAMACTOR_MAX_LOADED", type=click.IntRange(1), default=None,
+        help="Models loaded at once; the least recently used idle one is unloaded for another.")
+@option("--idle-unload", "idle_unload_s", envvar="LLAMACTOR_IDLE_UNLOAD", type=float,
+        default=SPEC_DEFAULTS["idle_unload_s"],
+        help="Unload a --model after this many idle seconds (it loads again on its next request).")
 @click.option("--ray", "use_ray", is_flag=True,
               help="Run the replicas as Ray Serve deployment replicas (pip install 'llamactor[ray]'; RAY_ADDRESS).")
 @functools.partial(engine_options, model_option=MODELS_OPTION)
+@sampling_options
 def serve(host: str, port: int, uds: str | None, api_key: str | None, drain_timeout_s: float, max_body_bytes: int,
           model_name: str | None, replicas: int, routing_policy: str, max_loaded: int | None,
-          idle_unload_s: float | None, use_ray: bool, model_values: tuple[str, ...], **opts: Any) -> None:
+          idle_unload_s: float | None, use_ray: bool, model: tuple[str, ...], **opts: Any) -> None:
     """The OpenAI-compatible HTTP daemon (/v1/completions, /v1/chat/completions, /v1/embeddings,
-    /v1/models, /health, /metrics)."""
+    /v1/models, /health, /metrics). Engine and sampling options are every model's defaults."""
     ctx = click.get_current_context()
-    toml_models = (ctx.default_map or {}).get("models") or []  # [[models]] of --config (not an option)
     try:
-        specs = model_specs(model_values, toml_models, tree_options(opts), model_name=model_name, replicas=replicas,
-                            policy=routing_policy, idle_unload_s=idle_unload_s)
+        specs = model_specs(model, ctx.meta.get(TOML_MODELS, []), tree_options(opts), model_name=model_name,
+                            replicas=replicas, policy=routing_policy, idle_unload_s=idle_unload_s,
+                            toml_path=ctx.meta.get(TOML_PATH))
     except LlamactorError as e:
         print(f"llamactor serve: {e}", file=sys.stderr)
         sys.exit(1)
     if use_ray:
+        # Ray Serve's worker processes configure their logging from these (configure_from_env);
+        # a local Ray instance started by this process inherits its environment.
+        os.environ["LLAMACTOR_LOG_FORMAT"], os.environ["LLAMACTOR_LOG_LEVEL"] = opts["log_format"], opts["log_level"]
         from llamactor.rayserve.app import serve_on_ray
         sys.exit(serve_on_ray(specs, host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes))
     from llamactor.http.daemon import serve as run_daemon

@@ -15,20 +15,27 @@ with them), or as dicts with the same keys to ``llamactor.start(models=[...])``:
     preload = false               # loaded on first use
     idle_unload_s = 600           # and unloaded after ten idle minutes
     autoscaling = {min_replicas = 1, max_replicas = 4, target_ongoing_requests = 16}  # under Ray Serve
+
+Any other key is refused (``InvalidRequestError`` naming the model and the key): a typo such as
+``n_paralel`` must not silently leave the default in place.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llamactor.config import Config, default_n_threads
-from llamactor.errors import InvalidRequestError
-from llamactor.routing import POLICIES
+from llamactor.base.config import Config, SamplingParams, default_n_threads
+from llamactor.base.errors import InvalidRequestError
+from llamactor.serving.routing import POLICIES
 
 SPEC_FIELDS = ("name", "path", "model", "replicas", "policy", "imbalance_threshold", "preload", "idle_unload_s",
                "autoscaling")
+# Every key a model entry may have: its own, and any Config or sampling field (``model`` is
+# ``path``'s other name).
+MODEL_KEYS = frozenset(SPEC_FIELDS) | {f.name for cls in (Config, SamplingParams) for f in dataclasses.fields(cls)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,10 @@ class ModelSpec:
             raise InvalidRequestError(f"a model entry needs a name: {entry!r}")
         if "path" in entry and "model" in entry:
             raise InvalidRequestError(f"model {entry['name']!r}: give path or model, not both")
+        # Refused here, naming the model, rather than as Config's "unknown option(s)" later.
+        if unknown := sorted(set(entry) - MODEL_KEYS, key=str):
+            raise InvalidRequestError(f"model {entry['name']!r}: unknown key(s) {', '.join(map(repr, unknown))} "
+                                      f"(known: {', '.join(sorted(MODEL_KEYS))})")
         spec = {k: entry.pop(k) for k in SPEC_FIELDS if k in entry}
         path = spec.pop("path", spec.pop("model", None))
         options = {**(defaults or {}), **entry}
