@@ -11,8 +11,8 @@ import pykka
 import pytest
 
 import llamactor
-from llamactor.messages import AuditKv
-from llamactor.models import default_model_path
+from llamactor.base.messages import AuditKv
+from llamactor.base.models import default_model_path
 from llamactor.native.engine import Engine
 
 # Greedy decoding of the same sequence in differently shaped batches can flip between two
@@ -58,6 +58,17 @@ def start_llm(model_path: str) -> Iterator[object]:
             return handles[-1]
 
         yield start
+
+
+def record_sent(handle: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The messages ``handle`` (an ``LLM``) hands to its actors from now on, each still delivered."""
+    sent: list[Any] = []
+    monkeypatch.setattr(handle, "send", lambda msg, send=handle.send: (sent.append(msg), send(msg))[1])
+    return sent
+
+
+class NotAMessage:
+    """An unknown message type is a bug: a batcher told one raises, and so crashes (tests do it on purpose)."""
 
 
 def batcher_ref(llm: llamactor.LLM) -> pykka.ActorRef:

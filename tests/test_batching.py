@@ -35,8 +35,8 @@ def test_a_lone_request_waits_out_the_window_then_runs_alone(start_llm) -> None:
 def test_a_burst_of_batch_size_starts_together_without_waiting_for_the_window(start_llm) -> None:
     llm = start_llm(n_parallel=4, batch_size=4, batch_timeout_ms=60_000)
     futures = [llm.submit(p, max_tokens=8, temperature=0, ignore_eos=True) for p in PROMPTS[:4]]
-    results = [f.result(timeout=60) for f in futures]
-    assert all(r.timings.queue_ms < 60_000 for r in results)
+    results = [f.result(timeout=30) for f in futures]  # well before the 60 s window could end
+    assert max(r.timings.queue_ms for r in results) < 5_000  # admitted on the 4th arrival, not by the timer
     # Admitted in one step: one prefill step yields every first token, then 7 shared decode steps.
     assert llm.stats()["steps"] == 8
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -11,7 +13,7 @@ import pytest
 from llamactor.cli.serve import model_specs, split_model
 from llamactor.http.server import model_status
 
-from .daemon_helpers import Daemon, start_daemon
+from .daemon_helpers import Daemon, metric, start_daemon, wait_until
 
 QUESTION = [{"role": "user", "content": "Name a colour of the sea."}]
 
@@ -58,6 +60,8 @@ def test_an_unknown_model_is_a_404_in_openai_shape(daemon: Daemon) -> None:
 
 def test_health_and_metrics_report_each_model_and_replica(daemon: Daemon) -> None:
     client = daemon.client(api_key="unused")
+    routed = r'llamactor_router_requests_total\{model="plain",replica="(\d)"\} (\S+)'
+    before = dict(re.findall(routed, httpx.get(f"{daemon.url}/metrics").text))
     for _ in range(4):
         client.completions.create(model="plain", prompt="The sea is", max_tokens=2)
     health = httpx.get(f"{daemon.url}/health").json()
@@ -67,12 +71,38 @@ def test_health_and_metrics_report_each_model_and_replica(daemon: Daemon) -> Non
     for model, replica in (("plain", 0), ("plain", 1)):
         assert f'llamactor_ready{{model="{model}",replica="{replica}"}} 1.0' in metrics
         assert f'llamactor_router_requests_total{{model="{model}",replica="{replica}"}}' in metrics
-    served = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-              if line.startswith('llamactor_router_requests_total{model="plain"')]
-    assert min(served) >= 1  # both replicas of plain served
+    served = {replica: float(n) - float(before.get(replica, 0)) for replica, n in re.findall(routed, metrics)}
+    assert set(served) == {"0", "1"} and sum(served.values()) == 4 and min(served.values()) >= 1  # both served
     assert 'llamactor_generated_tokens_total{model="plain"}' in metrics
 
 
+def test_n_choices_over_http_reach_one_replica_which_computes_their_prompt_once(daemon: Daemon) -> None:
+    def series(name: str, replica: int) -> str:
+        return name + r'\{model="plain",replica="' + str(replica) + r'"\}'
+
+    def deltas(name: str, metrics: str) -> list[float]:
+        return [metric(metrics, series(name, r)) - metric(before, series(name, r)) for r in (0, 1)]
+
+    before = httpx.get(f"{daemon.url}/metrics").text
+    prompt = f"Log entry {uuid.uuid4().hex[:8]}: the lighthouse keeper wrote that the ships"  # not cached (but BOS)
+    c = daemon.client(api_key="unused").completions.create(model="plain", prompt=prompt, n=2, max_tokens=3,
+                                                           temperature=0.9, seed=1, extra_body={"ignore_eos": True})
+    assert [ch.index for ch in c.choices] == [0, 1] and c.usage.completion_tokens == 6
+    # once: the prompt beyond the cached tokens the first choice found, and the second's last prompt token
+    once = c.usage.prompt_tokens - c.usage.prompt_tokens_details.cached_tokens + 1
+
+    def published() -> str | None:  # the batchers' counters: at most 50 ms old while busy, exact once idle
+        metrics = httpx.get(f"{daemon.url}/metrics").text
+        return metrics if sum(deltas("llamactor_prompt_tokens_computed_total", metrics)) >= once else None
+
+    metrics = wait_until(published, f"{once} more prompt tokens computed in /metrics")
+    computed = deltas("llamactor_prompt_tokens_computed_total", metrics)
+    routed = deltas("llamactor_router_requests_total", metrics)
+    assert sorted(routed) == [0, 1] and sorted(computed) == [0, once]
+    assert routed.index(1) == computed.index(once)  # both choices on the replica the request was routed to
+
+
+@pytest.mark.pure
 def test_model_flags_name_each_model_and_share_the_engine_options(model_path: str) -> None:
     assert split_model(f"chat={model_path}") == ("chat", model_path)
     assert split_model(model_path) == (None, model_path)
@@ -83,6 +113,7 @@ def test_model_flags_name_each_model_and_share_the_engine_options(model_path: st
     assert specs[0].config.n_threads >= 1
 
 
+@pytest.mark.pure
 def test_a_model_with_one_replica_restarting_is_degraded_but_still_served() -> None:
     assert model_status({"ready"}) == "ready"
     assert model_status({"ready", "restarting"}) == "degraded"

@@ -14,10 +14,11 @@ import pytest
 import llamactor
 from llamactor import InvalidRequestError
 from llamactor.embedding_steps import EmbeddingSteps
-from llamactor.embeddings import EmbeddingJob, EmbeddingQueue
-from llamactor.messages import Embed, ReplyChannel
+from llamactor.scheduling.embedding_queue import EmbeddingJob, EmbeddingQueue
+from llamactor.base.messages import Embed, ReplyChannel
 from llamactor.native.embedding import EmbeddingNoRoomError
 
+from .conftest import NotAMessage, batcher_ref
 from .daemon_helpers import MODEL_ID, Daemon, start_daemon
 
 TEXTS = ["The cat sat on the mat.", "Quantum computers use qubits.", "Paris is the capital of France.",
@@ -33,6 +34,7 @@ def _job(rid: str, n: int, pooling: str = "mean") -> EmbeddingJob:
     return EmbeddingJob(msg, pooling, [0] * n, np.zeros((n, 4), np.float32))
 
 
+@pytest.mark.pure
 def test_the_queue_packs_inputs_of_many_requests_first_fit_within_tokens_and_ids() -> None:
     queue = EmbeddingQueue(n_batch=10, n_seq_max=3)
     queue.add(_job("a", 2), [[1] * 6, [1] * 5])
@@ -45,6 +47,7 @@ def test_the_queue_packs_inputs_of_many_requests_first_fit_within_tokens_and_ids
     assert not queue.waiting  # nothing of the refused request was queued
 
 
+@pytest.mark.pure
 def test_one_step_holds_one_pooling_and_embeddings_get_their_share_of_time_under_generation() -> None:
     queue = EmbeddingQueue(n_batch=100, n_seq_max=8, share=0.2)
     queue.add(_job("a", 1, "mean"), [[1, 2]])
@@ -65,6 +68,7 @@ def test_one_step_holds_one_pooling_and_embeddings_get_their_share_of_time_under
     assert queue.turn(generation_waiting=False) and queue.contended_ms == [0.0, 0.0]
 
 
+@pytest.mark.pure
 def test_while_generation_waits_an_embedding_step_is_a_quarter_of_the_budget() -> None:
     queue = EmbeddingQueue(n_batch=100, n_seq_max=8)
     queue.add(_job("a", 4), [[1] * 20, [1] * 20, [1] * 20, [1] * 20])
@@ -74,6 +78,7 @@ def test_while_generation_waits_an_embedding_step_is_a_quarter_of_the_budget() -
     assert [len(i.token_ids) for i in queue.pack(contended=True)] == [90]  # alone, however long
 
 
+@pytest.mark.pure
 def test_a_step_without_room_is_retried_in_halves_and_only_an_input_that_never_fits_fails() -> None:
     def fake_embed(inputs: list[list[int]], pooling: str) -> np.ndarray:
         if len(inputs) > 2 or any(len(t) > 50 for t in inputs):
@@ -176,9 +181,6 @@ def test_the_openai_client_gets_embeddings_as_floats_and_as_base64(daemon: Daemo
 
 
 def test_embedding_requests_survive_a_batcher_crash(start_llm) -> None:
-    from .conftest import batcher_ref
-    from .test_supervisor import NotAMessage
-
     llm = start_llm(n_parallel=2)
     expected = llm.embed(TEXTS[0])[0]
     batcher_ref(llm).tell(NotAMessage())

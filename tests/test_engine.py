@@ -10,7 +10,7 @@ import pytest
 from llamactor.native.engine import Engine
 from llamactor.native.sampling import RowSpec, sample
 
-from .conftest import decode_prompt
+from .conftest import NEAR_TIE, decode_prompt
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,9 @@ def test_a_prefix_copied_with_seq_cp_gives_the_same_logits_as_recomputing_it(eng
     engine.seq_cp(3, 1, 0, len(prefix))
     attached = decode_prompt(engine, 1, suffix, n_past=len(prefix))
     assert engine.seq_pos_max(1) == len(prefix + suffix) - 1
-    assert np.argmax(attached) == np.argmax(recomputed)
+    # other batch shapes, so slightly other logits: the same best token unless the two best nearly tie
+    top2 = np.sort(recomputed)[-2:]
+    assert np.argmax(attached) == np.argmax(recomputed) or top2[1] - top2[0] < NEAR_TIE
     np.testing.assert_allclose(attached, recomputed, atol=0.05)
     engine.clear()
 
@@ -68,12 +70,14 @@ def test_a_step_that_does_not_fit_the_kv_cache_fails_only_the_sequences_that_do_
         small.close()
 
 
-def test_greedy_rows_cost_one_argmax_and_match_numpy(engine: Engine) -> None:
+@pytest.mark.pure
+def test_greedy_rows_cost_one_argmax_and_match_numpy() -> None:
     logits = np.random.default_rng(1).standard_normal((3, 1000)).astype(np.float32)
     result = sample(logits, [spec(), spec(), spec()])
     assert result.tokens == list(np.argmax(logits, axis=1)) and result.logprobs == [None] * 3
 
 
+@pytest.mark.pure
 def test_seeded_sampling_repeats_and_top_k_one_is_greedy() -> None:
     logits = np.random.default_rng(2).standard_normal((2, 5000)).astype(np.float32)
     draws_a = sample(logits, [spec(temperature=1.0, rng=np.random.default_rng(7))] * 2).tokens
@@ -83,6 +87,7 @@ def test_seeded_sampling_repeats_and_top_k_one_is_greedy() -> None:
     assert greedy_by_top_k == list(np.argmax(logits, axis=1))
 
 
+@pytest.mark.pure
 def test_top_p_and_min_p_never_draw_outside_the_nucleus() -> None:
     logits = np.full((1, 1000), -10.0, np.float32)
     logits[0, [3, 4, 5]] = [5.0, 4.9, 4.8]
@@ -93,6 +98,7 @@ def test_top_p_and_min_p_never_draw_outside_the_nucleus() -> None:
     assert drawn <= {3, 4, 5}
 
 
+@pytest.mark.pure
 def test_penalties_push_down_recent_tokens_and_logprobs_are_from_the_raw_distribution() -> None:
     logits = np.zeros((1, 10), np.float32)
     logits[0, 2], logits[0, 3] = 2.0, 1.9
@@ -125,6 +131,7 @@ def _packed(allowed: list[int], n_vocab: int) -> np.ndarray:
     return np.packbits(bits, bitorder="little").view(np.int32)
 
 
+@pytest.mark.pure
 def test_a_grammar_mask_limits_only_its_own_row_greedy_or_sampled() -> None:
     logits = np.zeros((3, 40), np.float32)
     logits[:, 5] = 10.0  # every row's favourite
@@ -135,6 +142,7 @@ def test_a_grammar_mask_limits_only_its_own_row_greedy_or_sampled() -> None:
     assert result.tokens[2] == 5  # the unconstrained row in the same step is untouched
 
 
+@pytest.mark.pure
 def test_logit_bias_forces_or_bans_a_token_and_logprobs_stay_raw() -> None:
     logits = np.zeros((2, 10), np.float32)
     logits[:, 2] = 3.0

@@ -92,13 +92,14 @@ def test_closing_with_requests_in_flight_ends_every_caller_without_hanging(model
 
 
 def test_a_consumer_that_raises_cancels_only_its_own_request(llm: llamactor.LLM) -> None:
-    from llamactor.messages import Generate, ReplyChannel
-    from llamactor.config import SamplingParams
+    from llamactor.base.messages import Generate, ReplyChannel
+    from llamactor.base.config import SamplingParams
     import time
 
     def broken(_piece: object) -> None:
         raise RuntimeError("event loop is closed")
 
+    restarts = llm.stats()["restarts"]
     reply = ReplyChannel(on_piece=broken)
     msg = Generate(request_id="broken-consumer", params=SamplingParams(max_tokens=50, ignore_eos=True), reply=reply,
                    submitted_at=time.perf_counter(), text="Hello")
@@ -107,7 +108,7 @@ def test_a_consumer_that_raises_cancels_only_its_own_request(llm: llamactor.LLM)
     with pytest.raises(concurrent.futures.CancelledError):
         reply.future.result(timeout=30)
     assert healthy.result(timeout=30).usage.completion_tokens == 5
-    assert llm.stats()["restarts"] == 0
+    assert llm.stats()["restarts"] == restarts  # the batcher did not crash
 
 
 def test_an_unknown_priority_is_an_invalid_request_and_the_others_go_on(llm: llamactor.LLM) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from llamactor.config import Config, SamplingParams
-from llamactor.errors import InvalidRequestError
+from llamactor.base.config import Config, SamplingParams
+from llamactor.base.errors import InvalidRequestError
 from llamactor.output import TextAssembler
+
+pytestmark = pytest.mark.pure
 
 
 def test_a_character_split_across_tokens_is_emitted_whole() -> None:
@@ -67,7 +69,7 @@ def test_config_from_kwargs_routes_sampling_names_and_refuses_unknown_options() 
 
 
 def test_best_of_keeps_the_choices_with_the_highest_mean_logprob_in_their_order() -> None:
-    from llamactor.completion import Completion, Timings, TokenLogprob, Usage
+    from llamactor.base.completion import Completion, Timings, TokenLogprob, Usage
     from llamactor.http.openai_schema import best_of
 
     def choice(name: str, logprobs: list[float]) -> Completion:

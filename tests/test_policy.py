@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from llamactor.errors import InvalidRequestError
-from llamactor.policy import LPM_MAX_WAITING, Policy, effective_priority, parse_priority
-from llamactor.prefix_index import PrefixIndex
-from llamactor.scheduler import Scheduler, Sequence
-from tests.test_scheduler import make_scheduler, make_seq, run_to_end
+from llamactor.base.errors import InvalidRequestError
+from llamactor.base.priority import parse_priority
+from llamactor.scheduling.policy import LPM_MAX_WAITING, Policy, effective_priority
+from llamactor.scheduling.prefix_index import PrefixIndex
+from llamactor.scheduling.scheduler import Scheduler, Sequence
+
+from .scheduling_helpers import make_scheduler, make_seq, run_to_end
+
+pytestmark = pytest.mark.pure
 
 HIGH, NORMAL, LOW = 0, 1, 2
 
@@ -118,16 +122,22 @@ def test_a_step_that_cannot_fit_preempts_the_least_urgent_sequence_which_resumes
     victim = make_seq(0, at=1.0, rid="victim", priority=LOW, tokens=list(range(20, 28)))
     s.add(keep)
     s.add(victim)
-    preempted: list[Sequence] = []
     now = 1.0
-    while not preempted:  # 16 cells after the prompts, then one more per step each
+    for _ in range(100):  # 16 cells after the prompts, then one more per step each: a few steps
         now += 0.01
-        preempted = step(s, now)
+        if preempted := step(s, now):
+            break
+    else:
+        pytest.fail("nothing was preempted in 100 steps")
     assert preempted == [victim] and victim.seq_id == -1 and victim in s.pending and s.n_preemptions == 1
     assert victim.n_generated > 0 and victim.n_preempted == 1
     tokens_so_far = list(victim.token_ids)
-    while keep.n_generated < 6:  # keep grows: the victim's cached KV is evicted bit by bit
+    for _ in range(100):  # keep grows: the victim's cached KV is evicted bit by bit
+        if keep.n_generated >= 6:
+            break
         step(s, now)
+    else:
+        pytest.fail("keep did not generate 6 tokens in 100 steps")
     s.finish(keep, now)
     plan = s.schedule(now)
     assert plan.admitted == [victim] and victim.token_ids == tokens_so_far
@@ -151,13 +161,15 @@ def test_a_sequence_that_cannot_fit_even_alone_fails_and_a_waiting_one_is_not_ad
 
 def test_preemption_never_touches_the_pinned_system_prompt() -> None:
     index = PrefixIndex(n_seq_ids=8, n_cells=12)
-    system_id, _ = index.allocate(0.0)
+    system_id, _ = index.allocate()
     index.extend(system_id, [1, 2, 3, 4], 0.0)
     index.pin(system_id)
     s = make_scheduler(index=index, n_parallel=2, batch_size=2)
     for rid in ("a", "b"):
         s.add(make_seq(0, rid=rid, tokens=[1, 2, 3, 4, 5 if rid == "a" else 6]))
-    preempted: list[Sequence] = []
-    while not preempted:
-        preempted = step(s, 1.0)
+    for _ in range(100):
+        if preempted := step(s, 1.0):
+            break
+    else:
+        pytest.fail("nothing was preempted in 100 steps")
     assert index.length(system_id) == 4 and index.entries[system_id] is True

@@ -11,8 +11,8 @@ import concurrent.futures
 import pytest
 
 import llamactor
-from llamactor.config import SamplingParams
-from llamactor.messages import Generate, ReplyChannel
+from llamactor.base.config import SamplingParams
+from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.native.engine import Engine
 from llamactor.prompts import PromptBuilder
 

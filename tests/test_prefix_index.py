@@ -14,7 +14,9 @@ import random
 
 import pytest
 
-from llamactor.prefix_index import KvOp, Match, PrefixIndex
+from llamactor.scheduling.prefix_index import KvOp, Match, PrefixIndex
+
+pytestmark = pytest.mark.pure
 
 
 class CellModel:
@@ -48,7 +50,7 @@ class CellModel:
 
 def admit(index: PrefixIndex, model: CellModel, tokens: list[int], now: float, *, compute: bool = True) -> int:
     """What the scheduler does: allocate, look up, attach, then compute the rest of the prompt."""
-    seq_id, ops = index.allocate(now)
+    seq_id, ops = index.allocate()
     model.apply(ops)
     match = index.lookup(tokens)
     model.apply(index.attach(seq_id, match, now))
@@ -138,7 +140,7 @@ def test_allocation_with_every_seq_id_taken_drops_a_covered_entry_first_then_the
     b = admit(index, model, [5, 6], 2.0)
     model.apply(index.finish(b, 2.0, keep=True))
     running = admit(index, model, [1, 2, 3], 3.0)  # covers a
-    c, ops = index.allocate(4.0)
+    c, ops = index.allocate()
     model.apply(ops)
     assert ops == [KvOp(a)] and c == a and index.tokens(running) == [1, 2, 3]
     assert index.lookup([1, 2]) == Match(2, running)

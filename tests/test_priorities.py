@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import llamactor
-from llamactor.errors import StepAbortedError
+from llamactor.base.errors import StepAbortedError
 from llamactor.native.engine import Engine
 
 from .conftest import assert_equal_up_to_near_tie, audit_kv

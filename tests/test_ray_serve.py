@@ -6,16 +6,21 @@ Slow (Ray starts in ~10 s); skipped where the ``ray`` extra is not installed. CI
 from __future__ import annotations
 
 import concurrent.futures
-import time
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
-from llamactor.model_specs import ModelSpec
+from llamactor.serving.model_specs import ModelSpec
 
-from .daemon_helpers import free_port
+from .daemon_helpers import (
+    assert_same_greedy_text_up_to_near_tie,
+    free_port,
+    legacy_result,
+    streamed_legacy_result,
+    wait_until,
+)
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -51,24 +56,35 @@ def test_the_openai_client_gets_answers_from_the_ray_deployment(url: str) -> Non
     assert [m.id for m in client.models.list().data] == ["chat"]
     chat = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
     assert chat.choices[0].message.content and chat.usage.completion_tokens <= 4
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="chat", prompt="The sea is", max_tokens=6, temperature=0, stream=True) if c.choices)
-    plain = client.completions.create(model="chat", prompt="The sea is", max_tokens=6, temperature=0)
-    assert streamed == plain.choices[0].text
+    # two greedy decodes of one prompt, maybe on two replicas, maybe one from the cache: equal up to a near-tie
+    streamed = streamed_legacy_result(client.completions.create(
+        model="chat", prompt="The sea is", max_tokens=6, temperature=0, stream=True, logprobs=2))
+    plain = client.completions.create(model="chat", prompt="The sea is", max_tokens=6, temperature=0, logprobs=2)
+    assert_same_greedy_text_up_to_near_tie(streamed, legacy_result(plain.choices[0]))
     with pytest.raises(openai.BadRequestError):  # refused by the replica's tree: the same 400 as in-process
         client.completions.create(model="chat", prompt="x", max_tokens=4, temperature=-1)
 
 
+def _steps(url: str) -> dict[str, float]:
+    """Each replica's decode steps so far (labels -> count), as /metrics publishes them."""
+    metrics = httpx.get(f"{url}/metrics", timeout=60).text
+    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics.splitlines()
+            if line.startswith('llamactor_steps_total{model="chat"')}
+
+
 def test_both_replicas_serve_requests(url: str) -> None:
     client = _client(url)
+    before = _steps(url)  # the deployment is shared by the module: count only this test's steps
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         done = list(pool.map(lambda i: client.completions.create(
             model="chat", prompt=f"Story {i}:", max_tokens=24, extra_body={"ignore_eos": True}), range(8)))
     assert all(c.usage.completion_tokens == 24 for c in done)
-    metrics = httpx.get(f"{url}/metrics", timeout=60).text
-    steps = {line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics.splitlines()
-             if line.startswith('llamactor_steps_total{model="chat"')}
-    assert len(steps) == 2 and all(n > 0 for n in steps.values()), steps
+
+    def both_stepped() -> dict[str, float] | None:  # published stats: at most 50 ms old while busy
+        steps = _steps(url)
+        return steps if len(steps) == 2 and all(n > before.get(k, 0) for k, n in steps.items()) else None
+
+    wait_until(both_stepped, f"decode steps on both replicas (before: {before})", timeout=30)
 
 
 def test_killing_one_replica_loses_no_plain_request(url: str) -> None:
@@ -78,9 +94,8 @@ def test_killing_one_replica_loses_no_plain_request(url: str) -> None:
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(client.completions.create, model="chat", prompt=f"Tale {i}:", max_tokens=96,
                                extra_body={"ignore_eos": True}) for i in range(6)]
-        deadline = time.monotonic() + 60
-        while not all(r.get("running") for r in _replicas(url)) and time.monotonic() < deadline:
-            pass  # until both replicas decode (each /health asks the replicas: no busy spin)
+        # /health reports each replica's published stats (at most 50 ms old while it decodes)
+        wait_until(lambda: all(r.get("running") for r in _replicas(url)), "both replicas decoding", timeout=60)
         victim = next(a for a in list_named_actors(all_namespaces=True) if "llamactor-chat" in a["name"])
         ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]), no_restart=True)
         done = [f.result(timeout=180) for f in futures]

@@ -7,10 +7,9 @@ from collections.abc import Iterator
 import pytest
 
 import llamactor
-from llamactor.errors import BatcherUnavailableError
+from llamactor.base.errors import BatcherUnavailableError
 
-from .conftest import batcher_ref, closing_what_the_test_started
-from .test_supervisor import NotAMessage
+from .conftest import NotAMessage, batcher_ref, closing_what_the_test_started, record_sent
 
 SMALL = {"n_parallel": 2, "n_ctx": 1024, "n_threads": 1}
 HISTORY = [{"role": "user", "content": "You are a careful assistant. Describe the sea in three sentences, "
@@ -106,3 +105,20 @@ def test_max_loaded_models_all_busy_refuse_another_with_unavailable(start_router
     router["a"].cancel("busy")
     with pytest.raises(llamactor.CancelledError):
         busy.result(timeout=60)
+
+
+def test_the_n_choices_of_one_prompt_go_to_one_replica_seeded_seed_plus_i(start_router,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    model = start_router({"name": "m", "replicas": 2, "n_parallel": 4})["m"]
+    sent = [record_sent(model.replica(i), monkeypatch) for i in (0, 1)]  # what each replica's tree is handed
+    choices = model.ask("Once upon a time in a harbour town", n=3, request_id="tale", max_tokens=6, temperature=0.9,
+                        seed=5, ignore_eos=True)
+    stats = model.replica_stats(exact=True)
+    assert sorted(s["served"] for s in stats) == [0, 1]  # one routing decision for all three
+    chosen = [s["served"] for s in stats].index(1)
+    assert [(m.request_id, m.params.seed) for m in sent[chosen]] == [("tale-0", 5), ("tale-1", 6), ("tale-2", 7)]
+    assert sent[1 - chosen] == [] and [c.request_id for c in choices] == ["tale-0", "tale-1", "tale-2"]
+    # served there, the prompt computed once (a fresh tree: nothing cached); each sibling computed its last token
+    n_prompt = choices[0].usage.prompt_tokens
+    assert [stats[chosen]["tokens_generated"], stats[1 - chosen]["tokens_generated"]] == [18, 0]
+    assert [stats[chosen]["prompt_tokens_computed"], stats[1 - chosen]["prompt_tokens_computed"]] == [n_prompt + 2, 0]

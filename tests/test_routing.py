@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from llamactor.routing import PrefixRecord, RoutingPolicy, routing_key
+from llamactor.serving.routing import PrefixRecord, RoutingPolicy, routing_key
+
+pytestmark = pytest.mark.pure
 
 LONG_HISTORY = "User: tell me about the sea, at length and with care.\nAssistant: " * 8
 

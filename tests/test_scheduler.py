@@ -4,34 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from llamactor.config import SamplingParams
-from llamactor.errors import QueueFullError
-from llamactor.messages import Generate, ReplyChannel
-from llamactor.prefix_index import KvOp, PrefixIndex, common_prefix_len
-from llamactor.scheduler import Scheduler, Sequence
+from llamactor.base.errors import QueueFullError
+from llamactor.scheduling.prefix_index import KvOp, PrefixIndex, common_prefix_len
 
+from .scheduling_helpers import make_scheduler, make_seq, run_to_end
 
-def make_seq(n_prompt: int, *, at: float = 0.0, rid: str = "r", tokens: list[int] | None = None,
-             priority: int = 1) -> Sequence:
-    msg = Generate(request_id=rid, params=SamplingParams(), reply=ReplyChannel(), submitted_at=at, text="x",
-                   priority=priority)
-    ids = tokens if tokens is not None else list(range(1, n_prompt + 1))
-    return Sequence(request=msg, token_ids=ids, n_prompt=len(ids))
-
-
-def make_scheduler(n_cells: int = 1000, **overrides: object) -> Scheduler:
-    options: dict = dict(n_parallel=2, n_batch=16, batch_size=2, batch_timeout_s=0.02, max_queue=4)
-    options.update(overrides)
-    options.setdefault("index", PrefixIndex(n_seq_ids=8, n_cells=n_cells))
-    return Scheduler(**options)
-
-
-def run_to_end(s: Scheduler, seq: Sequence, now: float = 0.0) -> list[KvOp]:
-    """Pretend every planned chunk of ``seq`` was decoded, then finish it."""
-    while seq.n_unprocessed > 0:
-        for chunk in s.schedule(now).chunks:
-            s.computed(chunk, now)
-    return s.finish(seq, now)
+pytestmark = pytest.mark.pure
 
 
 def test_a_lone_request_waits_for_its_window_and_then_flushes() -> None:
@@ -116,7 +94,7 @@ def test_admission_attaches_the_longest_cached_prefix_but_computes_at_least_one_
 
 def test_without_the_prefix_cache_finished_sequences_are_freed_and_only_pinned_prefixes_attach() -> None:
     index = PrefixIndex(n_seq_ids=8, n_cells=1000)
-    system_id, _ = index.allocate(0.0)
+    system_id, _ = index.allocate()
     index.extend(system_id, [1, 2, 3], 0.0)
     index.pin(system_id)
     s = make_scheduler(batch_size=1, index=index, keep_finished=False)

@@ -11,38 +11,15 @@ import json
 import re
 from concurrent.futures import wait
 
-import pydantic
 import pytest
 
 import llamactor
 from llamactor import Grammar, InvalidRequestError
 
-from .conftest import assert_equal_up_to_near_tie
+from .conftest import assert_equal_up_to_near_tie, record_sent
+from .structured_helpers import PERSON_SCHEMA, Capital, valid_person
 
 PROMPT = "User: What is the capital of France? Answer in JSON.\nAssistant:"
-
-
-class Capital(pydantic.BaseModel):
-    city: str = pydantic.Field(max_length=24)
-    country: str = pydantic.Field(max_length=24)
-
-
-PERSON_SCHEMA = {
-    "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                   "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
-    "required": ["name", "age", "tags"], "additionalProperties": False,
-}
-
-
-def _valid_person(text: str) -> bool:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return False
-    return (set(data) == {"name", "age", "tags"} and isinstance(data["name"], str) and len(data["name"]) <= 20
-            and isinstance(data["age"], int) and 0 <= data["age"] <= 120
-            and all(t in ("a", "b", "c") for t in data["tags"]) and len(data["tags"]) <= 3)
 
 
 def test_a_pydantic_model_schema_gives_a_parsed_object(llm: llamactor.LLM) -> None:
@@ -59,7 +36,7 @@ def test_sixteen_concurrent_schema_constrained_requests_all_validate(start_llm) 
     wait(futures, timeout=120)
     done = [f.result() for f in futures]
     assert all(c.finish_reason == "stop" for c in done), [c.text for c in done if c.finish_reason != "stop"]
-    assert all(_valid_person(c.text) for c in done), [c.text for c in done if not _valid_person(c.text)]
+    assert all(valid_person(c.text) for c in done), [c.text for c in done if not valid_person(c.text)]
     stats = llm.stats()
     assert stats["grammar_rows"] >= 16 * 5 and stats["steps"] < 16 * 40  # constrained rows share steps
 
@@ -86,11 +63,13 @@ def test_a_gbnf_grammar_and_a_regex_hold_the_output(llm: llamactor.LLM) -> None:
     {"grammar": "start: foo"},
     {"json_schema": PERSON_SCHEMA, "grammar": 'root ::= "x"'},
 ])
-def test_a_bad_schema_or_grammar_is_refused_before_anything_is_queued(llm: llamactor.LLM, options: dict) -> None:
-    before = llm.stats()["requests_finished"]
+def test_a_bad_schema_or_grammar_is_refused_before_anything_is_queued(llm: llamactor.LLM, options: dict,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    sent = record_sent(llm, monkeypatch)
     with pytest.raises(InvalidRequestError):
         llm.submit("Hello", **options)
-    assert llm.stats()["requests_finished"] == before
+    assert sent == []  # refused on the caller's thread: no message reached the batcher
+    assert llm.ask("Hello", max_tokens=1, ignore_eos=True).usage.completion_tokens == 1 and len(sent) == 1
 
 
 def test_an_unconstrained_request_in_the_same_steps_is_not_affected(llm: llamactor.LLM, reference_engine) -> None:

@@ -6,11 +6,7 @@ import pytest
 
 from llamactor import BatcherRestartedError, BatcherUnavailableError
 
-from .conftest import batcher_ref
-
-
-class NotAMessage:
-    """An unknown message type is a bug: the batcher must raise, and so crash."""
+from .conftest import NotAMessage, batcher_ref
 
 
 def test_a_crashed_batcher_is_restarted_and_a_queued_request_still_completes(start_llm) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 import llamactor
 from llamactor import InvalidRequestError
-from llamactor.tools import ToolCallStream, Tools, parse_tool_calls, render_history_message
+from llamactor.base.tools import ToolCallStream, Tools, parse_tool_calls, render_history_message
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -17,6 +17,7 @@ TOOLS = Tools.from_openai([WEATHER])
 BLOCK = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
+@pytest.mark.pure
 def test_a_block_naming_a_known_tool_is_parsed_and_the_surrounding_text_kept() -> None:
     content, calls = parse_tool_calls(f"Let me check.\n{BLOCK}", TOOLS)
     assert content == "Let me check." and [(c.name, json.loads(c.arguments)) for c in calls] == [
@@ -25,6 +26,7 @@ def test_a_block_naming_a_known_tool_is_parsed_and_the_surrounding_text_kept() -
     assert parse_tool_calls(text, TOOLS) == (text, ())  # an unknown tool is not a call: the text stays
 
 
+@pytest.mark.pure
 def test_the_stream_parser_holds_back_a_possible_call_and_emits_it_whole() -> None:
     stream = ToolCallStream(TOOLS)
     pieces = [" <tool", "_call>\n{\"name\": \"get_weather\",", " \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"]
@@ -35,6 +37,7 @@ def test_the_stream_parser_holds_back_a_possible_call_and_emits_it_whole() -> No
     assert plain.feed(" <t") == ("", []) and plain.feed("able> is HTML") == (" <table> is HTML", [])
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("tools, choice, message", [
     ([], None, "1 to 128"),
     ([{"type": "function", "function": {"name": "bad name"}}], None, "letters"),
@@ -48,6 +51,7 @@ def test_bad_tools_or_tool_choice_are_invalid_requests(tools: list, choice: obje
         Tools.from_openai(tools, choice)
 
 
+@pytest.mark.pure
 def test_history_calls_become_blocks_for_templates_without_tools_and_stay_structured_otherwise() -> None:
     message = {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
@@ -58,6 +62,7 @@ def test_history_calls_become_blocks_for_templates_without_tools_and_stay_struct
     assert prepared[0]["role"] == "system" and "get_weather" in prepared[0]["content"]
 
 
+@pytest.mark.pure
 def test_only_required_and_named_choices_constrain_the_answer() -> None:
     assert Tools.from_openai([WEATHER], "auto").grammar() is None
     assert Tools.from_openai([WEATHER], "none").grammar() is None
@@ -78,8 +83,9 @@ def test_chat_with_a_forced_tool_returns_tool_calls_and_the_history_goes_on(llm:
         llm.submit("raw prompt", tools=[WEATHER])
 
 
+@pytest.mark.pure
 def test_a_template_that_renders_tools_gets_them_as_its_tools_variable() -> None:
-    from llamactor.native.chat_template import ChatTemplate
+    from llamactor.base.chat_template import ChatTemplate
 
     source = ("{% for t in tools %}[{{ t.function.name }}]{% endfor %}"
               "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
