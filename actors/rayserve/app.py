@@ -21,7 +21,8 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from llamactor.base.logging import get_logger
-from llamactor.http.server import ServerState, create_app
+from llamactor.http.server import create_app
+from llamactor.http.state import ServerState
 from llamactor.base.logging import configure_from_env
 from llamactor.serving.model_specs import ModelSpec
 from llamactor.rayserve.remote import RemoteReplicas, RemoteRouter
@@ -55,7 +56,8 @@ def model_deployment(spec: ModelSpec) -> Any:
         max_ongoing_requests=spec.config.n_parallel + spec.config.max_queue,
         ray_actor_options={"num_cpus": spec.config.n_threads},
         request_router_config=RequestRouterConfig(
-            request_router_class=LlamactorRequestRouter,
+            # Union[str, Callable] in Ray's source; its pydantic model types the argument as a dict for mypy
+            request_router_class=LlamactorRequestRouter,  # type: ignore[arg-type]
             request_router_kwargs={"policy": spec.policy, "imbalance_threshold": spec.imbalance_threshold}))
     return deployment.bind(spec)
 

@@ -8,6 +8,7 @@ lengths of each replica (its requests waiting + running).
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -33,7 +34,7 @@ class LlamactorRequestRouter(RequestRouter):
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         by_id = {r.replica_id: r for r in candidate_replicas}
-        loads = {rid: self.replica_queue_len_cache.get(rid) or 0 for rid in by_id}
+        loads: dict[Hashable, int] = {rid: self.replica_queue_len_cache.get(rid) or 0 for rid in by_id}
         return [[by_id[rid]] for rid in self._policy.rank(_key(pending_request), loads)]  # type: ignore[index]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
