@@ -11,13 +11,14 @@ from llamactor.handles.client import Client
 from llamactor.serving.model_specs import ModelSpec
 from llamactor.serving.replicas import Replicas
 from llamactor.serving.router import Router
-from llamactor.base.completion import Completion, Embeddings, Timings, Usage
+from llamactor.base.completion import Completion, Embeddings, Timings, Tokenized, Usage
 from llamactor.base.config import Config, SamplingParams
 from llamactor.base.grammar import Grammar
 from llamactor.base.errors import (
     BatcherRestartedError,
     BatcherUnavailableError,
     CancelledError,
+    ContextExceededError,
     ContextFullError,
     EngineError,
     InvalidRequestError,
@@ -28,7 +29,7 @@ from llamactor.base.errors import (
 )
 
 __all__ = [
-    "LLM", "start", "Client", "Router", "Replicas", "ModelSpec", "Completion", "Embeddings", "Timings", "Usage", "Config", "SamplingParams", "Grammar",
-    "LlamactorError", "InvalidRequestError", "QueueFullError", "ContextFullError", "CancelledError",
+    "LLM", "start", "Client", "Router", "Replicas", "ModelSpec", "Completion", "Embeddings", "Tokenized", "Timings", "Usage", "Config", "SamplingParams", "Grammar",
+    "LlamactorError", "InvalidRequestError", "QueueFullError", "ContextFullError", "ContextExceededError", "CancelledError",
     "BatcherRestartedError", "BatcherUnavailableError", "EngineError", "ModelLoadError", "ModelNotFoundError",
 ]

@@ -33,6 +33,7 @@ from llamactor.base.messages import (
     Generate,
     GetStats,
     Step,
+    Tokenize,
     tell_quietly,
 )
 from llamactor.native.engine import Engine
@@ -147,6 +148,8 @@ class BatcherActor(pykka.ThreadingActor):
             self._on_generate(message)
         elif isinstance(message, Embed):
             self.embeddings.add(message)
+        elif isinstance(message, Tokenize):
+            self._on_tokenize(message)
         elif isinstance(message, FlushDue):
             if not self.flush_timer.fired(message):
                 return None  # a stale timer: the window it guarded was already flushed
@@ -178,6 +181,12 @@ class BatcherActor(pykka.ThreadingActor):
                 msg.reply.fail(e)
                 return
             log.debug("request_queued", n_prompt=len(tokens), pending=len(self.scheduler.pending))
+
+    def _on_tokenize(self, msg: Tokenize) -> None:
+        try:
+            msg.reply.resolve(self.prompts.inspect(msg))
+        except LlamactorError as e:
+            msg.reply.fail(e)
 
     def _on_cancel(self, request_id: str) -> None:
         seq = self.scheduler.find(request_id)

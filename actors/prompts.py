@@ -8,9 +8,13 @@ starting with either attach its KV by ``seq_cp`` instead of recomputing it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from llamactor.base.config import SamplingParams
-from llamactor.base.errors import InvalidRequestError
-from llamactor.base.messages import Generate
+from llamactor.base.errors import ContextExceededError, InvalidRequestError
+from llamactor.base.completion import Tokenized
+from llamactor.base.messages import Generate, Tokenize
+from llamactor.base.tools import Tools
 from llamactor.base.chat_template import ChatTemplate, ChatTemplateError
 from llamactor.native.tokenizer import Tokenizer
 
@@ -46,17 +50,7 @@ class PromptBuilder:
             if any(not 0 <= t < self.tokenizer.n_vocab for t in tokens):
                 raise InvalidRequestError(f"token ids must be in [0, {self.tokenizer.n_vocab})")
         elif msg.messages is not None:
-            messages = list(msg.messages)
-            if self.system_prompt and not any(m.get("role") == "system" for m in messages):
-                messages.insert(0, {"role": "system", "content": self.system_prompt})
-            tools = msg.tools
-            if tools is not None:
-                messages = tools.prepare(messages, self.template.takes_tools)
-            try:
-                template_tools = tools.template_tools() if tools is not None and self.template.takes_tools else None
-                tokens = self._tokenize_rendered(self.template.render(messages, tools=template_tools))
-            except ChatTemplateError as e:
-                raise InvalidRequestError(str(e)) from e
+            tokens = self._tokenize_rendered(self._render(msg.messages, msg.tools, msg.chat_template_kwargs))
         else:
             assert msg.text is not None
             if not msg.text:
@@ -69,10 +63,43 @@ class PromptBuilder:
             raise InvalidRequestError("prompt must not be empty")
         needed = len(tokens) + (msg.params.max_tokens or 1)
         if needed > n_ctx_seq:
-            raise InvalidRequestError(
-                f"prompt ({len(tokens)} tokens) + max_tokens ({msg.params.max_tokens}) exceeds the "
-                f"per-sequence context of {n_ctx_seq} tokens")
+            asked = f" + max_tokens ({msg.params.max_tokens})" if msg.params.max_tokens else ""
+            raise ContextExceededError(
+                f"prompt ({len(tokens)} tokens){asked} exceeds the per-sequence context of {n_ctx_seq} tokens",
+                n_prompt_tokens=len(tokens), n_ctx=n_ctx_seq)
         return tokens
+
+    def inspect(self, msg: Tokenize) -> Tokenized:
+        """What the model sees of ``msg``'s prompt (the tokenizer and template endpoints)."""
+        if msg.token_ids is not None:
+            tokens = list(msg.token_ids)
+            if any(not 0 <= t < self.tokenizer.n_vocab for t in tokens):
+                raise InvalidRequestError(f"token ids must be in [0, {self.tokenizer.n_vocab})")
+            text = self.tokenizer.detokenize(tokens)
+        elif msg.messages is not None:
+            text = self._render(msg.messages, msg.tools, msg.chat_template_kwargs)
+            tokens = self._tokenize_rendered(text)
+        else:
+            assert msg.text is not None
+            # special-token text ("<eos>") is its single id, as llama-server's and HF tokenizers do
+            text = msg.text
+            tokens = self.tokenizer.tokenize(msg.text, add_special=msg.add_special, parse_special=True)
+        pieces = tuple(self.tokenizer.special_text(t) for t in tokens) if msg.with_pieces else None
+        return Tokenized(tuple(tokens), text, pieces)
+
+    def _render(self, messages: tuple[dict[str, Any], ...], tools: Tools | None,
+                template_kwargs: dict[str, Any] | None = None) -> str:
+        """A conversation as the chat format renders it (the configured system prompt first)."""
+        chat = list(messages)
+        if self.system_prompt and not any(m.get("role") == "system" for m in chat):
+            chat.insert(0, {"role": "system", "content": self.system_prompt})
+        if tools is not None:
+            chat = tools.prepare(chat, self.template.takes_tools)
+        try:
+            template_tools = tools.template_tools() if tools is not None and self.template.takes_tools else None
+            return self.template.render(chat, tools=template_tools, template_kwargs=template_kwargs)
+        except ChatTemplateError as e:
+            raise InvalidRequestError(str(e)) from e
 
     def _tokenize_rendered(self, text: str) -> list[int]:
         # Templates usually write the BOS text themselves; never add a second BOS.

@@ -32,6 +32,8 @@ from llamactor.base.messages import (
     Forget,
     Embed,
     Generate,
+    Request,
+    Tokenize,
     RestartBatcher,
     tell_quietly,
 )
@@ -54,7 +56,7 @@ class SupervisorActor(pykka.ThreadingActor):
         self.model_path = model_path
         self.start_batcher = start_batcher
         self.board = board if board is not None else StatsBoard()
-        self.inflight: dict[str, Generate | Embed] = {}
+        self.inflight: dict[str, Request] = {}
         self.batcher: pykka.ActorRef[Any] | None = None
         self.generation = 0
         self.restart_times: deque[float] = deque()
@@ -96,7 +98,7 @@ class SupervisorActor(pykka.ThreadingActor):
     # -- messages (supervisor thread) -------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, (Generate, Embed)):
+        if isinstance(message, (Generate, Embed, Tokenize)):
             self._on_generate(message)
         elif isinstance(message, Cancel):
             if self.batcher is not None:
@@ -118,7 +120,7 @@ class SupervisorActor(pykka.ThreadingActor):
         self._publish()
         return None
 
-    def _on_generate(self, msg: Generate | Embed) -> None:
+    def _on_generate(self, msg: Request) -> None:
         if self.state in ("failed", "stopped"):
             msg.reply.fail(BatcherUnavailableError(f"the batcher is not running ({self.failure_reason})"))
             return

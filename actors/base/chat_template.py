@@ -75,9 +75,14 @@ class ChatTemplate:
         self._eos_token = eos_token
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None) -> str:
+               tools: list[dict[str, Any]] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """``template_kwargs``: extra template variables (``chat_template_kwargs``, e.g.
+        ``enable_thinking``); they cannot replace the messages, tools or special tokens."""
         if not messages:
             raise ChatTemplateError("messages must not be empty")
+        if len(messages) >= 2 and all(m.get("role") == "assistant" for m in messages[-2:]):
+            # llama-server's rule: one trailing assistant message is continued, two are a mistake
+            raise ChatTemplateError("Cannot have 2 or more assistant messages at the end of the list.")
         for i, m in enumerate(messages):
             if not isinstance(m, Mapping) or m.get("role") not in VALID_ROLES:
                 raise ChatTemplateError(f"messages[{i}] needs a role in {sorted(VALID_ROLES)}")
@@ -85,6 +90,7 @@ class ChatTemplate:
                 raise ChatTemplateError(f"messages[{i}].content must be a string")
         try:
             return self._template.render(
+                **dict(template_kwargs or {}),
                 messages=[dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self._bos_token,

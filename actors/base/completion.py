@@ -91,3 +91,13 @@ class Completion:
         data = dataclasses.asdict(self)
         data["usage"]["total_tokens"] = self.usage.total_tokens
         return data
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenized:
+    """What the model sees of a prompt: its token ids, its text (a chat as the chat format renders
+    it, or token ids decoded), and each token's text when asked (``pieces``)."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    pieces: tuple[str, ...] | None = None

@@ -15,10 +15,14 @@ if TYPE_CHECKING:
 
 
 class LlamactorError(Exception):
-    """Base class of every llamactor error."""
+    """Base class of every llamactor error. ``details``: extra fields for the HTTP error body."""
 
     http_status = 500
     code = "internal_error"
+
+    def __init__(self, *args: object, **details: object) -> None:
+        super().__init__(*args)
+        self.details = details
 
 
 class InvalidRequestError(LlamactorError, ValueError):
@@ -26,6 +30,14 @@ class InvalidRequestError(LlamactorError, ValueError):
 
     http_status = 400
     code = "invalid_request_error"
+
+
+class ContextExceededError(InvalidRequestError):
+    """The prompt (plus ``max_tokens``) does not fit in one sequence's context. Over HTTP, as
+    llama-server answers it: type ``exceed_context_size_error`` with ``n_prompt_tokens`` and
+    ``n_ctx``."""
+
+    code = "exceed_context_size_error"
 
 
 class QueueFullError(LlamactorError):

@@ -39,7 +39,10 @@ class Grammar:
         """Output valid against ``schema`` (a dict, its JSON text, or a pydantic model class).
 
         ``strict`` (OpenAI's flag): a keyword llguidance cannot enforce is an error. Without it,
-        such keywords are ignored (the output is then only as valid as the model makes it)."""
+        such keywords are ignored (the output is then only as valid as the model makes it).
+        Strict or not, objects are closed and numbers bounded as llama.cpp's json-schema-to-grammar
+        does (``_closed_objects``, ``_bounded_numbers``): instructor's and LangChain's default
+        structured output send schemas without ``strict``."""
         parse = None
         if isinstance(schema, type):
             if not hasattr(schema, "model_json_schema"):
@@ -55,8 +58,7 @@ class Grammar:
             raise InvalidRequestError("json_schema must be a JSON object")
         # Compact JSON (no free whitespace): a small model left free to indent can loop on blank lines.
         options = {"lenient": not strict, "whitespace_flexible": False}
-        if strict:
-            schema = _closed_objects(schema)
+        schema = _bounded_numbers(_closed_objects(schema))
         try:
             compiled = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)  # type: ignore[arg-type]
         except ValueError as e:
@@ -96,9 +98,9 @@ class Grammar:
 
 
 def _closed_objects(schema: Any) -> Any:
-    """Strict mode as OpenAI defines it: an object schema that does not say otherwise allows no
-    properties beyond its own (``additionalProperties: false``). Without it a small model keeps
-    inventing keys until max_tokens (pydantic models, for one, leave it unset)."""
+    """An object schema that does not say otherwise allows no properties beyond its own
+    (``additionalProperties: false``): OpenAI's strict mode, and llama.cpp's default. Without it a
+    small model keeps inventing keys until max_tokens (pydantic models, for one, leave it unset)."""
     if isinstance(schema, list):
         return [_closed_objects(s) for s in schema]
     if not isinstance(schema, dict):
@@ -106,6 +108,33 @@ def _closed_objects(schema: Any) -> Any:
     out = {k: _closed_objects(v) if k not in ("enum", "const", "default", "examples") else v for k, v in schema.items()}
     if out.get("type") == "object" and "properties" in out and "additionalProperties" not in out:
         out["additionalProperties"] = False
+    return out
+
+
+# llama.cpp's grammar allows at most 16 integer digits (and 16 fraction digits); llguidance takes
+# bounds and a multipleOf of at most 10 decimals, so: |x| <= 10^16 and at most 10 fraction digits.
+# Unbounded, a small model writes "1000000000000…" until max_tokens and the JSON never parses.
+NUMBER_BOUND = 10**16
+FRACTION_STEP = "0.0000000001"
+
+
+def _bounded_numbers(schema: Any) -> Any:
+    """Numbers and integers without bounds of their own get llama.cpp-like ones."""
+    if isinstance(schema, list):
+        return [_bounded_numbers(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _bounded_numbers(v) if k not in ("enum", "const", "default", "examples") else v
+           for k, v in schema.items()}
+    types = out.get("type")
+    kinds = set(types) if isinstance(types, list) else {types}
+    if kinds & {"number", "integer"} and "enum" not in out and "const" not in out:
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -NUMBER_BOUND
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = NUMBER_BOUND
+        if "number" in kinds and "multipleOf" not in out:
+            out["multipleOf"] = float(FRACTION_STEP)
     return out
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pykka
 
-from llamactor.base.completion import Completion, Piece, TokenLogprob
+from llamactor.base.completion import Completion, Embeddings, Piece, Tokenized, TokenLogprob
 from llamactor.base.config import SamplingParams
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import InvalidRequestError
@@ -26,7 +26,8 @@ from llamactor.base.tools import Tools
 class ReplyChannel:
     """Where one request's pieces and final result go. Filled by the batcher thread only."""
 
-    future: concurrent.futures.Future[Completion] = field(default_factory=concurrent.futures.Future)
+    # resolves to a Completion (Generate), Embeddings (Embed) or Tokenized (Tokenize)
+    future: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
     # Done once the batcher has tokenized and queued the request, or failed with why it refused it:
     # a stream awaits it before answering 200, so a refused stream gets the same 4xx as a plain call.
     queued: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
@@ -58,10 +59,10 @@ class ReplyChannel:
         if not self.queued.done():
             self.queued.set_result(None)
 
-    def resolve(self, completion: Completion) -> None:
+    def resolve(self, result: Completion | Embeddings | Tokenized) -> None:
         self.mark_queued()
         if not self.future.done():
-            self.future.set_result(completion)
+            self.future.set_result(result)
 
     def fail(self, error: BaseException) -> None:
         if not self.queued.done():
@@ -87,8 +88,11 @@ class Generate:
     messages: tuple[dict[str, Any], ...] | None = None
     token_ids: tuple[int, ...] | None = None
     tools: Tools | None = None  # a chat's tools: rendered into its prompt, calls parsed from its answer
+    chat_template_kwargs: dict[str, Any] | None = None  # a chat's extra template variables (enable_thinking ...)
 
     def __post_init__(self) -> None:
+        if self.chat_template_kwargs is not None and self.messages is None:
+            raise ValueError("chat_template_kwargs need a chat (messages)")
         given = sum(x is not None for x in (self.text, self.messages, self.token_ids))
         if given != 1:
             raise ValueError("Generate needs exactly one of text, messages, token_ids")
@@ -123,6 +127,30 @@ class Embed:
             raise InvalidRequestError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         if self.dimensions is not None and (not isinstance(self.dimensions, int) or self.dimensions < 1):
             raise InvalidRequestError(f"dimensions must be a positive integer, got {self.dimensions!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenize:
+    """Caller -> supervisor -> batcher: what the model sees of a prompt, answered on ``reply`` with a
+    ``Tokenized``. Exactly one of ``text`` (tokenized), ``messages`` (rendered by the model's chat
+    format, with ``tools``, then tokenized) or ``token_ids`` (decoded)."""
+
+    request_id: str
+    reply: ReplyChannel
+    text: str | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+    tools: Tools | None = None
+    add_special: bool = True  # text: add BOS as the model's tokenizer does
+    with_pieces: bool = False  # also each token's text
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if sum(x is not None for x in (self.text, self.messages, self.token_ids)) != 1:
+            raise ValueError("Tokenize needs exactly one of text, messages, token_ids")
+
+
+Request = Generate | Embed | Tokenize  # the messages a caller sends, kept in flight by the supervisor
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,11 +19,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, overload
 
-from llamactor.base.completion import Completion, Embeddings
+from llamactor.base.completion import Completion, Embeddings, Tokenized
 from llamactor.base.config import Config
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import compile_constraint
-from llamactor.base.messages import Embed, Generate, ReplyChannel
+from llamactor.base.messages import Embed, Generate, ReplyChannel, Request, Tokenize
 from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
 from llamactor.handles.streams import AsyncTextStream, TextStream
 from llamactor.base.tools import pop_tools
@@ -41,7 +41,7 @@ class Client:
 
     config: Config
 
-    def send(self, msg: Generate | Embed) -> concurrent.futures.Future[Any]:
+    def send(self, msg: Request) -> concurrent.futures.Future[Any]:
         """Deliver ``msg``; its answer goes to ``msg.reply``, whose future this returns."""
         raise NotImplementedError
 
@@ -161,6 +161,31 @@ class Client:
     async def embed_async(self, inputs: EmbedInputs, **options: Any) -> Embeddings:
         return await self._await(self.submit_embed(inputs, **options))
 
+    # -- what the model sees ------------------------------------------------------------------
+    # ``prompt``: text (tokenized), token ids (decoded), or chat messages (rendered by the model's
+    # chat format, with ``tools``, then tokenized). Answered by the batcher, like a request.
+
+    def submit_tokenize(self, prompt: Prompt | Messages, *, add_special: bool = True, with_pieces: bool = False,
+                        tools: Any = None, chat_template_kwargs: Mapping[str, Any] | None = None,
+                        request_id: str | None = None) -> concurrent.futures.Future[Tokenized]:
+        if isinstance(prompt, str):
+            fields: dict[str, Any] = {"text": prompt}
+        elif isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
+            fields = {"token_ids": tuple(prompt)}  # type: ignore[arg-type]
+        else:
+            fields = {"messages": _messages_tuple(prompt)}  # type: ignore[arg-type]
+            fields["tools"] = pop_tools({"tools": tools}, chat=True) if tools else None
+            fields["chat_template_kwargs"] = dict(chat_template_kwargs) if chat_template_kwargs else None
+        return self.send(Tokenize(request_id=request_id or new_request_id(), reply=ReplyChannel(),
+                                  add_special=add_special, with_pieces=with_pieces, **fields))
+
+    def tokenize(self, prompt: Prompt | Messages, *, timeout: float | None = None, **options: Any) -> Tokenized:
+        """``Tokenized``: token ids, text (a chat as rendered), pieces (``with_pieces=True``)."""
+        return self._wait(self.submit_tokenize(prompt, **options), timeout)
+
+    async def tokenize_async(self, prompt: Prompt | Messages, **options: Any) -> Tokenized:
+        return await self._await(self.submit_tokenize(prompt, **options))
+
     # -- internals (caller's thread) --------------------------------------------------------
 
     def _choices(self, prompt: dict[str, Any], n: int, request_id: str | None, sampling: dict[str, Any],
@@ -173,12 +198,16 @@ class Client:
         rid = request_id or new_request_id()
         sampling = compile_constraint(sampling)  # once for all n choices
         tools = pop_tools(sampling, chat="messages" in prompt)
+        template_kwargs = sampling.pop("chat_template_kwargs", None)
+        if template_kwargs is not None and (not isinstance(template_kwargs, Mapping) or "messages" not in prompt):
+            raise InvalidRequestError("chat_template_kwargs must be a mapping of template variables, for a chat")
         priority = parse_priority(sampling.pop("priority", DEFAULT_PRIORITY))
         seed = sampling.pop("seed", None)
         params = self.config.sampling.replace(**sampling)
         now = time.perf_counter()
         msgs = [Generate(request_id=choice_request_id(rid, i, n), reply=reply, submitted_at=now, priority=priority,
-                         tools=tools, params=params.replace(seed=seed + i) if seed is not None else params, **prompt)
+                         tools=tools, params=params.replace(seed=seed + i) if seed is not None else params,
+                         chat_template_kwargs=dict(template_kwargs) if template_kwargs else None, **prompt)
                 for i, reply in enumerate(replies or [ReplyChannel() for _ in range(n)])]
         return self.send_n(msgs)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from llamactor.base.engine_info import EngineInfo
 from llamactor.handles.client import Client
 
 
@@ -19,6 +20,11 @@ class ModelClient(Client):
 
     @property
     def loaded(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def info(self) -> EngineInfo:
+        """The model's ``EngineInfo`` (context sizes, GGUF metadata); loads the model if needed."""
         raise NotImplementedError
 
     def load(self) -> None:

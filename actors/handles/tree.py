@@ -17,7 +17,7 @@ from llamactor.base.completion import Completion
 from llamactor.base.config import Config
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import BatcherUnavailableError, ModelLoadError
-from llamactor.base.messages import Cancel, Embed, Generate, GetStats
+from llamactor.base.messages import Cancel, Embed, Generate, GetStats, Request
 from llamactor.base.models import resolve_model_path
 from llamactor.handles.client import Client
 from llamactor.stats_board import StatsBoard
@@ -61,7 +61,7 @@ class LLM(Client):
         self._pending: set[concurrent.futures.Future[Completion]] = set()
         self._closing = False
 
-    def send(self, msg: Generate | Embed) -> concurrent.futures.Future[Any]:
+    def send(self, msg: Request) -> concurrent.futures.Future[Any]:
         """Deliver ``msg`` to the tree; its answer goes to ``msg.reply`` (whose future this returns)."""
         future = msg.reply.future
         with self._lock:

@@ -21,8 +21,9 @@ from ray.serve.handle import DeploymentHandle
 from llamactor.base.logging import get_logger
 from llamactor.handles.model import ModelClient
 from llamactor.base.completion import Completion
+from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import BatcherRestartedError, BatcherUnavailableError, EngineError, ModelNotFoundError
-from llamactor.base.messages import Embed, Generate, ReplyChannel
+from llamactor.base.messages import Embed, Generate, ReplyChannel, Request
 from llamactor.serving.model_specs import ModelSpec
 from llamactor.rayserve.replica import QUEUED
 
@@ -41,6 +42,7 @@ class RemoteReplicas(ModelClient):
         self.config = spec.config
         self._handle = handle
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._info: EngineInfo | None = None
 
     @property
     def loaded(self) -> bool:
@@ -49,14 +51,21 @@ class RemoteReplicas(ModelClient):
     def load(self) -> None:
         pass
 
-    def send(self, msg: Generate | Embed) -> concurrent.futures.Future[Any]:
+    @property
+    def info(self) -> EngineInfo:
+        """Asked of a replica once, then kept (the first call waits for that answer)."""
+        if self._info is None:
+            self._info = self._handle.info.remote().result(timeout_s=60)
+        return self._info
+
+    def send(self, msg: Request) -> concurrent.futures.Future[Any]:
         return self._run([msg])[0]
 
     def send_n(self, msgs: Sequence[Generate]) -> list[concurrent.futures.Future[Completion]]:
         """The ``n`` choices in one call, so they reach one replica and share the prompt's KV."""
         return self._run(list(msgs))
 
-    def _run(self, msgs: list[Generate | Embed]) -> list[concurrent.futures.Future[Any]]:
+    def _run(self, msgs: list[Request]) -> list[concurrent.futures.Future[Any]]:
         loop = asyncio.get_running_loop()
         replies = [m.reply for m in msgs]
         task = loop.create_task(self._call(msgs, replies))
@@ -75,7 +84,7 @@ class RemoteReplicas(ModelClient):
             reply.future.add_done_callback(cancel_if_cancelled)
         return [r.future for r in replies]
 
-    async def _call(self, msgs: list[Generate | Embed], replies: list[ReplyChannel]) -> None:
+    async def _call(self, msgs: list[Request], replies: list[ReplyChannel]) -> None:
         """One remote ``run`` call for ``msgs``; on a replica's death, the messages not yet ended
         are sent again (to another replica), unless one already streamed text."""
         stream = any(r.on_piece is not None for r in replies)

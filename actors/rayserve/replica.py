@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from llamactor.base.completion import Piece
+from llamactor.base.engine_info import EngineInfo
 from llamactor.handles.tree import start_tree
 from llamactor.base.logging import configure_from_env
-from llamactor.base.messages import Embed, Generate, ReplyChannel
+from llamactor.base.messages import Embed, Generate, ReplyChannel, Request
 from llamactor.serving.model_specs import ModelSpec
 
 QUEUED = "queued"  # a request's first event: the tree accepted it
@@ -32,7 +33,7 @@ class ReplicaServer:
         self.spec = spec
         self.llm = start_tree(spec.config)
 
-    async def run(self, msgs: list[Generate | Embed], stream: bool) -> AsyncIterator[tuple[int, str, Any]]:
+    async def run(self, msgs: list[Request], stream: bool) -> AsyncIterator[tuple[int, str, Any]]:
         """Yields ``(i, "queued", None)`` once message ``i`` is accepted, ``(i, "piece", Piece)``s
         (with ``stream``), then ``(i, "ok", result)`` or ``(i, "error", exception)``."""
         loop = asyncio.get_running_loop()
@@ -71,6 +72,9 @@ class ReplicaServer:
         from ray import serve  # only ever called inside a Ray Serve replica
 
         return {**self.llm.published_stats(), "replica_id": serve.get_replica_context().replica_id.unique_id}
+
+    def info(self) -> EngineInfo:
+        return self.llm.info
 
     def __del__(self) -> None:
         llm = getattr(self, "llm", None)

@@ -20,8 +20,9 @@ from llamactor.base.logging import get_logger
 from llamactor.handles.tree import LLM, start_tree
 from llamactor.handles.model import ModelClient
 from llamactor.base.completion import Completion
+from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import BatcherUnavailableError
-from llamactor.base.messages import Embed, Generate
+from llamactor.base.messages import Embed, Generate, Request
 from llamactor.serving.model_specs import ModelSpec
 from llamactor.serving.routing import RoutingPolicy, routing_key
 
@@ -52,7 +53,7 @@ class Replicas(ModelClient):
         return bool(self._trees)
 
     @property
-    def info(self) -> Any:
+    def info(self) -> EngineInfo:
         """The model's ``EngineInfo`` (loads the model if needed)."""
         self.load()
         return self._trees[0].info
@@ -140,7 +141,7 @@ class Replicas(ModelClient):
             self.last_used = time.monotonic()
         future.add_done_callback(release)
 
-    def send(self, msg: Generate | Embed) -> concurrent.futures.Future[Any]:
+    def send(self, msg: Request) -> concurrent.futures.Future[Any]:
         key = routing_key(msg.text, msg.messages, msg.token_ids) if isinstance(msg, Generate) else ""
         replica, tree = self._choose(key)
         future = tree.send(msg)  # counted once sent: a refused send leaves nothing in flight
