@@ -26,7 +26,7 @@ from .daemon_helpers import (
 
 REPLICA0 = r'\{model="' + MODEL_ID + r'",replica="0"\}'  # the labels of the only replica
 REFUSED = r'llamactor_http_requests_total\{path="/v1/completions",status="429"\}'
-GENERATED = r'llamactor_generated_tokens_total\{model="' + MODEL_ID + r'"\}'
+GENERATED = r'llamactor_generated_tokens_total\{dialect="openai",model="' + MODEL_ID + r'"\}'
 
 
 @pytest.fixture(scope="module")
@@ -170,9 +170,8 @@ def test_eight_concurrent_streams_all_complete(daemon: Daemon) -> None:
 
 def test_bad_input_gets_openai_style_4xx_errors_never_a_500(daemon: Daemon) -> None:
     client = daemon.client()
-    with pytest.raises(openai.NotFoundError, match="does not exist") as unknown:
-        client.completions.create(model="gpt-4", prompt="hi")
-    assert unknown.value.body["code"] == "model_not_found"
+    # one model: any name is it, as with llama-server (the 404 of several models: test_daemon_models)
+    assert client.completions.create(model="gpt-4", prompt="hi", max_tokens=1).model == MODEL_ID
     no_route = httpx.get(f"{daemon.url}/v1/nope", headers={"Authorization": f"Bearer {API_KEY}"})
     wrong_method = httpx.get(f"{daemon.url}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"})
     assert (no_route.status_code, wrong_method.status_code) == (404, 405)
@@ -186,7 +185,7 @@ def test_bad_input_gets_openai_style_4xx_errors_never_a_500(daemon: Daemon) -> N
                                        max_tokens=10, stream=True, n=2)
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.completions.create(model=MODEL_ID, prompt="hi", temperature=7)
-    with pytest.raises(openai.BadRequestError, match="Extra inputs"):
+    with pytest.raises(openai.BadRequestError, match="temprature"):
         client.completions.create(model=MODEL_ID, prompt="hi", extra_body={"temprature": 1})
     with pytest.raises(openai.BadRequestError, match="empty"):
         client.completions.create(model=MODEL_ID, prompt="")

@@ -50,7 +50,8 @@ def test_a_model_that_cannot_load_exits_non_zero_with_a_one_line_reason(tmp_path
 def test_while_the_model_loads_health_and_requests_answer_503_json() -> None:
     from fastapi.testclient import TestClient
 
-    from llamactor.http.server import ServerState, create_app
+    from llamactor.http.server import create_app
+    from llamactor.http.state import ServerState
 
     client = TestClient(create_app(ServerState([MODEL_ID], api_key=None, max_body_bytes=1 << 20)))
     health = client.get("/health")

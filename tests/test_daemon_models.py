@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from llamactor.cli.serve import model_specs, split_model
-from llamactor.http.server import model_status
+from llamactor.http.state import model_status
 
 from .daemon_helpers import Daemon, metric, start_daemon, wait_until
 
@@ -73,7 +73,7 @@ def test_health_and_metrics_report_each_model_and_replica(daemon: Daemon) -> Non
         assert f'llamactor_router_requests_total{{model="{model}",replica="{replica}"}}' in metrics
     served = {replica: float(n) - float(before.get(replica, 0)) for replica, n in re.findall(routed, metrics)}
     assert set(served) == {"0", "1"} and sum(served.values()) == 4 and min(served.values()) >= 1  # both served
-    assert 'llamactor_generated_tokens_total{model="plain"}' in metrics
+    assert 'llamactor_generated_tokens_total{dialect="openai",model="plain"}' in metrics
 
 
 def test_n_choices_over_http_reach_one_replica_which_computes_their_prompt_once(daemon: Daemon) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import openai
+import pydantic
 import pytest
 
 from llamactor.native.engine import Engine
@@ -162,3 +163,29 @@ def test_logit_bias_over_http_bans_the_greedy_token_and_forces_another(daemon: D
     forced = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=1, temperature=0,
                                        logit_bias={str(forced_id): 100})
     assert forced.choices[0].text == piece([forced_id]) != piece([greedy_id])
+
+
+class Population(pydantic.BaseModel):
+    city: str
+    population_millions: float
+
+
+def test_parse_with_a_float_field_ends_its_number_and_parses(daemon: Daemon) -> None:
+    # Unbounded, the base model writes "1000000000000..." until max_tokens and the parse fails;
+    # bounded as llama.cpp bounds numbers, the JSON closes.
+    answer = daemon.client().chat.completions.parse(
+        model=MODEL_ID, response_format=Population, temperature=0, max_tokens=120,
+        messages=[{"role": "user", "content": "Population of Paris in millions, all digits: 1000000000000000000000"}])
+    assert isinstance(answer.choices[0].message.parsed, Population)
+
+
+def test_a_json_schema_without_strict_closes_its_objects(daemon: Daemon) -> None:
+    # instructor's Mode.JSON_SCHEMA and LangChain send json_schema without strict
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    answer = daemon.client().chat.completions.create(
+        model=MODEL_ID, temperature=0, max_tokens=80,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
+        messages=[{"role": "user", "content": "A person as JSON with many extra fields."}])
+    person = json.loads(answer.choices[0].message.content)
+    assert set(person) == {"name", "age"} and abs(person["age"]) <= 10**16

@@ -92,8 +92,9 @@ def model_specs(values: tuple[str, ...], toml_models: list[Any], options: dict[s
 def serve(host: str, port: int, uds: str | None, api_key: str | None, drain_timeout_s: float, max_body_bytes: int,
           model_name: str | None, replicas: int, routing_policy: str, max_loaded: int | None,
           idle_unload_s: float | None, use_ray: bool, model: tuple[str, ...], **opts: Any) -> None:
-    """The OpenAI-compatible HTTP daemon (/v1/completions, /v1/chat/completions, /v1/embeddings,
-    /v1/models, /health, /metrics). Engine and sampling options are every model's defaults."""
+    """The HTTP daemon: OpenAI (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
+    /v1/models), Anthropic (/v1/messages), Ollama (/api/*), tokenizer endpoints, /health, /metrics.
+    Engine and sampling options are every model's defaults."""
     ctx = click.get_current_context()
     try:
         specs = model_specs(model, ctx.meta.get(TOML_MODELS, []), tree_options(opts), model_name=model_name,

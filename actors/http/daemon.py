@@ -24,7 +24,8 @@ import uvicorn
 import llamactor
 from llamactor.base.logging import get_logger
 from llamactor.serving.model_specs import ModelSpec
-from llamactor.http.server import ServerState, create_app
+from llamactor.http.server import create_app
+from llamactor.http.state import ServerState
 
 log = get_logger("llamactor.daemon")
 

@@ -102,20 +102,21 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.requests = Counter("llamactor_http_requests", "HTTP requests by path and status",
                                 ["path", "status"], registry=self.registry)
-        self.prompt_tokens = Counter("llamactor_prompt_tokens", "Prompt tokens of finished requests", ["model"],
+        # request series carry the dialect the request came in (openai, responses, anthropic, ollama)
+        by = ["model", "dialect"]
+        self.prompt_tokens = Counter("llamactor_prompt_tokens", "Prompt tokens of finished requests", by,
                                      registry=self.registry)
-        self.generated_tokens = Counter("llamactor_generated_tokens", "Tokens generated", ["model"],
-                                        registry=self.registry)
-        self.ttft = Histogram("llamactor_time_to_first_token_seconds", "Submit to first token", ["model"],
+        self.generated_tokens = Counter("llamactor_generated_tokens", "Tokens generated", by, registry=self.registry)
+        self.ttft = Histogram("llamactor_time_to_first_token_seconds", "Submit to first token", by,
                               buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.latency = Histogram("llamactor_request_latency_seconds", "Submit to last token", ["model"],
+        self.latency = Histogram("llamactor_request_latency_seconds", "Submit to last token", by,
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(_BatcherCollector(stats))
 
-    def observer(self, model: str) -> Callable[[Completion], None]:
-        """What counts each finished completion of ``model``."""
-        prompt, generated = self.prompt_tokens.labels(model), self.generated_tokens.labels(model)
-        ttft, latency = self.ttft.labels(model), self.latency.labels(model)
+    def observer(self, model: str, dialect: str) -> Callable[[Completion], None]:
+        """What counts each finished completion of ``model`` asked for in ``dialect``."""
+        prompt, generated = self.prompt_tokens.labels(model, dialect), self.generated_tokens.labels(model, dialect)
+        ttft, latency = self.ttft.labels(model, dialect), self.latency.labels(model, dialect)
 
         def observe(completion: Completion) -> None:
             prompt.inc(completion.usage.prompt_tokens)

@@ -8,14 +8,16 @@ into a 400 instead of silently ignoring it, and llama.cpp-style extras (``top_k`
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from llamactor.base.completion import Completion, TokenLogprob
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import Grammar
+from llamactor.base.reasoning import split_reasoning
 from llamactor.base.tools import Tools, pop_tools
+from llamactor.http.peer_extras import PeerExtras
 
 
 class JsonSchemaFormat(BaseModel):
@@ -34,8 +36,10 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Request(PeerExtras):
+    """Fields of both OpenAI endpoints; the peers' extras come from ``PeerExtras``."""
+
+    chat: ClassVar[bool] = False
 
     model: str | None = None  # may be left out: the first (default) model
     max_tokens: int | None = Field(default=None, ge=1)
@@ -75,7 +79,7 @@ class _Request(BaseModel):
         }.items() if v is not None}
         # Without max_tokens a request runs to EOG, a stop, or the end of its context (as OpenAI's
         # chat API, vLLM and llama-server do): never refused because an implicit default does not fit.
-        out["max_tokens"] = self.max_tokens
+        out["max_tokens"] = self.max_output_tokens()
         if self.seed is not None:
             out["seed"] = self.seed
         if self.stop is not None:
@@ -88,7 +92,11 @@ class _Request(BaseModel):
             out["logit_bias"] = self.logit_bias
         if self._grammar is not None:
             out["grammar"] = self._grammar
+        out.update(self.peer_sampling(out["max_tokens"], self.repeat_penalty, self.chat))
         return out
+
+    def max_output_tokens(self) -> int | None:
+        return self.max_tokens
 
     def check(self) -> None:
         """What pydantic cannot check; compiles the constraint once for all choices (400 if bad)."""
@@ -96,10 +104,14 @@ class _Request(BaseModel):
 
     def constraint(self) -> Grammar | None:
         fmt = self.response_format
+        peer = self.peer_constraint()
         given = [k for k, v in (("response_format", fmt is not None and fmt.type != "text"),
-                                ("grammar", self.grammar is not None), ("json_schema", self.json_schema is not None)) if v]
+                                ("grammar", self.grammar is not None), ("json_schema", self.json_schema is not None),
+                                (peer[0] if peer else "", peer is not None)) if v]
         if len(given) > 1:
             raise InvalidRequestError(f"pass at most one of response_format, grammar, json_schema (got {', '.join(given)})")
+        if peer is not None:
+            return peer[1]
         if self.grammar is not None:
             return Grammar.gbnf(self.grammar)
         if self.json_schema is not None:
@@ -114,7 +126,7 @@ class _Request(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")  # include_obfuscation, vLLM's continuous_usage_stats: no effect here
     include_usage: bool = False
 
 
@@ -192,6 +204,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(_Request):
+    chat: ClassVar[bool] = True
     messages: list[ChatMessage] = Field(min_length=1)
     _tools: Tools | None = PrivateAttr(default=None)
     tools: list[dict[str, Any]] | None = None
@@ -215,10 +228,11 @@ class ChatRequest(_Request):
         """The request's tools when its answers are parsed for calls (not ``tool_choice: none``)."""
         return self._tools if self._tools is not None and self._tools.parses else None
 
+    def max_output_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
     def sampling(self) -> dict[str, Any]:
         out = super().sampling()
-        if self.max_completion_tokens is not None:
-            out["max_tokens"] = self.max_completion_tokens
         if self.logprobs:
             out.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         if self._tools is not None:
@@ -235,10 +249,6 @@ def best_of(done: list[Completion], n: int) -> list[Completion]:
         return sum(t.logprob for t in c.logprobs) / len(c.logprobs) if c.logprobs else float("-inf")
     ranked = sorted(range(len(done)), key=lambda i: mean_logprob(done[i]), reverse=True)[:n]
     return [done[i] for i in sorted(ranked)]
-
-
-def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def chat_logprobs(logprobs: tuple[TokenLogprob, ...] | None) -> dict[str, Any] | None:
@@ -270,7 +280,12 @@ FINISH_REASON = {"stop": "stop", "length": "length", "cancelled": "stop", "conte
 
 
 def chat_message(c: Completion) -> dict[str, Any]:
-    """A chat choice's ``message``: its text, or its tool calls and whatever text surrounds them."""
-    if not c.tool_calls:
-        return {"role": "assistant", "content": c.text}
-    return {"role": "assistant", "content": c.text or None, "tool_calls": [t.to_openai() for t in c.tool_calls]}
+    """A chat choice's ``message``: its text, or its tool calls and whatever text surrounds them; a
+    reasoning model's ``<think>`` block as ``reasoning_content`` (llama-server's and vLLM's field)."""
+    reasoning, text = split_reasoning(c.text)
+    message: dict[str, Any] = {"role": "assistant", "content": text or None if c.tool_calls else text}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if c.tool_calls:
+        message["tool_calls"] = [t.to_openai() for t in c.tool_calls]
+    return message

@@ -18,8 +18,10 @@ from openai.types.chat import ChatCompletionChunk
 
 from llamactor.base.completion import Completion, Piece
 from llamactor.base.errors import LlamactorError
-from llamactor.http.openai_schema import FINISH_REASON, chat_logprobs, completion_logprobs, error_body
+from llamactor.http.errors import error_body
+from llamactor.http.openai_schema import FINISH_REASON, chat_logprobs, completion_logprobs
 from llamactor.handles.streams import AsyncTextStream
+from llamactor.base.reasoning import ReasoningSplitter
 from llamactor.base.tools import ToolCall, Tools, ToolCallStream
 
 Envelope = Callable[[], dict[str, Any]]
@@ -32,7 +34,7 @@ def sse_response(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
             async for event in events:
                 yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
         except LlamactorError as e:  # the 200 is already sent: an error can only be an event
-            yield f"data: {json.dumps(error_body(str(e), e.code, e.code))}\n\n"
+            yield f"data: {json.dumps(error_body('openai', e.http_status, str(e), e.code, e.code, **e.details))}\n\n"
         yield "data: [DONE]\n\n"
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -100,12 +102,17 @@ async def completion_chunks(streams: list[AsyncTextStream], envelope: Envelope, 
 async def chat_chunks(streams: list[AsyncTextStream], envelope: Envelope, observe: Observe,
                       include_usage: bool, logprobs: bool, tools: Tools | None) -> AsyncIterator[dict[str, Any]]:
     """``tools``: the answer is parsed for tool calls; each call is sent whole in one
-    ``delta.tool_calls`` entry once its block closes, other text as content."""
+    ``delta.tool_calls`` entry once its block closes, other text as content. A reasoning model's
+    ``<think>`` block streams as ``delta.reasoning_content``."""
     parsers = [ToolCallStream(tools) for _ in streams] if tools is not None else None
+    thinking = [ReasoningSplitter() for _ in streams]
     n_calls = [0] * len(streams)
 
-    def delta(index: int, content: str, calls: list[ToolCall], piece_logprobs: Any = None) -> dict[str, Any]:
+    def delta(index: int, content: str, calls: list[ToolCall], piece_logprobs: Any = None,
+              reasoning: str = "") -> dict[str, Any]:
         d: dict[str, Any] = {"content": content} if content else {}
+        if reasoning:
+            d["reasoning_content"] = reasoning
         if calls:
             d["tool_calls"] = [{"index": n_calls[index] + k, **call.to_openai()} for k, call in enumerate(calls)]
             n_calls[index] += len(calls)
@@ -118,13 +125,17 @@ async def chat_chunks(streams: list[AsyncTextStream], envelope: Envelope, observ
     done: list[Completion] = []
     async for index, piece, end in merged(streams):
         if piece is not None:
-            content, calls = parsers[index].feed(piece.text) if parsers else (piece.text, [])
-            if content or calls or logprobs:
-                yield delta(index, content, calls, piece.logprobs)
+            reasoning, answer = thinking[index].feed(piece.text)
+            content, calls = parsers[index].feed(answer) if parsers else (answer, [])
+            if content or calls or reasoning or logprobs:
+                yield delta(index, content, calls, piece.logprobs, reasoning)
             continue
         assert end is not None
-        if parsers and (rest := parsers[index].finish()):
-            yield delta(index, rest, [])
+        reasoning, answer = thinking[index].finish()
+        content, calls = parsers[index].feed(answer) if parsers else (answer, [])
+        rest = content + (parsers[index].finish() if parsers else "")
+        if rest or reasoning or calls:
+            yield delta(index, rest, calls, None, reasoning)
         observe(end)
         done.append(end)
         yield ChatCompletionChunk.model_validate({**envelope(), "choices": [

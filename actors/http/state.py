@@ -1,0 +1,54 @@
+"""``ServerState``: what the HTTP app knows: the router once built, the model names, the API key,
+the drain flag, the metrics. Read and written on uvicorn's event loop (the router is set once by
+the daemon's loader thread)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llamactor.handles.model import ModelClient, ModelRouter
+from llamactor.http.metrics import Metrics
+
+
+class ServerState:
+    """``router`` is a ``llamactor.Router`` (under Ray Serve, ``llamactor.rayserve``'s
+    ``RemoteRouter``): ``model(name)`` gives a ``ModelClient``."""
+
+    def __init__(self, model_names: list[str], api_key: str | None, max_body_bytes: int) -> None:
+        self.router: ModelRouter | None = None
+        self.model_names = list(model_names)
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.draining = False
+        self.metrics = Metrics(self.replica_stats)
+
+    def model(self, router: ModelRouter, name: str | None) -> ModelClient:
+        """The model a request names. As llama-server does, a daemon serving exactly one model
+        answers to any name (scripts hard-code ``gpt-3.5-turbo``; responses name the real one);
+        Ollama clients' ``name:latest`` finds ``name``. With several models an unknown name is
+        ``ModelNotFoundError`` (404)."""
+        if name is None or name in self.model_names:
+            return router.model(name)
+        base, _, tag = name.rpartition(":")
+        if base and tag == "latest" and base in self.model_names:
+            return router.model(base)
+        if len(self.model_names) == 1:
+            return router.model(None)
+        return router.model(name)  # raises ModelNotFoundError, naming the models served
+
+    def replica_stats(self) -> list[tuple[str, int, dict[str, Any]]]:
+        """(model, replica, stats) of every replica of every model, as last published (in-process
+        this never waits for an actor; under Ray Serve it asks the replicas)."""
+        router = self.router
+        if router is None:
+            return []
+        return [(name, i, s) for name in self.model_names for i, s in enumerate(router.model(name).replica_stats())]
+
+
+def model_status(replica_states: set[str]) -> str:
+    """A model's health from its replicas': ``degraded`` while some restart and others serve."""
+    if replica_states <= {"unloaded"}:
+        return "unloaded"
+    if replica_states == {"ready"}:
+        return "ready"
+    return "degraded" if "ready" in replica_states else sorted(replica_states - {"unloaded"})[0]
