@@ -19,14 +19,16 @@ from .daemon_helpers import API_KEY, MODEL_ID, Daemon, metric, start_daemon
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER = {"name": "get_weather", "description": "The current weather of a city",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
+                            "required": ["city"]}}  # bounded: a forced call always closes within max_tokens
 GREEDY = {"temperature": 0}  # not an SDK argument since anthropic 2.x: sent as the raw API field
 GENERATED = r'llamactor_generated_tokens_total\{dialect="anthropic",model="' + MODEL_ID + r'"\}'
 
 
 class Capital(pydantic.BaseModel):
-    country: str
-    capital: str
+    # bounded, so that the constrained JSON always closes within max_tokens, sampled or not
+    country: str = pydantic.Field(max_length=24)
+    capital: str = pydantic.Field(max_length=24)
 
 
 @pytest.fixture(scope="module")
@@ -101,15 +103,16 @@ def test_a_forced_tool_call_and_its_result_make_a_round_trip(client: anthropic.A
 
 
 def test_structured_output_is_valid_json_of_the_schema(client: anthropic.Anthropic) -> None:
-    schema = {"type": "object", "properties": {"capital": {"type": "string"}, "population": {"type": "integer"}},
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 24},
+                                               "population": {"type": "integer"}},
               "required": ["capital", "population"]}
-    m = client.messages.create(model=MODEL_ID, max_tokens=64, messages=QUESTION,
+    m = client.messages.create(model=MODEL_ID, max_tokens=128, messages=QUESTION,
                                output_config={"format": {"type": "json_schema", "schema": schema}})
     data = json.loads(m.content[0].text)
     assert set(data) == {"capital", "population"} and isinstance(data["population"], int)
-    parsed = client.messages.parse(model=MODEL_ID, max_tokens=64, messages=QUESTION, output_format=Capital)
+    parsed = client.messages.parse(model=MODEL_ID, max_tokens=128, messages=QUESTION, output_format=Capital)
     assert isinstance(parsed.parsed_output, Capital)
-    with client.messages.stream(model=MODEL_ID, max_tokens=64, messages=QUESTION, output_format=Capital) as stream:
+    with client.messages.stream(model=MODEL_ID, max_tokens=128, messages=QUESTION, output_format=Capital) as stream:
         assert isinstance(stream.get_final_message().parsed_output, Capital)
 
 

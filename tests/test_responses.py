@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from .daemon_helpers import API_KEY, MODEL_ID, Daemon, metric, start_daemon
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city", "strict": True,
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"],
                           "additionalProperties": False}}
 CALL_WEATHER = {"type": "function", "name": "get_weather"}
 STORY = ("Once upon a time, in a small village by the sea, there lived an old fisherman who went out "
@@ -23,7 +23,7 @@ STORY = ("Once upon a time, in a small village by the sea, there lived an old fi
 
 
 class Weather(BaseModel):
-    city: str
+    city: str = Field(max_length=24)  # bounded: the constrained JSON always closes within max_output_tokens
     sunny: bool
 
 
@@ -136,7 +136,7 @@ def test_a_streamed_forced_tool_call_arrives_as_a_function_call_item(client: ope
 
 def test_structured_output_is_parsed_into_the_pydantic_model(client: openai.OpenAI) -> None:
     r = client.responses.parse(model=MODEL_ID, input="The weather in Paris, as JSON.", text_format=Weather,
-                               temperature=0, max_output_tokens=40)
+                               temperature=0, max_output_tokens=80)
     assert isinstance(r.output_parsed, Weather) and r.output_parsed.city
     json_mode = client.responses.create(model=MODEL_ID, input="A JSON object about Paris:", temperature=0,
                                         max_output_tokens=40, text={"format": {"type": "json_object"}})
