@@ -35,8 +35,11 @@ def url(model_path: str) -> Iterator[str]:
     ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
+    # round_robin: requests (and the stats calls behind /health) alternate between the two replicas
+    # whatever Ray's cached queue lengths say (stale from an earlier test, shortest_queue once sent
+    # a whole burst to one replica and /health saw only the idle one)
     spec = ModelSpec.from_dict({"name": "chat", "path": model_path, "replicas": 2, "n_parallel": 4, "n_ctx": 2048,
-                                "batch_timeout_ms": 5})
+                                "batch_timeout_ms": 5, "policy": "round_robin"})
     serve.run(build_app([spec]), name=APP_NAME, route_prefix="/")
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
