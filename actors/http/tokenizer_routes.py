@@ -24,6 +24,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
+from llamactor.base.completion import Tokenized
 from llamactor.base.errors import InvalidRequestError
 from llamactor.handles.model import ModelClient
 from llamactor.http.openai_schema import ChatMessage
@@ -63,17 +64,21 @@ class ApplyTemplateRequest(BaseModel):
 def register(app: FastAPI, state: ServerState) -> None:
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         llm = await ready_model(state, body.model)
+        want_pieces = body.with_pieces or body.return_token_strs
+        done: Tokenized | None = None  # one batcher round trip, pieces included when asked for
+        tokens: list[int] = []
         if body.messages is not None:
-            tokens, _ = await _chat(llm, body.messages, body.tools, body.chat_template_kwargs)
+            done = await llm.tokenize_async([m.as_dict() for m in body.messages], tools=body.tools or None,
+                                            chat_template_kwargs=body.chat_template_kwargs, with_pieces=want_pieces)
         elif body.prompt is not None:
             special = body.add_special_tokens if body.add_special_tokens is not None else True
-            tokens = list((await llm.tokenize_async(body.prompt, add_special=special)).token_ids)
-        elif body.content is not None:
+            done = await llm.tokenize_async(body.prompt, add_special=special, with_pieces=want_pieces)
+        elif body.content is not None:  # strings and ids mixed: the pieces of the joined ids after
             tokens = await _content(llm, body.content, body.add_special)
-        else:
-            tokens = []
-        pieces = list((await llm.tokenize_async(tokens, with_pieces=True)).pieces or ()) if tokens and (
-            body.with_pieces or body.return_token_strs) else [""] * len(tokens)
+            done = await llm.tokenize_async(tokens, with_pieces=True) if tokens and want_pieces else None
+        if done is not None:
+            tokens = list(done.token_ids)
+        pieces = list(done.pieces) if done is not None and done.pieces is not None else [""] * len(tokens)
         return {"tokens": [{"id": t, "piece": p} for t, p in zip(tokens, pieces)] if body.with_pieces else tokens,
                 "count": len(tokens), "max_model_len": llm.info.n_ctx_seq,
                 "token_strs": pieces if body.return_token_strs else None}
@@ -86,39 +91,29 @@ def register(app: FastAPI, state: ServerState) -> None:
     async def tokenizer_info(model: str | None = None) -> dict[str, Any]:
         llm = await ready_model(state, model)
         meta = llm.info.metadata
-
-        async def token(key: str) -> str | None:
-            value = meta.get(f"tokenizer.ggml.{key}_token_id")
-            if value is None or not value.lstrip("-").isdigit() or int(value) < 0:
-                return None
-            pieces = (await llm.tokenize_async([int(value)], with_pieces=True)).pieces
-            return pieces[0] if pieces else None
-
-        return {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": await token("eos"),
-                "bos_token": await token("bos"), "pad_token": await token("padding"),
-                "unk_token": await token("unknown"), "add_bos_token": meta.get("tokenizer.ggml.add_bos_token") == "true",
+        ids = {key: meta.get(f"tokenizer.ggml.{key}_token_id", "") for key in ("eos", "bos", "padding", "unknown")}
+        ids = {key: value for key, value in ids.items() if value.isdigit()}  # absent, or -1: none
+        # every special token's text in one batcher round trip
+        pieces = (await llm.tokenize_async([int(v) for v in ids.values()], with_pieces=True)).pieces if ids else ()
+        token = dict(zip(ids, pieces or ()))
+        return {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": token.get("eos"),
+                "bos_token": token.get("bos"), "pad_token": token.get("padding"),
+                "unk_token": token.get("unknown"), "add_bos_token": meta.get("tokenizer.ggml.add_bos_token") == "true",
                 "add_eos_token": meta.get("tokenizer.ggml.add_eos_token") == "true",
                 "model_max_length": llm.info.n_ctx_seq, "chat_template": meta.get("tokenizer.chat_template"),
                 "vocab_size": llm.info.n_vocab}
 
     async def apply_template(body: ApplyTemplateRequest) -> dict[str, Any]:
         llm = await ready_model(state, body.model)
-        _, prompt = await _chat(llm, body.messages, body.tools, body.chat_template_kwargs)
-        return {"prompt": prompt}
+        done = await llm.tokenize_async([m.as_dict() for m in body.messages], tools=body.tools or None,
+                                        chat_template_kwargs=body.chat_template_kwargs)
+        return {"prompt": done.text}
 
     for prefix in ("", "/v1"):
         app.post(f"{prefix}/tokenize")(tokenize)
         app.post(f"{prefix}/detokenize")(detokenize)
         app.get(f"{prefix}/tokenizer_info")(tokenizer_info)
         app.post(f"{prefix}/apply-template")(apply_template)
-
-
-async def _chat(llm: ModelClient, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                template_kwargs: dict[str, Any] | None) -> tuple[list[int], str]:
-    """A conversation's tokens and text as the chat format renders it."""
-    done = await llm.tokenize_async([m.as_dict() for m in messages], tools=tools or None,
-                                    chat_template_kwargs=template_kwargs)
-    return list(done.token_ids), done.text
 
 
 async def _content(llm: ModelClient, content: str | list[str | int], add_special: bool) -> list[int]:
