@@ -34,6 +34,7 @@ from llamactor.native.tokenizer import Tokenizer
 _backend_lock = threading.Lock()
 _backend_ready = False
 _LOG_LEVEL_ERROR = 4
+_FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
@@ -62,7 +63,7 @@ class DecodeResult:
 class Engine:
     def __init__(self, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
                  n_threads: int, n_gpu_layers: int = 0, chat_template: str | None = None,
-                 test_hang: bool = False) -> None:
+                 flash_attn: str = "auto", test_hang: bool = False) -> None:
         _init_backend()
         if not 1 <= n_seq_max <= MAX_SEQUENCES:
             raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}], got {n_seq_max}")
@@ -86,6 +87,7 @@ class Engine:
         # exceeds n_ctx, e.g. 512 * 256 for Gemma 3: no extra memory at the usual sizes).
         cparams.swa_full = True
         cparams.no_perf = True
+        cparams.flash_attn_type = _FLASH_ATTN[flash_attn]
         self.abort_flag = AbortFlag()  # set from the watchdog's thread: stops the running decode
         cparams.abort_callback = self.abort_flag.callback
         cparams.abort_callback_data = self.abort_flag.data

@@ -43,7 +43,7 @@ def test_the_earliest_of_several_stop_strings_wins() -> None:
 
 
 @pytest.mark.parametrize("bad", [
-    {"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"max_tokens": 0}, {"min_p": 2}, {"stop": [""]},
+    {"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"max_tokens": -1}, {"min_p": 2}, {"stop": [""]},
     {"repeat_penalty": 0},
 ])
 def test_bad_sampling_values_are_refused_with_a_message_naming_the_field(bad: dict) -> None:

@@ -32,7 +32,7 @@ def _require(ok: bool, message: str) -> None:
 class SamplingParams:
     """How one request is decoded. ``temperature=0`` is greedy (argmax, no randomness)."""
 
-    max_tokens: int | None = 256  # None: until EOG or the sequence's context is full
+    max_tokens: int | None = 256  # None: until EOG or the sequence's context is full; 0: the prompt only
     temperature: float = 0.8
     top_k: int = 40  # 0 disables
     top_p: float = 0.95  # 1.0 disables
@@ -44,18 +44,22 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    logprobs: bool = False  # report each chosen token's log-probability
+    logprobs: bool = False  # report each chosen token's log-probability (an int k: also its k alternatives)
     top_logprobs: int = 0  # and this many most likely alternatives at each position (implies logprobs)
     grammar: Grammar | None = None  # what the output must match (JSON Schema, GBNF, Lark, regex)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits; a dict is accepted
+    # Each prompt token's log-probability under the raw distribution given the tokens before it, and
+    # this many most likely alternatives (vLLM's prompt_logprobs); None: not computed.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):
             object.__setattr__(self, "stop", tuple(self.stop))
-        _require(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
-                 f"max_tokens must be a positive integer or None, got {self.max_tokens!r}")
+        _require(self.max_tokens is None or (isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
+                                             and self.max_tokens >= 0),
+                 f"max_tokens must be an integer >= 0 or None, got {self.max_tokens!r}")
         _require(0.0 <= self.temperature <= 100.0, f"temperature must be in [0, 100], got {self.temperature}")
         _require(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be >= 0, got {self.top_k!r}")
         _require(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
@@ -68,6 +72,16 @@ class SamplingParams:
         _require(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
         _require(isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= 20,
                  f"top_logprobs must be in [0, 20], got {self.top_logprobs!r}")
+        if not isinstance(self.logprobs, bool) and isinstance(self.logprobs, int):
+            # OpenAI's legacy form: logprobs=k asks for the chosen token and k alternatives
+            _require(0 <= self.logprobs <= 20, f"logprobs must be a bool or in [0, 20], got {self.logprobs}")
+            object.__setattr__(self, "top_logprobs", max(self.top_logprobs, self.logprobs))
+            object.__setattr__(self, "logprobs", True)
+        _require(isinstance(self.logprobs, bool), f"logprobs must be a bool or an int, got {self.logprobs!r}")
+        _require(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int)
+                                                  and not isinstance(self.prompt_logprobs, bool)
+                                                  and 0 <= self.prompt_logprobs <= 20),
+                 f"prompt_logprobs must be None or in [0, 20], got {self.prompt_logprobs!r}")
         if self.top_logprobs and not self.logprobs:
             object.__setattr__(self, "logprobs", True)
         if isinstance(self.logit_bias, dict):
@@ -114,6 +128,11 @@ class Config:
     n_ubatch: int = 0  # the physical batch llama.cpp computes at once; 0: min(n_batch, 512)
     n_threads: int = field(default_factory=default_n_threads)
     n_gpu_layers: int = 0
+    # llama.cpp's flash attention: "auto" (on where the backend has it, CPU included), "on", "off". On
+    # CPU it accumulates in f16, which moves some tokens' log-probabilities by up to ~0.4 nats and
+    # makes them depend on how a prompt was split into steps; "off" gives f32 attention, the same
+    # numbers as llama-cpp-python's default in any batch (use it for evaluations), at a cost in speed.
+    flash_attn: str = "auto"
     batch_size: int | None = None  # pending requests that flush at once; None = n_parallel
     batch_timeout_ms: float = 20.0  # the longest a lone request waits for company
     max_queue: int = 256  # requests waiting for a free seq_id beyond which QueueFullError
@@ -121,6 +140,12 @@ class Config:
     chat_template: str | None = None  # a Jinja chat template used instead of the GGUF's (or the transcript)
     prefix_cache: bool = True  # keep finished requests' KV as cached prefixes for later requests
     prefix_cache_cells: int | None = None  # most KV cells cached prefixes may hold; None: all that is free
+    # Logits rows one step may compute for prompt log-probabilities (scoring); each row is n_vocab
+    # floats (1 MiB for Gemma 3), reduced in the step to what was asked for and not kept.
+    score_rows_per_step: int = 64
+    # Beside other callers' work, scoring may add at most this fraction of it to a step (in compute:
+    # prompt tokens + 2 per logits row), so generation keeps its speed under an evaluation load.
+    score_time_share: float = 0.25
     schedule_policy: str = "priority"  # "fcfs" | "priority" | "lpm" (llamactor.scheduling.policy)
     priority_aging_per_s: float = 0.1  # effective priority gained per second of waiting (seed 001)
     watchdog_timeout_s: float = 60.0  # a step running longer is aborted and the batcher restarted; 0: off
@@ -143,6 +168,7 @@ class Config:
         if self.n_ubatch == 0:
             object.__setattr__(self, "n_ubatch", min(self.n_batch, 512))
         _require(1 <= self.n_ubatch <= self.n_batch, f"n_ubatch must be in [1, n_batch], got {self.n_ubatch}")
+        _require(self.flash_attn in ("auto", "on", "off"), f"flash_attn must be auto, on or off, got {self.flash_attn!r}")
         _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")
         _require(self.batch_timeout_ms >= 0, f"batch_timeout_ms must be >= 0, got {self.batch_timeout_ms}")
         _require(self.batch_size is None or self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
@@ -161,6 +187,10 @@ class Config:
                  f"embedding_n_seq_max must be in [1, 256], got {self.embedding_n_seq_max}")
         _require(0.0 < self.embedding_time_share < 1.0,
                  f"embedding_time_share must be in (0, 1), got {self.embedding_time_share}")
+        _require(0.0 < self.score_time_share <= 10.0,
+                 f"score_time_share must be in (0, 10], got {self.score_time_share}")
+        _require(1 <= self.score_rows_per_step <= self.n_batch,
+                 f"score_rows_per_step must be in [1, n_batch], got {self.score_rows_per_step}")
         _require(self.prefix_cache_cells is None or self.prefix_cache_cells >= 0,
                  f"prefix_cache_cells must be >= 0 or None, got {self.prefix_cache_cells}")
 

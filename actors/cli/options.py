@@ -50,6 +50,8 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
     "n_ubatch": Tweak("Tokens llama.cpp computes at once within a step (0: min(n_batch, 512))."),
     "n_threads": Tweak("CPU threads.", show_default="all cores"),
     "n_gpu_layers": Tweak("Layers offloaded to the GPU."),
+    "flash_attn": Tweak("llama.cpp flash attention; off: f32 attention, batch-independent log-probabilities "
+                        "(evaluations), slower.", type=click.Choice(["auto", "on", "off"])),
     "batch_size": Tweak("Pending requests that flush at once.", show_default="--n-parallel"),
     "batch_timeout_ms": Tweak("How long a lone request waits for company."),
     "max_queue": Tweak("Waiting requests beyond which new ones are refused."),
@@ -58,6 +60,9 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
                            param="chat_template_file", type=click.Path(exists=True, dir_okay=False)),
     "prefix_cache": Tweak("Keep finished requests' KV so later requests reuse shared prefixes."),
     "prefix_cache_cells": Tweak("Most KV cells cached prefixes may hold.", show_default="what running requests leave"),
+    "score_rows_per_step": Tweak("Logits rows one step may compute for prompt log-probabilities (1 MiB each "
+                                 "with Gemma 3)."),
+    "score_time_share": Tweak("What scoring may add to a step beside other callers' work, as a fraction of it."),
     "schedule_policy": Tweak("Admission order: by arrival, by priority with aging, or longest cached prefix first.",
                              type=click.Choice(POLICIES)),
     "priority_aging_per_s": Tweak("Priority levels a waiting request gains per second.", flag="--priority-aging",
@@ -87,7 +92,7 @@ SAMPLING_TWEAKS: dict[str, Tweak] = {
 }
 # Not options: test hooks, the nested SamplingParams itself, and per-request values that have no
 # meaning as a process-wide default or no command-line form (they stay API / HTTP fields).
-HIDDEN = frozenset({"watchdog_test_hang", "sampling", "logprobs", "top_logprobs", "grammar", "logit_bias"})
+HIDDEN = frozenset({"watchdog_test_hang", "sampling", "logprobs", "top_logprobs", "prompt_logprobs", "grammar", "logit_bias"})
 
 
 def _base_type(annotation: Any) -> tuple[Any, bool]:
