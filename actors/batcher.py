@@ -39,9 +39,12 @@ from llamactor.base.messages import (
 from llamactor.native.engine import Engine
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
+from llamactor.scheduling.prompt_scores import ScoreState
 from llamactor.prompts import PromptBuilder
 from llamactor.requests import RequestState, finish_request
-from llamactor.scheduling.scheduler import Scheduler, Sequence, StepPlan
+from llamactor.scheduling.scheduler import Scheduler
+from llamactor.scheduling.sequence import Sequence, StepPlan
+from llamactor.step_outputs import OutputRows, record_scores
 from llamactor.flush_timer import FlushTimer
 from llamactor.stats_board import BATCHER_PUBLISH_S, StatsBoard
 from llamactor.watchdog import Watchdog
@@ -76,7 +79,8 @@ class BatcherActor(pykka.ThreadingActor):
             cfg = self.config
             self.engine = Engine(self.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
                                  n_seq_max=MAX_SEQUENCES, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
-                                 chat_template=cfg.chat_template, test_hang=cfg.watchdog_test_hang and self.generation == 1)
+                                 chat_template=cfg.chat_template, flash_attn=cfg.flash_attn,
+                                 test_hang=cfg.watchdog_test_hang and self.generation == 1)
             self.sampler = GrammarSampler(self.engine.info.n_vocab)
             self.embeddings = EmbeddingSteps(
                 EmbeddingQueue(cfg.embedding_n_batch, cfg.embedding_n_seq_max, cfg.embedding_time_share),
@@ -90,7 +94,8 @@ class BatcherActor(pykka.ThreadingActor):
             self.scheduler = Scheduler(n_parallel=cfg.n_parallel, n_batch=self.engine.info.n_batch,
                                        batch_size=cfg.flush_batch_size, batch_timeout_s=cfg.batch_timeout_ms / 1000,
                                        max_queue=cfg.max_queue, index=self.index, keep_finished=cfg.prefix_cache,
-                                       cache_budget_cells=cfg.prefix_cache_cells,
+                                       cache_budget_cells=cfg.prefix_cache_cells, score_rows=cfg.score_rows_per_step,
+                                       score_share=cfg.score_time_share,
                                        policy=Policy(cfg.schedule_policy, cfg.priority_aging_per_s))
             if cfg.watchdog_timeout_s > 0:
                 self.watchdog = Watchdog(cfg.watchdog_timeout_s, self.engine.abort_flag, self._on_watchdog_fired)
@@ -170,9 +175,14 @@ class BatcherActor(pykka.ThreadingActor):
             if msg.reply.future.done():  # cancelled by its caller before it arrived
                 return
             try:
-                tokens = self.prompts.prompt_tokens(msg, n_ctx_seq=self.engine.info.n_ctx_seq)
-                seq = Sequence(request=msg, token_ids=tokens, n_prompt=len(tokens))
-                seq.state = RequestState.create(self.prompts.params(msg), self.engine.tokenizer)
+                tokens, n_context = self.prompts.prompt_tokens(msg, n_ctx_seq=self.engine.info.n_ctx_seq)
+                params = self.prompts.params(msg)
+                scoring = None if params.prompt_logprobs is None else ScoreState(
+                    start=max(1, n_context) if msg.continuation is not None else 1, n_prompt=len(tokens),
+                    n_top=params.prompt_logprobs)
+                seq = Sequence(request=msg, token_ids=tokens, n_prompt=len(tokens), scoring=scoring,
+                               prompt_only=params.max_tokens == 0)
+                seq.state = RequestState.create(params, self.engine.tokenizer)
                 self.scheduler.add(seq)
                 msg.reply.mark_queued()
             except LlamactorError as e:
@@ -269,9 +279,7 @@ class BatcherActor(pykka.ThreadingActor):
         now = time.perf_counter()
         self.counters["steps"] += 1
         self.counters["step_sequences"] += len(plan.chunks)
-        sampling = [c for c in plan.chunks if c.samples]  # before n_past moves on
-        rows = [i for i, c in enumerate(sampling) if c.seq.seq_id not in result.failed_seq_ids]
-        to_sample = [sampling[i].seq for i in rows]
+        rows = OutputRows.of(plan, result.failed_seq_ids)  # before n_past moves on
         for chunk in plan.chunks:
             seq = chunk.seq
             if seq.seq_id in result.failed_seq_ids:
@@ -281,7 +289,29 @@ class BatcherActor(pykka.ThreadingActor):
             elif seq.n_past < seq.n_prompt:
                 self.counters["prompt_tokens_computed"] += min(chunk.n_tokens, seq.n_prompt - seq.n_past)
             self.scheduler.computed(chunk, now)
-        logits = result.logits if len(rows) == len(result.logits) else result.logits[rows]
+        if rows.scored:
+            t = time.perf_counter()
+            self.counters["prompt_rows_scored"] += record_scores(rows.scored, result.logits)
+            for chunk, _ in rows.scored:
+                self.scheduler.prompt_scored(chunk.seq)
+            self.step_ms["score"] += (time.perf_counter() - t) * 1000
+        for chunk in plan.chunks:  # max_tokens 0: done once the prompt is in KV
+            if chunk.seq.prompt_only and chunk.seq.n_past == chunk.seq.n_prompt:
+                self._finish(chunk.seq, "length")
+        if rows.to_sample:
+            self._sample(rows.to_sample, result.logits if len(rows.sample_rows) == len(result.logits)
+                         else result.logits[rows.sample_rows], now)
+        for chunk in plan.chunks:
+            if chunk.seq.seq_id in result.failed_seq_ids:  # the index and llama.cpp disagreed on room
+                self._finish(chunk.seq, "context_full", ContextFullError(
+                    f"no KV cache room for this sequence (n_ctx={self.engine.info.n_ctx}); retry later "
+                    "or lower n_parallel / max_tokens"), kv_lost=True)
+        if now - self._last_stats_log >= self.config.stats_interval_s:
+            self._last_stats_log = now
+            log.info("batcher_stats", **self.stats())
+
+    def _sample(self, to_sample: list[Sequence], logits: np.ndarray, now: float) -> None:
+        """Draw each sampling row's token, stream it, and end the sequences that are done."""
         t_sample = time.perf_counter()
         mask_ms = self.sampler.mask_ms
         sampled = self.sampler.sample(logits, [s.state.row_spec(s.token_ids) for s in to_sample],
@@ -297,21 +327,13 @@ class BatcherActor(pykka.ThreadingActor):
             elif seq.request.reply.future.done():  # the caller cancelled its future
                 self._finish(seq, "cancelled")
         self.counters["tokens_generated"] += len(to_sample)
-        for chunk in plan.chunks:
-            if chunk.seq.seq_id in result.failed_seq_ids:  # the index and llama.cpp disagreed on room
-                self._finish(chunk.seq, "context_full", ContextFullError(
-                    f"no KV cache room for this sequence (n_ctx={self.engine.info.n_ctx}); retry later "
-                    "or lower n_parallel / max_tokens"), kv_lost=True)
-        if now - self._last_stats_log >= self.config.stats_interval_s:
-            self._last_stats_log = now
-            log.info("batcher_stats", **self.stats())
 
     def _finish(self, seq: Sequence, reason: str, error: LlamactorError | None = None, *,
                 kv_lost: bool = False) -> None:
         """End ``seq``; ``kv_lost``: the engine already removed its cells (no KV slot in a decode)."""
         self._apply(self.scheduler.finish(seq, time.perf_counter(), kv_lost=kv_lost))
         self.counters["requests_finished"] += 1
-        finish_request(seq, reason, error)
+        finish_request(seq, reason, error, self.engine.tokenizer)
 
     def _audit_kv(self) -> list[str]:
         return audit_kv(self.engine, self.index)

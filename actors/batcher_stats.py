@@ -26,9 +26,10 @@ class StepCounters:
 
     counts: dict[str, int] = field(default_factory=lambda: {
         "steps": 0, "tokens_generated": 0, "prompt_tokens_computed": 0, "tokens_recomputed": 0,
-        "requests_finished": 0, "step_sequences": 0})
+        "requests_finished": 0, "step_sequences": 0,
+        "prompt_rows_scored": 0})
     step_ms: dict[str, float] = field(default_factory=lambda: {
-        "schedule": 0.0, "decode": 0.0, "mask": 0.0, "sample": 0.0, "postprocess": 0.0})
+        "schedule": 0.0, "decode": 0.0, "mask": 0.0, "sample": 0.0, "score": 0.0, "postprocess": 0.0})
 
     def add_step_time(self, t0: float, t1: float, t2: float, t3: float) -> None:
         """Schedule ``t0..t1``, decode ``t1..t2``, postprocess ``t2..t3`` (perf_counter seconds)."""
@@ -62,7 +63,7 @@ def batcher_stats(*, generation: int, watchdog_trips: int, counters: StepCounter
             "oldest_waiting_priority": round(oldest, 3) if oldest is not None else None,
             "kv_used": index.cells_used, "kv_size": info.n_ctx,
             "kv_usage": round(index.cells_used / info.n_ctx, 4), **counters.counts,
-            "tokens_cached": cache["hit_tokens"],
+            "tokens_cached": cache["hit_tokens"], "prompt_rows_from_cache": s.score_cache.hits,
             # entries may use every seq_id that running sequences and pinned prompts leave
             "prefix_cache": {**cache, "max_entries": info.n_seq_max - s.n_parallel - cache["pinned"]},
             **embeddings.queue.stats(), "embedding_retries": embeddings.n_retries,

@@ -43,8 +43,9 @@ class PromptBuilder:
         extra = [s for s in self.template.stop if s not in msg.params.stop] if msg.messages is not None else []
         return msg.params.replace(stop=msg.params.stop + tuple(extra)) if extra else msg.params
 
-    def prompt_tokens(self, msg: Generate, *, n_ctx_seq: int) -> list[int]:
-        """The request's full prompt; ``InvalidRequestError`` if empty or it cannot fit."""
+    def prompt_tokens(self, msg: Generate, *, n_ctx_seq: int) -> tuple[list[int], int]:
+        """The request's full prompt, and where its continuation starts (scoring; else its length).
+        ``InvalidRequestError`` if empty or it cannot fit."""
         if msg.token_ids is not None:
             tokens = list(msg.token_ids)
             if any(not 0 <= t < self.tokenizer.n_vocab for t in tokens):
@@ -53,7 +54,7 @@ class PromptBuilder:
             tokens = self._tokenize_rendered(self._render(msg.messages, msg.tools, msg.chat_template_kwargs))
         else:
             assert msg.text is not None
-            if not msg.text:
+            if not msg.text and msg.continuation is None:  # scoring may start from BOS alone
                 raise InvalidRequestError("prompt must not be empty")
             if self.system_prompt:
                 tokens = self._system_tokens + self.tokenizer.tokenize(msg.text, add_special=False)
@@ -61,12 +62,28 @@ class PromptBuilder:
                 tokens = self.tokenizer.tokenize(msg.text, add_special=True)
         if not tokens:
             raise InvalidRequestError("prompt must not be empty")
+        n_context = len(tokens)
+        if msg.continuation is not None:
+            tokens += self._continuation_tokens(msg.continuation)
         needed = len(tokens) + (msg.params.max_tokens or 1)
         if needed > n_ctx_seq:
             asked = f" + max_tokens ({msg.params.max_tokens})" if msg.params.max_tokens else ""
             raise ContextExceededError(
                 f"prompt ({len(tokens)} tokens){asked} exceeds the per-sequence context of {n_ctx_seq} tokens",
                 n_prompt_tokens=len(tokens), n_ctx=n_ctx_seq)
+        return tokens, n_context
+
+    def _continuation_tokens(self, continuation: str | tuple[int, ...]) -> list[int]:
+        """A scored continuation on its own: no BOS, special-token text kept as text (lm-eval's
+        ``loglikelihood`` tokenizes context and continuation apart, then joins the ids)."""
+        if isinstance(continuation, str):
+            tokens = self.tokenizer.tokenize(continuation, add_special=False)
+        else:
+            tokens = list(continuation)
+            if any(not 0 <= t < self.tokenizer.n_vocab for t in tokens):
+                raise InvalidRequestError(f"token ids must be in [0, {self.tokenizer.n_vocab})")
+        if not tokens:
+            raise InvalidRequestError("a scored continuation must not be empty")
         return tokens
 
     def inspect(self, msg: Tokenize) -> Tokenized:

@@ -24,7 +24,7 @@ from llamactor.base.tools import parse_tool_calls
 from llamactor.native.sampling import RowSpec
 from llamactor.native.tokenizer import Tokenizer
 from llamactor.output import TextAssembler
-from llamactor.scheduling.scheduler import Sequence
+from llamactor.scheduling.sequence import Sequence
 
 log = get_logger("llamactor.batcher")
 
@@ -104,7 +104,20 @@ def _with_parsed(completion: Completion, parse: Any) -> Completion:
         return dataclasses.replace(completion, parse_error=str(e))
 
 
-def finish_request(seq: Sequence, reason: str, error: LlamactorError | None = None) -> Completion:
+def _prompt_logprobs(seq: Sequence, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """A scored prompt's ``prompt_token_ids`` and ``prompt_logprobs`` (None where not computed)."""
+    if seq.scoring is None or tokenizer is None:
+        return {}
+    text = tokenizer.token_text
+    entries = [None if e is None else TokenLogprob(text(t), e.logprob, tuple(zip(map(text, e.top_ids), e.top_logprobs)),
+                                                   token_id=t, top_ids=e.top_ids, rank=e.rank)
+               for t, e in zip(seq.token_ids, seq.scoring.entries)]
+    return {"prompt_token_ids": tuple(seq.token_ids[:seq.n_prompt]), "prompt_logprobs": tuple(entries),
+            "prompt_pieces": tuple(text(t) for t in seq.token_ids[:seq.n_prompt])}
+
+
+def finish_request(seq: Sequence, reason: str, error: LlamactorError | None = None,
+                   tokenizer: Tokenizer | None = None) -> Completion:
     """Resolve the caller's future with the completion (or fail it with ``error``), log it."""
     now = time.perf_counter()
     state: RequestState | None = seq.state
@@ -127,6 +140,7 @@ def finish_request(seq: Sequence, reason: str, error: LlamactorError | None = No
                         total_ms=_ms(req.submitted_at, now),
                         decode_tokens_per_s=round((n_gen - 1) / decode_s, 2) if n_gen > 1 and decode_s > 0 else 0.0),
         logprobs=tuple(state.logprobs) if state is not None and state.logprobs is not None else None,
+        **_prompt_logprobs(seq, tokenizer),
     )
     if state is not None and state.params.grammar is not None and state.params.grammar.parse is not None:
         completion = _with_parsed(completion, state.params.grammar.parse)

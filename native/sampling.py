@@ -178,3 +178,32 @@ def sample(logits: np.ndarray, specs: list[RowSpec]) -> Sampled:
                 n = specs[i].top_logprobs
                 top[i] = list(zip(ids[j, :n].tolist(), (vals[j, :n] - lse[j]).tolist()))
     return Sampled(tokens, logprobs, top)
+
+
+@dataclass(slots=True)
+class ScoredRows:
+    """Prompt rows reduced in the step: per row the given token's log-probability, and the
+    ``n_top`` most likely tokens with theirs (``top_ids`` / ``top_logprobs`` [rows, n_top])."""
+
+    logprobs: list[float]
+    ranks: list[int]  # 1 + how many tokens are more likely than the given one
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+
+
+def score_rows(logits: np.ndarray, chosen: list[int], n_top: int) -> ScoredRows:
+    """Log-probabilities of ``chosen[i]`` under row ``i`` of ``logits`` ([rows, vocab] float32, raw:
+    no bias, penalty or grammar applies to a prompt), and each row's ``n_top`` best.
+
+    One batched log-sum-exp and one ``topk`` for all rows: no row is copied or kept past the step.
+    The chosen token's logprob and the top ones come out of the same subtraction, so a chosen
+    token that is the argmax has exactly the top value (lm-eval's greedy check compares them)."""
+    rows = torch.from_numpy(logits)
+    lse = torch.logsumexp(rows, dim=1)
+    picked = rows.gather(1, torch.tensor(chosen, dtype=torch.long)[:, None]).squeeze(1)
+    logprobs = (picked - lse).tolist()
+    ranks = ((rows > picked[:, None]).sum(dim=1) + 1).tolist()
+    if n_top == 0:
+        return ScoredRows(logprobs, ranks, [[] for _ in chosen], [[] for _ in chosen])
+    vals, ids = rows.topk(n_top, dim=1)
+    return ScoredRows(logprobs, ranks, ids.tolist(), (vals - lse[:, None]).tolist())

@@ -5,7 +5,8 @@ from __future__ import annotations
 from llamactor.base.config import SamplingParams
 from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
-from llamactor.scheduling.scheduler import Scheduler, Sequence
+from llamactor.scheduling.scheduler import Scheduler
+from llamactor.scheduling.sequence import Sequence
 
 
 def make_seq(n_prompt: int, *, at: float = 0.0, rid: str = "r", tokens: list[int] | None = None,

@@ -10,7 +10,8 @@ from llamactor.base.errors import InvalidRequestError
 from llamactor.base.priority import parse_priority
 from llamactor.scheduling.policy import LPM_MAX_WAITING, Policy, effective_priority
 from llamactor.scheduling.prefix_index import PrefixIndex
-from llamactor.scheduling.scheduler import Scheduler, Sequence
+from llamactor.scheduling.scheduler import Scheduler
+from llamactor.scheduling.sequence import Sequence
 
 from .scheduling_helpers import make_scheduler, make_seq, run_to_end
 

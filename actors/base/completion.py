@@ -35,6 +35,11 @@ class TokenLogprob:
     token: str
     logprob: float
     top: tuple[tuple[str, float], ...] = ()
+    # prompt tokens (``prompt_logprobs``): the token's id, the alternatives' ids (as in ``top``), and
+    # its rank in the distribution (1: the most likely)
+    token_id: int = -1
+    top_ids: tuple[int, ...] = ()
+    rank: int = 0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -78,6 +83,12 @@ class Completion:
     usage: Usage
     timings: Timings
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per generated token, if asked
+    # With ``prompt_logprobs`` (or ``echo=True`` and logprobs): the prompt's token ids, and per prompt
+    # token its log-probability given the tokens before it (None where not computed: the first token,
+    # and a scored prompt's context).
+    prompt_token_ids: tuple[int, ...] | None = None
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    prompt_pieces: tuple[str, ...] | None = None  # each prompt token's text (echo), with the above
     # json_schema given as a pydantic model: the validated object (None if the output was cut
     # short by max_tokens or failed validation; see ``parse_error``).
     parsed: Any = None
@@ -91,6 +102,30 @@ class Completion:
         data = dataclasses.asdict(self)
         data["usage"]["total_tokens"] = self.usage.total_tokens
         return data
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """How likely one continuation is after a context (``Client.score``): lm-evaluation-harness's
+    ``loglikelihood``. ``logprob`` sums the continuation tokens' log-probabilities; ``is_greedy``:
+    every one of them was the most likely token at its position (greedy decoding would write it)."""
+
+    logprob: float
+    is_greedy: bool
+    token_logprobs: tuple[float, ...]
+    n_context_tokens: int
+    request_id: str = ""
+
+    @classmethod
+    def of(cls, completion: Completion) -> Score:
+        """The score of a completion whose prompt was scored from its continuation on."""
+        scored = [t for t in completion.prompt_logprobs or () if t is not None]
+        n_prompt = len(completion.prompt_token_ids or ())
+        # is_greedy compares values, as lm-eval does: the chosen token's logprob and the top one's are
+        # computed by the same operations, so they are equal exactly when it is (or ties) the argmax.
+        return cls(logprob=sum(t.logprob for t in scored), is_greedy=all(t.top and t.logprob >= t.top[0][1] for t in scored),
+                   token_logprobs=tuple(t.logprob for t in scored), n_context_tokens=n_prompt - len(scored),
+                   request_id=completion.request_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,8 +89,14 @@ class Generate:
     token_ids: tuple[int, ...] | None = None
     tools: Tools | None = None  # a chat's tools: rendered into its prompt, calls parsed from its answer
     chat_template_kwargs: dict[str, Any] | None = None  # a chat's extra template variables (enable_thinking ...)
+    # Scoring (``Client.score``): appended to the prompt, tokenized on its own (no BOS), and only its
+    # tokens' log-probabilities are computed (``params.prompt_logprobs`` must be set).
+    continuation: str | tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.continuation is not None and (self.messages is not None or self.params.prompt_logprobs is None
+                                              or not self.continuation):
+            raise ValueError("a continuation needs a raw prompt (text or token ids), prompt_logprobs, and content")
         if self.chat_template_kwargs is not None and self.messages is None:
             raise ValueError("chat_template_kwargs need a chat (messages)")
         given = sum(x is not None for x in (self.text, self.messages, self.token_ids))

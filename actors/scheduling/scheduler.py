@@ -19,91 +19,15 @@ fails.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 from llamactor.base.errors import QueueFullError
-from llamactor.base.messages import Generate
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, Match, PrefixIndex, common_prefix_len
+from llamactor.scheduling.prompt_scores import ROW_COST, ScoreCache, fit_chunk
+from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
 
+__all__ = ["Chunk", "Scheduler", "Sequence", "StepPlan"]
 
-@dataclass(slots=True, eq=False)
-class Sequence:
-    """One request's progress. ``token_ids`` is prompt + generated; ``n_past`` of them are in KV."""
-
-    request: Generate
-    token_ids: list[int]
-    n_prompt: int
-    seq_id: int = -1  # -1 while waiting
-    n_past: int = 0
-    n_cached: int = 0  # prompt tokens attached from a shared prefix instead of computed (first admission)
-    n_preempted: int = 0
-    admitted_at: float | None = None
-    first_token_at: float | None = None
-    state: Any = None  # the batcher's per-request decode state; opaque here
-
-    def __post_init__(self) -> None:
-        if not 0 < self.n_prompt <= len(self.token_ids):
-            raise ValueError(f"n_prompt {self.n_prompt} out of range for {len(self.token_ids)} tokens")
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def priority(self) -> int:
-        return self.request.priority
-
-    @property
-    def submitted_at(self) -> float:
-        return self.request.submitted_at
-
-    @property
-    def n_generated(self) -> int:
-        return len(self.token_ids) - self.n_prompt
-
-    @property
-    def n_unprocessed(self) -> int:
-        """Tokens not yet in KV: the rest of the prompt, or the one token sampled last step."""
-        return len(self.token_ids) - self.n_past
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """``n_tokens`` of ``seq``'s unprocessed tokens, from position ``seq.n_past``, in this step."""
-
-    seq: Sequence
-    n_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """True when the chunk reaches the last known token, so its logits are sampled."""
-        return self.seq.n_past + self.n_tokens == len(self.seq.token_ids)
-
-
-@dataclass(slots=True)
-class StepPlan:
-    chunks: list[Chunk] = field(default_factory=list)
-    admitted: list[Sequence] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)  # back among the waiting, KV released
-    failed: list[Sequence] = field(default_factory=list)  # cannot fit even alone: to end with an error
-    kv_ops: list[KvOp] = field(default_factory=list)  # to apply, in order, before the decode
-
-    def rows(self) -> tuple[list[int], list[int], list[int], list[int]]:
-        """The step's batch as (tokens, positions, seq_ids, wants_logits): each chunk's tokens
-        from its ``n_past``, logits only on the last row of a chunk that samples."""
-        tokens: list[int] = []
-        positions: list[int] = []
-        seq_ids: list[int] = []
-        wants: list[int] = []
-        for chunk in self.chunks:
-            seq, n = chunk.seq, chunk.n_tokens
-            tokens += seq.token_ids[seq.n_past:seq.n_past + n]
-            positions += range(seq.n_past, seq.n_past + n)
-            seq_ids += [seq.seq_id] * n
-            wants += [0] * (n - 1) + [1 if chunk.samples else 0]
-        return tokens, positions, seq_ids, wants
+SCORE_SHARE_MIN_ROWS = 4  # a scoring prompt waits for another's rows when it would reuse this many
 
 
 class Scheduler:
@@ -114,12 +38,16 @@ class Scheduler:
     ever attached. ``share_min_tokens``: a request waits while a running sequence is still
     computing at least this many more of its prompt than the cache holds -- or all of what it
     could reuse, as ``n`` choices of one prompt do -- and attaches those cells once computed.
+    ``score_rows``: logits rows one step may flag for prompt scoring; ``score_share``: what scoring
+    work may add to a step that has other work, as a fraction of it; ``score_cache`` remembers
+    finished sequences' prompt scores so that prompts sharing a prefix compute its rows once.
     """
 
     def __init__(self, *, n_parallel: int, n_batch: int, batch_size: int, batch_timeout_s: float,
                  max_queue: int, index: PrefixIndex, keep_finished: bool = True,
                  cache_budget_cells: int | None = None, share_min_tokens: int = 32,
-                 policy: Policy | None = None) -> None:
+                 policy: Policy | None = None, score_rows: int = 64, score_share: float = 0.25,
+                 score_cache: ScoreCache | None = None) -> None:
         if n_batch < n_parallel:
             raise ValueError("n_batch must be >= n_parallel")
         self.n_parallel = n_parallel
@@ -132,6 +60,9 @@ class Scheduler:
         self.cache_budget_cells = cache_budget_cells
         self.share_min_tokens = share_min_tokens
         self.policy = policy or Policy()
+        self.score_rows = score_rows
+        self.score_share = score_share
+        self.score_cache = score_cache if score_cache is not None else ScoreCache()
         self.pending: list[Sequence] = []  # in arrival order; the policy orders them at admission
         self.running: list[Sequence] = []
         self.n_preemptions = 0
@@ -176,6 +107,11 @@ class Scheduler:
         self.index.extend(seq.seq_id, seq.token_ids[seq.n_past:seq.n_past + chunk.n_tokens], now)
         seq.n_past += chunk.n_tokens
 
+    def prompt_scored(self, seq: Sequence) -> None:
+        """The batcher recorded rows of ``seq``'s prompt: once all are in, other prompts may use them."""
+        if seq.scoring is not None and seq.scoring.done and not seq.scoring.published:
+            self.score_cache.put(seq.token_ids, seq.scoring)
+
     def finish(self, seq: Sequence, now: float, *, kv_lost: bool = False) -> list[KvOp]:
         """Forget ``seq`` wherever it is. A running one's KV becomes a cached entry (or is freed);
         ``kv_lost``: llama.cpp already removed its cells (a failed decode)."""
@@ -185,6 +121,8 @@ class Scheduler:
         if seq not in self.running:
             return []
         self.running.remove(seq)
+        if seq.scoring is not None and not seq.scoring.published:
+            self.score_cache.put(seq.token_ids, seq.scoring)
         if kv_lost:
             self.index.release(seq.seq_id)
             return []
@@ -202,12 +140,14 @@ class Scheduler:
         if self.n_free == 0:
             return  # every step while sequences run: no ordering, no lookups
         room = self._room_for_newcomers()
-        for seq in self.policy.order_waiting(self.pending, now, lambda s: self._lookup(s.token_ids[:-1]).n_tokens):
+        for seq in self.policy.order_waiting(self.pending, now, lambda s: self._lookup(self._reusable(s)).n_tokens):
             if self.n_free == 0:
                 break
-            reusable = seq.token_ids[:-1]  # at least the last known token is computed, for its logits
+            if seq.scoring is not None:
+                self.score_cache.fill(seq.token_ids, seq.scoring)
+            reusable = self._reusable(seq)
             match = self._lookup(reusable)
-            if self._worth_waiting(reusable, match):
+            if self._worth_waiting(reusable, match) or self._worth_waiting_for_scores(seq):
                 continue
             needed = len(seq.token_ids) - match.n_tokens
             if needed > room - match.n_tokens and self.running:
@@ -223,6 +163,15 @@ class Scheduler:
             self.pending.remove(seq)
             self.running.append(seq)
             plan.admitted.append(seq)
+
+    @staticmethod
+    def _reusable(seq: Sequence) -> list[int]:
+        """The tokens whose KV may be attached from the cache: all but the last known one (computed
+        for its logits) and, when scoring, none from the first row scoring still needs."""
+        end = len(seq.token_ids) - 1
+        if seq.scoring is not None and not seq.scoring.done:
+            end = min(end, seq.scoring.next_row)
+        return seq.token_ids[:end]
 
     def _room_for_newcomers(self) -> int:
         """Cells free or held by cached prefixes alone, less what running sequences still compute."""
@@ -244,24 +193,57 @@ class Scheduler:
                     return True
         return False
 
+    def _worth_waiting_for_scores(self, seq: Sequence) -> bool:
+        """A scoring sequence waits while a running one computes the rows of a prefix they share:
+        those rows then come from the ScoreCache, and the KV behind them from the prefix cache
+        (lm-eval sends a question's choices as separate requests, all at once)."""
+        if seq.scoring is None or seq.scoring.done or not self.keep_finished:
+            return False
+        for other in self.running:
+            if other.scoring is not None and not other.scoring.done and other.scoring.can_fill(seq.scoring):
+                known_then = min(common_prefix_len(seq.token_ids, other.token_ids), other.n_prompt) - 1
+                if known_then - seq.scoring.next_row >= SCORE_SHARE_MIN_ROWS:
+                    return True
+        return False
+
     # -- packing and room ---------------------------------------------------------------------
 
     def _pack(self, plan: StepPlan, now: float) -> None:
-        """One token per decoding sequence, then prompt chunks by urgency, within ``n_batch``."""
+        """One token per decoding sequence, then prompt chunks by urgency, within ``n_batch``;
+        scoring prompts last, within the row budget and, beside other work, the scoring share."""
         budget = self.n_batch
-        prefilling = []
+        prefilling: list[Sequence] = []
+        scoring: list[Sequence] = []
         for seq in self.running:
-            if seq.n_unprocessed == 1:
+            if seq.n_unprocessed == 1 and (seq.scoring is None or seq.scoring.done):
                 plan.chunks.append(Chunk(seq, 1))
                 budget -= 1
             else:
-                prefilling.append(seq)
+                (prefilling if seq.scoring is None else scoring).append(seq)
         for seq in sorted(prefilling, key=lambda s: self.policy.urgency(s, now)):
             if budget <= 0:
                 break
             n = min(seq.n_unprocessed, budget)
             plan.chunks.append(Chunk(seq, n))
             budget -= n
+        rows, units = self.score_rows, self._scoring_units(plan)
+        for seq in sorted(scoring, key=lambda s: self.policy.urgency(s, now)):
+            if budget <= 0:
+                break
+            assert seq.scoring is not None
+            n, lo, hi = fit_chunk(seq.scoring, seq.n_past, min(seq.n_unprocessed, budget), rows, units)
+            if n == 0:
+                continue
+            plan.chunks.append(Chunk(seq, n, lo, hi))
+            budget, rows = budget - n, rows - (hi - lo)
+            if units is not None:
+                units -= n + ROW_COST * (hi - lo)
+
+    def _scoring_units(self, plan: StepPlan) -> int | None:
+        """What scoring may add to a step beside other work (tokens + ``ROW_COST`` per row): the
+        scoring share of that work, at least one row's worth; None when there is no other work."""
+        other = sum(c.n_tokens + ROW_COST * c.samples for c in plan.chunks if c.seq.scoring is None)
+        return max(1 + ROW_COST, int(self.score_share * other)) if other else None
 
     def _make_room(self, plan: StepPlan, now: float) -> None:
         """Evict cached prefixes, then preempt the least urgent, until the step's tokens fit."""

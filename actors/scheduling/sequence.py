@@ -1,0 +1,110 @@
+"""One request's progress through the scheduler (``Sequence``) and one step's plan (``Chunk``s and
+``StepPlan``): pure data, built and read on the batcher's thread."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llamactor.base.messages import Generate
+from llamactor.scheduling.prefix_index import KvOp
+from llamactor.scheduling.prompt_scores import ScoreState
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One request's progress. ``token_ids`` is prompt + generated; ``n_past`` of them are in KV."""
+
+    request: Generate
+    token_ids: list[int]
+    n_prompt: int
+    seq_id: int = -1  # -1 while waiting
+    n_past: int = 0
+    n_cached: int = 0  # prompt tokens attached from a shared prefix instead of computed (first admission)
+    n_preempted: int = 0
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    state: Any = None  # the batcher's per-request decode state; opaque here
+    scoring: ScoreState | None = None  # prompt log-probabilities wanted: which rows, what they said
+    prompt_only: bool = False  # max_tokens 0: done once the prompt is in KV, nothing sampled
+
+    def __post_init__(self) -> None:
+        if not 0 < self.n_prompt <= len(self.token_ids):
+            raise ValueError(f"n_prompt {self.n_prompt} out of range for {len(self.token_ids)} tokens")
+        if self.scoring is not None and self.scoring.n_prompt != self.n_prompt:
+            raise ValueError("the scoring state must cover this sequence's prompt")
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def priority(self) -> int:
+        return self.request.priority
+
+    @property
+    def submitted_at(self) -> float:
+        return self.request.submitted_at
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.token_ids) - self.n_prompt
+
+    @property
+    def n_unprocessed(self) -> int:
+        """Tokens not yet in KV: the rest of the prompt, or the one token sampled last step."""
+        return len(self.token_ids) - self.n_past
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """``n_tokens`` of ``seq``'s unprocessed tokens, from position ``seq.n_past``, in this step;
+    positions ``[score_lo, score_hi)`` among them are prompt rows whose logits scoring needs."""
+
+    seq: Sequence
+    n_tokens: int
+    score_lo: int = 0
+    score_hi: int = 0
+
+    def __post_init__(self) -> None:
+        if self.score_hi > self.score_lo and not (
+                self.seq.n_past <= self.score_lo and self.score_hi <= self.seq.n_past + self.n_tokens):
+            raise ValueError("a chunk's score rows must lie inside it")
+
+    @property
+    def samples(self) -> bool:
+        """True when the chunk reaches the last known token, so its logits are sampled."""
+        return self.seq.n_past + self.n_tokens == len(self.seq.token_ids) and not self.seq.prompt_only
+
+    @property
+    def n_score_rows(self) -> int:
+        return self.score_hi - self.score_lo
+
+
+@dataclass(slots=True)
+class StepPlan:
+    chunks: list[Chunk] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)  # back among the waiting, KV released
+    failed: list[Sequence] = field(default_factory=list)  # cannot fit even alone: to end with an error
+    kv_ops: list[KvOp] = field(default_factory=list)  # to apply, in order, before the decode
+
+    def rows(self) -> tuple[list[int], list[int], list[int], list[int]]:
+        """The step's batch as (tokens, positions, seq_ids, wants_logits): each chunk's tokens
+        from its ``n_past``, logits only on the last row of a chunk that samples."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        seq_ids: list[int] = []
+        wants: list[int] = []
+        for chunk in self.chunks:
+            seq, n = chunk.seq, chunk.n_tokens
+            tokens += seq.token_ids[seq.n_past:seq.n_past + n]
+            positions += range(seq.n_past, seq.n_past + n)
+            seq_ids += [seq.seq_id] * n
+            if chunk.n_score_rows:
+                lo, hi = chunk.score_lo - seq.n_past, chunk.score_hi - seq.n_past
+                wants += [0] * lo + [1] * (hi - lo) + [0] * (n - hi)
+                wants[-1] = wants[-1] or int(chunk.samples)
+            else:
+                wants += [0] * (n - 1) + [1 if chunk.samples else 0]
+        return tokens, positions, seq_ids, wants
