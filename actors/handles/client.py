@@ -15,23 +15,32 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, overload
 
-from llamactor.base.completion import Completion, Embeddings, Tokenized
+from llamactor.base.completion import Completion, Embeddings, Score, Tokenized
 from llamactor.base.config import Config
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import compile_constraint
 from llamactor.base.messages import Embed, Generate, ReplyChannel, Request, Tokenize
 from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
+from llamactor.handles.request_fields import (
+    EmbedInputs,
+    Messages,
+    Prompt,
+    check_n,
+    choice_request_id,
+    continuation_field,
+    echo_options,
+    embed_inputs,
+    mapped_future,
+    messages_tuple,
+    new_request_id,
+    prompt_fields,
+)
 from llamactor.handles.streams import AsyncTextStream, TextStream
 from llamactor.base.tools import pop_tools
 
-MAX_CHOICES = 64  # choices of one prompt per call (the API's n; HTTP caps n and best_of at 16)
-Prompt = str | Sequence[int]
-Messages = Sequence[Mapping[str, Any]]
-EmbedInputs = str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]]
 T = TypeVar("T")  # what a future resolves to: a Completion or Embeddings
 
 
@@ -63,23 +72,23 @@ class Client:
     def submit(self, prompt: Prompt, *, request_id: str | None = None,
                **sampling: Any) -> concurrent.futures.Future[Completion]:
         """Queue a raw completion of ``prompt`` (text or token ids); returns its future at once."""
-        return self._choices(_prompt_fields(prompt), 1, request_id, sampling)[0]
+        return self._choices(prompt_fields(prompt), 1, request_id, sampling)[0]
 
     def submit_chat(self, messages: Messages, *, request_id: str | None = None,
                     **sampling: Any) -> concurrent.futures.Future[Completion]:
         """Queue a chat completion: ``messages`` rendered with the model's chat template."""
-        return self._choices({"messages": _messages_tuple(messages)}, 1, request_id, sampling)[0]
+        return self._choices({"messages": messages_tuple(messages)}, 1, request_id, sampling)[0]
 
     def submit_n(self, prompt: Prompt, n: int, *, request_id: str | None = None,
                  **sampling: Any) -> list[concurrent.futures.Future[Completion]]:
         """``n`` completions of one prompt, whose KV is computed once and shared by all ``n``.
 
         With a ``seed``, choice ``i`` uses ``seed + i``; request ids are ``<request_id>-<i>``."""
-        return self._choices(_prompt_fields(prompt), n, request_id, sampling)
+        return self._choices(prompt_fields(prompt), n, request_id, sampling)
 
     def submit_chat_n(self, messages: Messages, n: int, *, request_id: str | None = None,
                       **sampling: Any) -> list[concurrent.futures.Future[Completion]]:
-        return self._choices({"messages": _messages_tuple(messages)}, n, request_id, sampling)
+        return self._choices({"messages": messages_tuple(messages)}, n, request_id, sampling)
 
     @overload
     def ask(self, prompt: Prompt, *, n: None = None, timeout: float | None = None, **sampling: Any) -> Completion: ...
@@ -108,10 +117,10 @@ class Client:
 
     def stream(self, prompt: Prompt, *, request_id: str | None = None, **sampling: Any) -> TextStream:
         """Text pieces as they are decoded; ``.completion`` afterwards, ``.cancel()`` any time."""
-        return self._stream(_prompt_fields(prompt), request_id, sampling)
+        return self._stream(prompt_fields(prompt), request_id, sampling)
 
     def stream_chat(self, messages: Messages, *, request_id: str | None = None, **sampling: Any) -> TextStream:
-        return self._stream({"messages": _messages_tuple(messages)}, request_id, sampling)
+        return self._stream({"messages": messages_tuple(messages)}, request_id, sampling)
 
     async def ask_async(self, prompt: Prompt, **sampling: Any) -> Completion:
         return await self._await(self.submit(prompt, **sampling))
@@ -126,20 +135,46 @@ class Client:
         return list(await asyncio.gather(*(self._await(f) for f in self.submit_chat_n(messages, n, **sampling))))
 
     def stream_async(self, prompt: Prompt, *, request_id: str | None = None, **sampling: Any) -> AsyncTextStream:
-        return self._streams_async(_prompt_fields(prompt), 1, request_id, sampling)[0]
+        return self._streams_async(prompt_fields(prompt), 1, request_id, sampling)[0]
 
     def stream_chat_async(self, messages: Messages, *, request_id: str | None = None,
                           **sampling: Any) -> AsyncTextStream:
-        return self._streams_async({"messages": _messages_tuple(messages)}, 1, request_id, sampling)[0]
+        return self._streams_async({"messages": messages_tuple(messages)}, 1, request_id, sampling)[0]
 
     def stream_n_async(self, prompt: Prompt, n: int, *, request_id: str | None = None,
                        **sampling: Any) -> list[AsyncTextStream]:
         """``n`` streamed choices of one prompt (as ``submit_n``: computed once, seeds ``seed + i``)."""
-        return self._streams_async(_prompt_fields(prompt), n, request_id, sampling)
+        return self._streams_async(prompt_fields(prompt), n, request_id, sampling)
 
     def stream_chat_n_async(self, messages: Messages, n: int, *, request_id: str | None = None,
                             **sampling: Any) -> list[AsyncTextStream]:
-        return self._streams_async({"messages": _messages_tuple(messages)}, n, request_id, sampling)
+        return self._streams_async({"messages": messages_tuple(messages)}, n, request_id, sampling)
+
+    # -- scoring ----------------------------------------------------------------------------
+    # How likely each continuation is after ``context`` (lm-evaluation-harness's loglikelihood):
+    # context and continuations are text (tokenized apart, the continuation without BOS, joined as
+    # ids) or token ids. The continuations go out together, so the context's KV is computed once;
+    # only the continuation tokens' logits rows are computed. Any ``ask`` can also report its
+    # prompt's logprobs: ``prompt_logprobs=k`` (or ``echo=True`` with ``logprobs=k``).
+
+    def submit_score(self, context: Prompt, continuations: Sequence[Prompt], *, request_id: str | None = None,
+                     priority: Any = DEFAULT_PRIORITY) -> list[concurrent.futures.Future[Score]]:
+        if isinstance(continuations, str) or not isinstance(continuations, Sequence) or not continuations:
+            raise InvalidRequestError("continuations must be a non-empty list of strings or token-id lists")
+        variants = [{"continuation": continuation_field(c)} for c in continuations]
+        prompt = {"text": context} if isinstance(context, str) else prompt_fields(context)
+        futures = self._choices(prompt, len(variants), request_id, {"max_tokens": 0, "temperature": 0.0,
+                                                                    "prompt_logprobs": 1, "priority": priority},
+                                variants=variants)
+        return [mapped_future(f, Score.of) for f in futures]
+
+    def score(self, context: Prompt, continuations: Sequence[Prompt], *, timeout: float | None = None,
+              **options: Any) -> list[Score]:
+        """One ``Score`` per continuation, in order: summed logprob and whether greedy would write it."""
+        return [self._wait(f, timeout) for f in self.submit_score(context, continuations, **options)]
+
+    async def score_async(self, context: Prompt, continuations: Sequence[Prompt], **options: Any) -> list[Score]:
+        return list(await asyncio.gather(*(self._await(f) for f in self.submit_score(context, continuations, **options))))
 
     # -- embeddings --------------------------------------------------------------------------
     # ``inputs``: a string, a list of strings, a list of token ids, or a list of such lists.
@@ -150,7 +185,7 @@ class Client:
                      normalize: bool = True, dimensions: int | None = None) -> concurrent.futures.Future[Embeddings]:
         """Queue ``inputs`` for embedding; they are packed with other callers' inputs by tokens."""
         reply = ReplyChannel()
-        msg = Embed(request_id=request_id or new_request_id(), inputs=_embed_inputs(inputs), reply=reply,
+        msg = Embed(request_id=request_id or new_request_id(), inputs=embed_inputs(inputs), reply=reply,
                     submitted_at=time.perf_counter(), pooling=pooling, normalize=normalize, dimensions=dimensions)
         return self.send(msg)
 
@@ -173,7 +208,7 @@ class Client:
         elif isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
             fields = {"token_ids": tuple(prompt)}  # type: ignore[arg-type]
         else:
-            fields = {"messages": _messages_tuple(prompt)}  # type: ignore[arg-type]
+            fields = {"messages": messages_tuple(prompt)}  # type: ignore[arg-type]
             fields["tools"] = pop_tools({"tools": tools}, chat=True) if tools else None
             fields["chat_template_kwargs"] = dict(chat_template_kwargs) if chat_template_kwargs else None
         return self.send(Tokenize(request_id=request_id or new_request_id(), reply=ReplyChannel(),
@@ -189,13 +224,16 @@ class Client:
     # -- internals (caller's thread) --------------------------------------------------------
 
     def _choices(self, prompt: dict[str, Any], n: int, request_id: str | None, sampling: dict[str, Any],
-                 replies: Sequence[ReplyChannel] | None = None) -> list[concurrent.futures.Future[Completion]]:
-        """The one path of every generation request: ``n`` messages of one prompt, sent together.
+                 replies: Sequence[ReplyChannel] | None = None,
+                 variants: Sequence[dict[str, Any]] | None = None) -> list[concurrent.futures.Future[Completion]]:
+        """The one path of every generation request: ``n`` messages of one prompt, sent together
+        (``variants``: per-message fields, a scored continuation each).
 
         Submitted together, the batcher admits them together: the first computes the prompt, the
         others wait one step and attach its KV (see Scheduler)."""
-        _check_n(n)
+        check_n(n)
         rid = request_id or new_request_id()
+        sampling = echo_options(dict(sampling))
         sampling = compile_constraint(sampling)  # once for all n choices
         tools = pop_tools(sampling, chat="messages" in prompt)
         template_kwargs = sampling.pop("chat_template_kwargs", None)
@@ -207,7 +245,8 @@ class Client:
         now = time.perf_counter()
         msgs = [Generate(request_id=choice_request_id(rid, i, n), reply=reply, submitted_at=now, priority=priority,
                          tools=tools, params=params.replace(seed=seed + i) if seed is not None else params,
-                         chat_template_kwargs=dict(template_kwargs) if template_kwargs else None, **prompt)
+                         chat_template_kwargs=dict(template_kwargs) if template_kwargs else None, **prompt,
+                         **(variants[i] if variants else {}))
                 for i, reply in enumerate(replies or [ReplyChannel() for _ in range(n)])]
         return self.send_n(msgs)
 
@@ -232,7 +271,7 @@ class Client:
 
     def _streams_async(self, prompt: dict[str, Any], n: int, request_id: str | None,
                        sampling: dict[str, Any]) -> list[AsyncTextStream]:
-        _check_n(n)
+        check_n(n)
         rid, loop = request_id or new_request_id(), asyncio.get_running_loop()
         streams = [AsyncTextStream(choice_request_id(rid, i, n), self.cancel, loop) for i in range(n)]
         replies = [ReplyChannel(on_piece=s.push) for s in streams]
@@ -240,45 +279,3 @@ class Client:
         for stream, future, reply in zip(streams, futures, replies, strict=True):
             stream.attach(future, reply.queued)
         return streams
-
-
-def _embed_inputs(inputs: EmbedInputs) -> tuple[str | tuple[int, ...], ...]:
-    if isinstance(inputs, str):
-        return (inputs,)
-    if isinstance(inputs, Sequence) and inputs and all(isinstance(t, int) for t in inputs):
-        return (tuple(inputs),)  # type: ignore[arg-type]
-    if not isinstance(inputs, Sequence) or not inputs:
-        raise InvalidRequestError("embed takes a string, a list of strings, token ids, or lists of token ids")
-    # anything else (a number, a dict) is refused by Embed with a clear message
-    return tuple(x if isinstance(x, str) else tuple(x) if isinstance(x, Sequence) else x  # type: ignore[misc, arg-type]
-                 for x in inputs)
-
-
-def new_request_id() -> str:
-    return f"req-{uuid.uuid4().hex[:16]}"
-
-
-def _check_n(n: object) -> None:
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
-        raise InvalidRequestError(f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}")
-
-
-def choice_request_id(request_id: str, index: int, n: int) -> str:
-    """The id of choice ``index`` of ``n``: the request's own id when ``n`` is 1."""
-    return request_id if n == 1 else f"{request_id}-{index}"
-
-
-def _prompt_fields(prompt: Prompt) -> dict[str, Any]:
-    if isinstance(prompt, str):
-        return {"text": prompt}
-    if isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
-        if not prompt:
-            raise InvalidRequestError("prompt must not be empty")
-        return {"token_ids": tuple(prompt)}
-    raise InvalidRequestError("prompt must be a string or a sequence of token ids")
-
-
-def _messages_tuple(messages: Messages) -> tuple[dict[str, Any], ...]:
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise InvalidRequestError("messages must be a list of {'role': ..., 'content': ...} dicts")
-    return tuple(dict(m) if isinstance(m, Mapping) else m for m in messages)
