@@ -195,8 +195,8 @@ def test_bad_input_gets_openai_style_4xx_errors_never_a_500(daemon: Daemon) -> N
         client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], stream=True,
                                        response_format={"type": "json_schema",
                                                         "json_schema": {"name": "x", "schema": {"type": "objectx"}}})
-    with pytest.raises(openai.BadRequestError, match="echo needs text prompts"):
-        client.completions.create(model=MODEL_ID, prompt=[1, 2, 3], echo=True)
+    with pytest.raises(openai.BadRequestError, match="echo of token-id prompts is not streamed"):
+        client.completions.create(model=MODEL_ID, prompt=[1, 2, 3], echo=True, stream=True)
     with pytest.raises(openai.AuthenticationError):
         daemon.client(api_key="wrong").completions.create(model=MODEL_ID, prompt="hi")
     headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from openai.types import Completion as OACompletion
 from openai.types.chat import ChatCompletion
 
+from llamactor.base.completion import Completion
 from llamactor.base.errors import ModelNotFoundError
 from llamactor.http.embeddings import EmbeddingRequest, create_embeddings
 from llamactor.http.openai_schema import (
@@ -25,6 +26,7 @@ from llamactor.http.openai_schema import (
     chat_message,
     completion_logprobs,
 )
+from llamactor.http.prompt_logprobs import echo_logprobs, echo_text, vllm_prompt_logprobs
 from llamactor.http.request_path import all_queued, complete, envelope, prompt_id, ready_model
 from llamactor.http.sse import chat_chunks, completion_chunks, sse_response, usage
 from llamactor.http.state import ServerState
@@ -35,6 +37,18 @@ DIALECT = "openai"
 def both(path: str) -> list[str]:
     """``/v1/x`` and llama-server's ``/x``."""
     return [path, path.removeprefix("/v1")]
+
+
+def completion_choice(index: int, c: Completion, prompt: str | list[int], body: CompletionRequest) -> dict[str, Any]:
+    """One ``/v1/completions`` choice; with ``echo`` its text and logprobs start with the prompt's."""
+    echoed = echo_text(c, prompt) if body.echo else ""
+    choice: dict[str, Any] = {"index": index, "text": echoed + c.text, "finish_reason": FINISH_REASON[c.finish_reason]}
+    if body.logprobs is not None:
+        choice["logprobs"] = (echo_logprobs(c, body.logprobs) if body.echo
+                              else completion_logprobs(c.logprobs, body.logprobs))
+    if body.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = vllm_prompt_logprobs(c)
+    return choice
 
 
 def register(app: FastAPI, state: ServerState) -> None:
@@ -72,13 +86,18 @@ def register(app: FastAPI, state: ServerState) -> None:
             for f in llm.submit_n(prompt, n_gen, request_id=prompt_id(rid, p, len(prompts)), **sampling)])
         done = [c for p in range(len(prompts)) for c in (
             best_of(generated[p * n_gen:(p + 1) * n_gen], n) if n_gen > n else generated[p * n_gen:(p + 1) * n_gen])]
-        echoed = [str(prompts[i // n]) if body.echo else "" for i in range(len(done))]
-        return OACompletion.model_validate({
-            **envelope(rid, "text_completion", llm.name),
-            "choices": [{"index": i, "text": echoed[i] + c.text, "finish_reason": FINISH_REASON[c.finish_reason],
-                         "logprobs": completion_logprobs(c.logprobs, body.logprobs) if body.logprobs is not None else None}
-                        for i, c in enumerate(done)],
-            "usage": usage(generated)}).model_dump(exclude_none=True)
+        if body.echo and not body.scores_prompt:  # token-id prompts echo as text
+            prompts = [p if isinstance(p, str) else (await llm.tokenize_async(p)).text for p in prompts]
+        choices = [completion_choice(i, c, prompts[i // n], body) for i, c in enumerate(done)]
+        # The openai package types token_logprobs as floats, but with echo the API's first one is
+        # null (its client parses that leniently): validate the rest, then put the echo logprobs back.
+        lifted = [choice.pop("logprobs", None) if body.echo else None for choice in choices]
+        out = OACompletion.model_validate({**envelope(rid, "text_completion", llm.name), "choices": choices,
+                                           "usage": usage(generated)}).model_dump(exclude_none=True)
+        for choice, logprobs in zip(out["choices"], lifted):
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
+        return out
 
     async def chat_completions(body: ChatRequest, request: Request) -> Any:
         llm = await ready_model(state, body.model)

@@ -135,9 +135,11 @@ MAX_PROMPTS = 64  # prompts in one /v1/completions request
 
 class CompletionRequest(_Request):
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=None, ge=0)  # 0: the prompt alone (echo, scoring)
     suffix: str | None = None
-    logprobs: int | None = Field(default=None, ge=0, le=5)
+    logprobs: int | None = Field(default=None, ge=0, le=20)  # OpenAI allows 5; vLLM, as here, 20
     echo: bool = False
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)  # vLLM's extra
     stream_options: StreamOptions | None = None
     best_of: int | None = Field(default=None, ge=1, le=16)
 
@@ -152,8 +154,13 @@ class CompletionRequest(_Request):
             raise InvalidRequestError(f"best_of ({self.best_of}) must be >= n ({self.n})")
         if self.best_of is not None and self.best_of > self.n and self.stream:
             raise InvalidRequestError("best_of cannot be streamed")
-        if self.echo and (self.logprobs is not None or any(not isinstance(p, str) for p in self.prompts())):
-            raise InvalidRequestError("echo needs text prompts and no logprobs (prompt logprobs are not computed)")
+        if self.stream and self.scores_prompt:
+            raise InvalidRequestError("prompt log-probabilities (echo with logprobs, prompt_logprobs) are not "
+                                      "streamed: send stream: false")
+        if self.stream and self.echo and any(not isinstance(p, str) for p in self.prompts()):
+            raise InvalidRequestError("echo of token-id prompts is not streamed: send stream: false")
+        if self.max_tokens == 0 and self.n_generated > self.n:
+            raise InvalidRequestError("best_of needs max_tokens >= 1 (it ranks generated text)")
         if self.suffix:
             raise InvalidRequestError("suffix (insertion) is not supported")
         if not 1 <= len(self.prompts()) <= MAX_PROMPTS:
@@ -165,7 +172,15 @@ class CompletionRequest(_Request):
             out.update(logprobs=True, top_logprobs=self.logprobs)
         elif self.n_generated > self.n:
             out["logprobs"] = True  # best_of ranks the choices by their mean log-probability
+        if self.scores_prompt:
+            out["prompt_logprobs"] = max(self.prompt_logprobs or 0, self.logprobs if self.echo and self.logprobs else 0)
         return out
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether the prompt tokens' log-probabilities are computed: echo with logprobs, or vLLM's
+        prompt_logprobs."""
+        return self.prompt_logprobs is not None or (self.echo and self.logprobs is not None)
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts of the request: one string or token list, or a list of either (a batch)."""
@@ -214,9 +229,15 @@ class ChatRequest(_Request):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     stream_options: StreamOptions | None = None
+    # Named only to be refused clearly: OpenAI's chat API has no prompt log-probabilities.
+    echo: bool | None = None
+    prompt_logprobs: int | None = None
 
     def check(self) -> None:
         super().check()
+        if self.echo or self.prompt_logprobs is not None:
+            raise InvalidRequestError("prompt log-probabilities (echo, prompt_logprobs) are not available on "
+                                      "/v1/chat/completions: use /v1/completions with echo: true and logprobs: k")
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs: true")
         # the API's own rules (llamactor.base.tools), once here: the tools are also needed to parse streams
