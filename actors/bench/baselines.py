@@ -2,6 +2,7 @@
 
 * ``sequential``: requests one at a time through ``llama_cpp.Llama.create_completion`` — what a
   llama-cpp-python user has today.
+* ``score_one_at_a_time``: prompt log-likelihoods through ``Llama(logits_all=True)``, one at a time.
 * ``ceiling``: the engine's raw batched decode — prefill B prompts, then one token for each of the
   B sequences per ``llama_decode``, argmax, no scheduler, no actors: the most llama.cpp gives on
   this machine at that batch size.
@@ -96,5 +97,26 @@ def embed_one_at_a_time(model_path: str, texts: list[str], n_threads: int, n_bat
         for text in texts:
             llm.embed(text, normalize=True)
         return time.perf_counter() - start, n_tokens
+    finally:
+        llm.close()
+
+
+def score_one_at_a_time(model_path: str, requests: list[list[int]], n_threads: int, n_ctx: int = 1024) -> float:
+    """Each token-id prompt alone through ``Llama(logits_all=True)``: every row's log-softmax and
+    top token (numpy, vectorized), then one greedy token as lm-eval's echo request asks; seconds."""
+    llm = llama_cpp.Llama(model_path, logits_all=True, n_ctx=n_ctx, n_batch=512, n_threads=n_threads,
+                          n_threads_batch=n_threads, verbose=False)
+    try:
+        llm.eval(requests[0][:4])  # warm up
+        start = time.perf_counter()
+        for ids in requests:
+            llm.reset()
+            llm.eval(ids)
+            rows = llm.scores[:len(ids)]
+            top = rows.max(axis=1, keepdims=True)
+            logprobs = rows - (np.log(np.exp(rows - top).sum(axis=1, keepdims=True)) + top)
+            chosen = logprobs[np.arange(len(ids) - 1), ids[1:]]  # noqa: F841 - what a caller reads
+            best = logprobs.argmax(axis=1)  # noqa: F841 - the top-1 alternative per row
+        return time.perf_counter() - start
     finally:
         llm.close()
