@@ -1,0 +1,167 @@
+"""``JobRunner``: runs a batch job's unfinished lines on a model, journaling each result.
+
+At most ``max_in_flight`` lines are in flight at once (so a job never fills the batcher's queue,
+and leaves sequences free for interactive callers), taken in the plan's run order (lines that
+share a prefix together). A line counts only once its result is committed to the ``JobStore``;
+a process killed mid-job leaves the lines it had in flight pending, and the next run does them.
+Refusals that say "later" (queue full, batcher restarting) are retried; a request the model
+refuses (bad grammar, prompt too long) is a failed line in the error file, and the job goes on.
+
+``run()`` blocks the calling thread (the CLI's main thread, a daemon job's own thread) and
+returns when every line is finished or ``stop`` is set; it cancels what it had in flight then.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from llamactor.base.errors import (
+    BatcherRestartedError,
+    BatcherUnavailableError,
+    CancelledError,
+    LlamactorError,
+    QueueFullError,
+)
+from llamactor.base.logging import get_logger
+from llamactor.handles.client import Client
+from llamactor.jobs import records
+from llamactor.jobs.endpoints import PendingLine, start_line
+from llamactor.jobs.store import JobStore
+
+log = get_logger("llamactor.jobs")
+RETRYABLE = (QueueFullError, BatcherUnavailableError, BatcherRestartedError)
+MAX_ATTEMPTS = 8  # a line refused "for now" this often fails (the batcher is not coming back)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Where a job stands; ``tokens`` and ``elapsed_s`` count this run only (for tok/s)."""
+
+    total: int
+    completed: int
+    failed: int
+    tokens: int
+    elapsed_s: float
+
+    @property
+    def finished(self) -> int:
+        return self.completed + self.failed
+
+
+class JobRunner:
+    def __init__(self, store: JobStore, batch_id: str, endpoint: str, client: Client, model_name: str, *,
+                 max_in_flight: int, stop: threading.Event | None = None,
+                 on_progress: Callable[[Progress], None] | None = None,
+                 tokens_computed: Callable[[], int] | None = None) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self.store, self.batch_id, self.endpoint = store, batch_id, endpoint
+        self.client, self.model_name, self.max_in_flight = client, model_name, max_in_flight
+        self.stop = stop or threading.Event()
+        self.on_progress = on_progress
+        self.tokens_computed = tokens_computed
+        self._tokens = 0
+        self._start = time.monotonic()
+        self._run_no = -1
+        self._base = 0  # the tokens_computed() reading when this run began
+
+    def run(self) -> bool:
+        """Run until every line is finished (True) or ``stop`` is set (False)."""
+        self._start = time.monotonic()
+        self._run_no = self.store.start_run(self.batch_id)
+        self._base = self.tokens_computed() if self.tokens_computed else 0
+        todo: deque[tuple[int, str, dict[str, Any], int]] = deque(
+            (line_no, custom_id, body, 0) for line_no, custom_id, body in self.store.unfinished(self.batch_id))
+        log.info("job_running", batch_id=self.batch_id, unfinished=len(todo), max_in_flight=self.max_in_flight,
+                 run=self._run_no)
+        in_flight: dict[int, tuple[str, PendingLine, int]] = {}
+        self._report()
+        last_record = time.monotonic()
+        while todo or in_flight:
+            if self.stop.is_set():
+                for _, pending, _ in in_flight.values():
+                    pending.cancel()
+                log.info("job_stopped", batch_id=self.batch_id, in_flight=len(in_flight), left=len(todo))
+                return False
+            while todo and len(in_flight) < self.max_in_flight:
+                line_no, custom_id, body, attempt = todo.popleft()
+                try:
+                    pending = start_line(self.client, self.endpoint, body, records.request_id(self.batch_id, line_no),
+                                         self.model_name)
+                except RETRYABLE as e:
+                    self._retry_later(todo, (line_no, custom_id, body, attempt + 1), e, wait=not in_flight)
+                    break
+                except Exception as e:  # noqa: BLE001 - refused before queueing: this line failed
+                    self._fail(line_no, custom_id, e)
+                    continue
+                self.store.mark_running(self.batch_id, line_no)
+                in_flight[line_no] = (custom_id, pending, attempt)
+            futures = [f for _, pending, _ in in_flight.values() for f in pending.futures]
+            if futures:
+                concurrent.futures.wait(futures, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED)
+            for line_no in [n for n, (_, p, _) in in_flight.items() if p.done()]:
+                custom_id, pending, attempt = in_flight.pop(line_no)
+                self._finish(line_no, custom_id, pending, attempt, todo)
+            if self.tokens_computed and time.monotonic() - last_record > 0.5:
+                self.store.record_run(self.batch_id, self._run_no, self.tokens_computed() - self._base)
+                last_record = time.monotonic()
+        return True
+
+    def _finish(self, line_no: int, custom_id: str, pending: PendingLine, attempt: int,
+                todo: deque[tuple[int, str, dict[str, Any], int]]) -> None:
+        try:
+            body = pending.response_body()
+        except RETRYABLE as e:
+            self._retry_later(todo, (line_no, custom_id, self._body_of(line_no), attempt + 1), e, wait=False)
+            return
+        except CancelledError as e:
+            if self.stop.is_set():
+                return  # ours: the line stays unfinished for the next run
+            self._fail(line_no, custom_id, e)
+            return
+        except Exception as e:  # noqa: BLE001 - the request failed: this line failed
+            self._fail(line_no, custom_id, e)
+            return
+        self._tokens += int(body.get("usage", {}).get("completion_tokens", 0) or 0)
+        self.store.finish_line(self.batch_id, line_no, "done",
+                               records.success_line(self.batch_id, line_no, custom_id, body), self._run())
+        self._report()
+
+    def _body_of(self, line_no: int) -> dict[str, Any]:
+        return next(b for n, _, b in self.store.unfinished(self.batch_id) if n == line_no)
+
+    def _retry_later(self, todo: deque[tuple[int, str, dict[str, Any], int]], line: tuple[int, str, dict[str, Any], int],
+                     error: Exception, *, wait: bool) -> None:
+        if line[3] >= MAX_ATTEMPTS:
+            self._fail(line[0], line[1], error)
+            return
+        todo.appendleft(line)
+        if wait:  # nothing in flight to wait for: back off before asking again
+            self.stop.wait(min(0.1 * 2 ** line[3], 5.0))
+
+    def _fail(self, line_no: int, custom_id: str, error: Exception) -> None:
+        if isinstance(error, LlamactorError):
+            status = error.http_status if error.http_status < 500 or error.http_status == 503 else 500
+            type_, code = ("invalid_request_error" if status == 400 else error.code), error.code
+        else:
+            status, type_, code = 500, "server_error", None
+        log.info("job_line_failed", batch_id=self.batch_id, line_no=line_no, status=status, error=str(error))
+        self.store.finish_line(self.batch_id, line_no, "failed", records.failed_request_line(
+            self.batch_id, line_no, custom_id, status, str(error) or type(error).__name__, type_, code), self._run())
+        self._report()
+
+    def _run(self) -> tuple[int, int] | None:
+        return (self._run_no, self.tokens_computed() - self._base) if self.tokens_computed else None
+
+    def _report(self) -> None:
+        if self.on_progress is None:
+            return
+        counts = self.store.counts(self.batch_id)
+        self.on_progress(Progress(counts.total, counts.completed, counts.failed, self._tokens,
+                                  time.monotonic() - self._start))
