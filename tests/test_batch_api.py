@@ -15,6 +15,7 @@ from typing import Any
 import openai
 from openai.types import Batch
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 
 from .daemon_helpers import MODEL_ID, Daemon, start_daemon, wait_until
 
@@ -97,7 +98,7 @@ def test_the_openai_client_runs_a_batch_job_end_to_end_and_downloads_its_output(
         assert d.stop() == 0
 
 
-def test_completions_and_embeddings_batches_answer_as_their_endpoints_do(tmp_path: Path) -> None:
+def test_completions_embeddings_and_responses_batches_answer_as_their_endpoints_do(tmp_path: Path) -> None:
     d = start_daemon("--n-parallel", "2", "--data-dir", str(tmp_path))
     try:
         client = d.client()
@@ -109,6 +110,12 @@ def test_completions_and_embeddings_batches_answer_as_their_endpoints_do(tmp_pat
             {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
              "body": {"model": MODEL_ID, "input": [f"text {i}", "another"]}} for i in range(2)])),
             endpoint="/v1/embeddings", completion_window="24h")
+        responses = client.batches.create(input_file_id=upload(client, jsonl([
+            {"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
+             "body": {"model": MODEL_ID, "instructions": SYSTEM, "input": f"Name {i} colours.", "max_output_tokens": 6}}
+            for i in range(2)] + [{"custom_id": "chained", "method": "POST", "url": "/v1/responses",
+                                   "body": {"input": "go on", "previous_response_id": "resp_x"}}])),
+            endpoint="/v1/responses", completion_window="24h")
         done = finished(d, completions.id)
         texts = lines_of(client, done.output_file_id)
         assert [t["custom_id"] for t in texts] == ["c0", "c1", "c2"]
@@ -117,6 +124,11 @@ def test_completions_and_embeddings_batches_answer_as_their_endpoints_do(tmp_pat
         assert [len(v["response"]["body"]["data"]) for v in vectors] == [2, 2]
         direct = client.embeddings.create(model=MODEL_ID, input=["text 0", "another"])
         assert len(vectors[0]["response"]["body"]["data"][0]["embedding"]) == len(direct.data[0].embedding)
+        answered = finished(d, responses.id)
+        bodies = [Response.model_validate(r["response"]["body"]) for r in lines_of(client, answered.output_file_id)]
+        assert all(b.status in ("completed", "incomplete") and b.output_text for b in bodies) and len(bodies) == 2
+        [chained] = lines_of(client, answered.error_file_id)
+        assert chained["custom_id"] == "chained" and "previous_response_id" in chained["error"]["message"]
     finally:
         assert d.stop() == 0
 

@@ -22,7 +22,7 @@ from llamactor.handles.client import Client
 from llamactor.jobs import records
 from llamactor.jobs.endpoints import check_body
 from llamactor.jobs.plan import NotJsonlError, check_transition, plan_lines, rank_by_prefix, resumable
-from llamactor.jobs.runner import JobRunner, Progress
+from llamactor.jobs.runner import InteractiveWatch, JobRunner, Progress
 from llamactor.jobs.store import JobStore, StoreLockedError
 
 pytestmark = pytest.mark.pure
@@ -247,3 +247,63 @@ def test_a_full_queue_is_retried_and_a_refused_request_fails_only_its_line(store
     assert [(f["custom_id"], f["response"]["status_code"]) for f in failed] == [("a", 400)]
     assert failed[0]["response"]["body"]["error"]["message"] == "prompt too long"
     assert [json.loads(r)["custom_id"] for r in store.results(b, "done")] == ["b"]
+
+
+def test_other_callers_work_counts_only_once_it_lasts_and_then_holds_for_a_while() -> None:
+    watch = InteractiveWatch(confirm_s=0.25, hold_s=3.0)
+    assert not watch.observe(2, 10.0)        # a first sighting may be stale stats: not yet
+    assert not watch.observe(0, 10.1)        # gone at the next look: it was
+    assert not watch.observe(1, 10.2)
+    assert watch.observe(1, 10.5)            # still there 0.3 s later: others have work
+    assert watch.observe(0, 12.0)            # held after they finish, for the next arrival
+    assert not watch.observe(0, 13.6)
+
+
+def test_while_others_have_work_the_runner_keeps_only_its_yield_share_in_flight(store: JobStore) -> None:
+    b = new_batch(store, *(line(f"q{i}", f"question {i}") for i in range(6)))
+    client, busy = FakeClient(), threading.Event()
+    busy.set()
+    runner = JobRunner(store, b, CHAT, client, "m", max_in_flight=4, yield_in_flight=1,
+                       model_load=lambda: client.outstanding + (5 if busy.is_set() else 0),
+                       watch=InteractiveWatch(confirm_s=0.0, hold_s=0.0))
+    thread, result = run_in_thread(runner)
+    for i in range(3):
+        answer(client.next_message(i))
+    assert client.most_outstanding == 1      # one at a time while the others' five sequences run
+    busy.clear()
+    for i in range(3, 6):
+        answer(client.next_message(i))
+    thread.join(10)
+    assert result == [True]
+
+
+def test_when_others_start_work_the_runner_cancels_its_newest_lines_and_runs_them_again_later(
+        store: JobStore) -> None:
+    b = new_batch(store, *(line(f"q{i}", f"question {i}") for i in range(4)))
+    client, busy = FakeClient(), threading.Event()
+    runner = JobRunner(store, b, CHAT, client, "m", max_in_flight=3, yield_in_flight=1,
+                       model_load=lambda: client.outstanding + (2 if busy.is_set() else 0),
+                       watch=InteractiveWatch(confirm_s=0.0, hold_s=0.0))
+    thread, result = run_in_thread(runner)
+    first = [client.next_message(i) for i in range(3)]  # three in flight: nobody else is there
+    ended, changed = [], threading.Condition()
+
+    def note(_f: object) -> None:  # (concurrent.futures.wait does not wake for a cancelled future)
+        with changed:
+            ended.append(_f)
+            changed.notify_all()
+    for msg in first[1:]:
+        msg.reply.future.add_done_callback(note)
+    busy.set()
+    with changed:
+        assert changed.wait_for(lambda: len(ended) == 2, 10)
+    assert first[1].reply.future.cancelled() and first[2].reply.future.cancelled()
+    assert not first[0].reply.future.done()  # the oldest line keeps its sequence
+    busy.clear()
+    answer(first[0])
+    for i in range(3, 6):  # the two cancelled lines again, then the fourth
+        answer(client.next_message(i))
+    thread.join(10)
+    assert result == [True]
+    assert [m.request_id for m in client.sent[3:]] == [records.request_id(b, i) for i in (1, 2, 3)]
+    assert sorted(json.loads(r)["custom_id"] for r in store.results(b, "done")) == ["q0", "q1", "q2", "q3"]

@@ -1,7 +1,8 @@
 """One batch line as the request its endpoint would make, and the response body its HTTP call
 would answer: the OpenAI dialect's own request schemas (``llamactor.http.openai_schema``,
-``llamactor.http.embeddings``) and response types, so a line's output is what
-``POST /v1/chat/completions`` (``/v1/completions``, ``/v1/embeddings``) gives for that body.
+``llamactor.http.embeddings``, ``llamactor.http.responses_schema``) and response types, so a
+line's output is what ``POST /v1/chat/completions`` (``/v1/completions``, ``/v1/embeddings``,
+``/v1/responses``) gives for that body.
 
 A job's requests go in at ``low`` priority (a body's ``priority`` is overridden): interactive
 callers come first, aging still lets the job through under constant load. Runs on the runner's
@@ -34,11 +35,14 @@ from llamactor.http.openai_schema import (
     chat_message,
     completion_logprobs,
 )
+from llamactor.http.responses_output import Shell, output_items, status_of
+from llamactor.http.responses_output import usage as response_usage
+from llamactor.http.responses_schema import ResponsesRequest, plan
 from llamactor.http.sse import usage
 
 JOB_PRIORITY = "low"
 SCHEMAS: dict[str, type[BaseModel]] = {"/v1/chat/completions": ChatRequest, "/v1/completions": CompletionRequest,
-                                       "/v1/embeddings": EmbeddingRequest}
+                                       "/v1/embeddings": EmbeddingRequest, "/v1/responses": ResponsesRequest}
 
 
 def check_body(endpoint: str, body: dict[str, Any]) -> str | None:
@@ -56,6 +60,8 @@ def check_body(endpoint: str, body: dict[str, Any]) -> str | None:
             request.check()
         elif isinstance(request, EmbeddingRequest):
             request.inputs()
+        elif isinstance(request, ResponsesRequest):
+            _responses_plan(request)
     except InvalidRequestError as e:
         return str(e)
     return None
@@ -90,6 +96,8 @@ def start_line(client: Client, endpoint: str, body: dict[str, Any], request_id: 
         return _completions(client, CompletionRequest.model_validate(body), request_id, model_name)
     if endpoint == "/v1/embeddings":
         return _embeddings(client, EmbeddingRequest.model_validate(body), request_id, model_name)
+    if endpoint == "/v1/responses":
+        return _responses(client, ResponsesRequest.model_validate(body), request_id, model_name)
     raise InvalidRequestError(f"unsupported batch endpoint {endpoint}")
 
 
@@ -148,3 +156,21 @@ def _embeddings(client: Client, req: EmbeddingRequest, request_id: str, model: s
                          for i, v in enumerate(result.vectors)],
                 "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}
     return PendingLine(request_id, [future], respond)
+
+
+def _responses_plan(req: ResponsesRequest) -> Any:
+    # A batch line stands alone: the daemon's in-memory store of earlier responses is no journal.
+    if req.previous_response_id is not None:
+        raise InvalidRequestError("previous_response_id is not supported in a batch: send the conversation as input")
+    return plan(req)
+
+
+def _responses(client: Client, req: ResponsesRequest, request_id: str, model: str) -> PendingLine:
+    p = _responses_plan(req)
+    rid = f"resp_{request_id}"
+    futures = client.submit_chat_n(p.messages, 1, request_id=request_id, **{**p.sampling, "priority": JOB_PRIORITY})
+    shell = Shell(req, rid, model, int(time.time()))
+
+    def respond(done: list[Completion]) -> dict[str, Any]:
+        return shell.response(status_of(done[0]), output_items(done[0]), response_usage(done[0]))
+    return PendingLine(request_id, list(futures), respond)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 MAX_LINES = 50_000  # OpenAI's limit per batch
 
 
@@ -111,6 +111,9 @@ def prompt_text(endpoint: str, body: dict[str, Any]) -> str:
     if endpoint == "/v1/chat/completions":
         return "\x00".join(f"{m.get('role')}\x01{_content(m.get('content'))}"
                            for m in body.get("messages", []) if isinstance(m, dict))
+    if endpoint == "/v1/responses":  # the instructions are the system message
+        value = body.get("input")
+        return f"{body.get('instructions') or ''}\x00{value if isinstance(value, str) else json.dumps(value)}"
     value = body.get("prompt" if endpoint == "/v1/completions" else "input")
     return value if isinstance(value, str) else json.dumps(value)
 

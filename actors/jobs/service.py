@@ -239,7 +239,8 @@ class JobService:
 
     def _client(self, batch: dict[str, Any]) -> ModelClient | None:
         assert self._resolve is not None
-        if not self.store.counts(batch["id"]).total - self.store.counts(batch["id"]).finished:
+        counts = self.store.counts(batch["id"])
+        if counts.finished == counts.total:
             return None  # nothing left to run
         client = self._resolve(batch.get("model"))
         if not client.loaded:
