@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 from openai.types import Batch
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
@@ -153,6 +154,7 @@ def test_a_file_that_is_not_jsonl_fails_the_batch_with_a_clear_error(tmp_path: P
         assert d.stop() == 0
 
 
+@pytest.mark.timeout(600)  # two daemons, two jobs
 def test_after_kill_9_the_daemon_resumes_the_unfinished_job_and_a_cancelled_one_stays_cancelled(
         tmp_path: Path) -> None:
     d = start_daemon("--n-parallel", "2", "--data-dir", str(tmp_path))

@@ -65,6 +65,7 @@ def finished_in_journal(journal: Path) -> int:
         store.close()
 
 
+@pytest.mark.timeout(900)  # five processes each load the model; a loaded machine makes that slow
 def test_killed_with_sigkill_at_random_points_the_cli_resumes_and_writes_every_custom_id_once(tmp_path: Path) -> None:
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -100,6 +101,7 @@ def test_killed_with_sigkill_at_random_points_the_cli_resumes_and_writes_every_c
         store.close()
 
 
+@pytest.mark.timeout(600)
 def test_ctrl_c_stops_cleanly_and_the_same_command_resumes_where_it_stopped(tmp_path: Path) -> None:
     n = 24
     inp = write_input(tmp_path / "in.jsonl", [chat_line(f"q{i}", f"Name a colour, {i}.") for i in range(n)])

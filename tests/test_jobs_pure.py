@@ -249,14 +249,16 @@ def test_a_full_queue_is_retried_and_a_refused_request_fails_only_its_line(store
     assert [json.loads(r)["custom_id"] for r in store.results(b, "done")] == ["b"]
 
 
-def test_other_callers_work_counts_only_once_it_lasts_and_then_holds_for_a_while() -> None:
-    watch = InteractiveWatch(confirm_s=0.25, hold_s=3.0)
-    assert not watch.observe(2, 10.0)        # a first sighting may be stale stats: not yet
-    assert not watch.observe(0, 10.1)        # gone at the next look: it was
-    assert not watch.observe(1, 10.2)
-    assert watch.observe(1, 10.5)            # still there 0.3 s later: others have work
-    assert watch.observe(0, 12.0)            # held after they finish, for the next arrival
-    assert not watch.observe(0, 13.6)
+def test_other_callers_work_counts_only_once_it_lasts_two_steps_and_then_holds_for_a_while() -> None:
+    watch = InteractiveWatch(confirm_steps=2, hold_s=3.0)
+    assert not watch.observe(2, 100, 10.0)   # a first sighting may be a step-old count of our own lines
+    assert not watch.observe(1, 101, 10.1)
+    assert not watch.observe(0, 101, 10.2)   # gone at the next look: it was
+    assert not watch.observe(1, 102, 10.3)
+    assert not watch.observe(1, 102, 11.0)   # however long a step takes, a step-old count is not believed
+    assert watch.observe(1, 104, 11.5)       # still there two steps later: others have work
+    assert watch.observe(0, 110, 13.0)       # held after they finish, for the next arrival
+    assert not watch.observe(0, 120, 14.6)
 
 
 def test_while_others_have_work_the_runner_keeps_only_its_yield_share_in_flight(store: JobStore) -> None:
@@ -264,8 +266,8 @@ def test_while_others_have_work_the_runner_keeps_only_its_yield_share_in_flight(
     client, busy = FakeClient(), threading.Event()
     busy.set()
     runner = JobRunner(store, b, CHAT, client, "m", max_in_flight=4, yield_in_flight=1,
-                       model_load=lambda: client.outstanding + (5 if busy.is_set() else 0),
-                       watch=InteractiveWatch(confirm_s=0.0, hold_s=0.0))
+                       model_load=lambda: (client.outstanding + (5 if busy.is_set() else 0), 0),
+                       watch=InteractiveWatch(confirm_steps=0, hold_s=0.0))
     thread, result = run_in_thread(runner)
     for i in range(3):
         answer(client.next_message(i))
@@ -282,8 +284,8 @@ def test_when_others_start_work_the_runner_cancels_its_newest_lines_and_runs_the
     b = new_batch(store, *(line(f"q{i}", f"question {i}") for i in range(4)))
     client, busy = FakeClient(), threading.Event()
     runner = JobRunner(store, b, CHAT, client, "m", max_in_flight=3, yield_in_flight=1,
-                       model_load=lambda: client.outstanding + (2 if busy.is_set() else 0),
-                       watch=InteractiveWatch(confirm_s=0.0, hold_s=0.0))
+                       model_load=lambda: (client.outstanding + (2 if busy.is_set() else 0), 0),
+                       watch=InteractiveWatch(confirm_steps=0, hold_s=0.0))
     thread, result = run_in_thread(runner)
     first = [client.next_message(i) for i in range(3)]  # three in flight: nobody else is there
     ended, changed = [], threading.Condition()

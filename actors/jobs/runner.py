@@ -62,36 +62,41 @@ class Progress:
 
 class InteractiveWatch:
     """Pure: whether other callers have work on the model, from how many sequences it runs or
-    queues beyond the job's own. Published stats lag a step, so a count is believed only once it
-    has lasted ``confirm_s``; the answer then holds ``hold_s`` past the last such sighting (the
-    next interactive request comes before the job refills its sequences)."""
+    queues beyond the job's own. Published stats may be a decode step old (a line the job saw
+    finish still counted), so a count is believed only once it has lasted ``confirm_steps``
+    decode steps; the answer then holds ``hold_s`` past the last such sighting (the next
+    interactive request comes before the job would refill its sequences)."""
 
-    def __init__(self, confirm_s: float = 0.25, hold_s: float = 3.0) -> None:
-        self.confirm_s, self.hold_s = confirm_s, hold_s
-        self._since: float | None = None
+    def __init__(self, confirm_steps: int = 2, hold_s: float = 3.0) -> None:
+        self.confirm_steps, self.hold_s = confirm_steps, hold_s
+        self._since: int | None = None  # the step count when others were first seen
         self._until = float("-inf")
 
-    def observe(self, others: int, now: float) -> bool:
+    def observe(self, others: int, steps: int, now: float) -> bool:
         if others <= 0:
             self._since = None
         else:
-            self._since = now if self._since is None else self._since
-            if now - self._since >= self.confirm_s:
+            self._since = steps if self._since is None else self._since
+            if steps - self._since >= self.confirm_steps:
                 self._until = now + self.hold_s
         return now <= self._until
 
 
-def sequences_on(client: Client) -> Callable[[], int] | None:
-    """Sequences running or waiting on ``client``'s model, as last published (never waits)."""
+ModelLoad = Callable[[], tuple[int, int]]  # (sequences running or waiting, decode steps so far)
+
+
+def sequences_on(client: Client) -> ModelLoad | None:
+    """The load of ``client``'s model, as last published (never waits)."""
     if isinstance(client, LLM):
-        return lambda: _load(client.published_stats())
+        return lambda: _load([client.published_stats()])
     if isinstance(client, ModelClient):
-        return lambda: sum(_load(s) for s in client.replica_stats()) if client.loaded else 0
+        return lambda: _load(client.replica_stats()) if client.loaded else (0, 0)
     return None
 
 
-def _load(stats: dict[str, Any]) -> int:
-    return int(stats.get("running") or 0) + int(stats.get("pending") or 0)
+def _load(stats: list[dict[str, Any]]) -> tuple[int, int]:
+    return (sum(int(s.get("running") or 0) + int(s.get("pending") or 0) for s in stats),
+            sum(int(s.get("steps") or 0) for s in stats))
 
 
 class JobRunner:
@@ -99,9 +104,9 @@ class JobRunner:
                  max_in_flight: int, stop: threading.Event | None = None,
                  on_progress: Callable[[Progress], None] | None = None,
                  tokens_computed: Callable[[], int] | None = None, yield_in_flight: int | None = None,
-                 model_load: Callable[[], int] | None = None, watch: InteractiveWatch | None = None) -> None:
+                 model_load: ModelLoad | None = None, watch: InteractiveWatch | None = None) -> None:
         """``yield_in_flight``: the most lines in flight while others have work (default a quarter
-        of ``max_in_flight``); ``model_load``: the model's running + waiting sequences (default:
+        of ``max_in_flight``); ``model_load``: the model's running + waiting sequences and its step count (default:
         ``sequences_on(client)``; embedding jobs are not throttled)."""
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
@@ -168,7 +173,8 @@ class JobRunner:
         if self.model_load is None:
             return self.max_in_flight
         ours = sum(not f.done() for _, pending in in_flight.values() for f in pending.futures)
-        if self._watch.observe(self.model_load() - ours, time.monotonic()):
+        load, steps = self.model_load()
+        if self._watch.observe(load - ours, steps, time.monotonic()):
             return self.yield_in_flight
         return self.max_in_flight
 
