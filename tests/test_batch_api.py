@@ -70,6 +70,7 @@ def test_the_openai_client_runs_a_batch_job_end_to_end_and_downloads_its_output(
         assert done.request_counts is not None
         assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (9, 6, 3)
         assert batch.id in [b.id for b in client.batches.list()]
+        assert done.model == MODEL_ID and done.usage is not None and done.usage.output_tokens > 0
 
         output = lines_of(client, done.output_file_id)
         assert [o["custom_id"] for o in output] == [f"q{i}" for i in range(6)]  # input order, each once
@@ -170,7 +171,7 @@ def test_after_kill_9_the_daemon_resumes_the_unfinished_job_and_a_cancelled_one_
         assert client.batches.cancel(cancelled.id).status in ("cancelling", "cancelled")
         assert finished(d, cancelled.id).status == "cancelled"
         resumed = client.batches.create(
-            input_file_id=upload(client, jsonl([chat_line(f"b{i}", f"Name {i} animals.", 16, ignore_eos=True)
+            input_file_id=upload(client, jsonl([chat_line(f"b{i}", f"Name {i} animals.", 8)
                                                 for i in range(n)])),
             endpoint="/v1/chat/completions", completion_window="24h")
         wait_until(lambda: client.batches.retrieve(resumed.id).request_counts.completed >= 3,  # type: ignore[union-attr]
@@ -183,7 +184,7 @@ def test_after_kill_9_the_daemon_resumes_the_unfinished_job_and_a_cancelled_one_
     try:
         client = d.client()
         assert d.wait_for_log(lambda line: line.get("event") == "job_resumed" and line.get("batch_id") == resumed.id, 60)
-        done = finished(d, resumed.id)
+        done = finished(d, resumed.id, timeout=400)  # one line at a time (3/4 of 2 sequences)
         assert done.status == "completed" and done.request_counts is not None
         assert (done.request_counts.completed, done.request_counts.failed) == (n, 0)
         output = lines_of(client, done.output_file_id)

@@ -309,3 +309,12 @@ def test_when_others_start_work_the_runner_cancels_its_newest_lines_and_runs_the
     assert result == [True]
     assert [m.request_id for m in client.sent[3:]] == [records.request_id(b, i) for i in (1, 2, 3)]
     assert sorted(json.loads(r)["custom_id"] for r in store.results(b, "done")) == ["q0", "q1", "q2", "q3"]
+
+
+def test_a_batch_usage_adds_up_the_tokens_of_every_successful_line_whatever_its_endpoint() -> None:
+    chat = records.success_line("batch_x", 0, "a", {"usage": {"prompt_tokens": 10, "completion_tokens": 3,
+                                                              "prompt_tokens_details": {"cached_tokens": 8}}})
+    responses = records.success_line("batch_x", 1, "b", {"usage": {"input_tokens": 5, "output_tokens": 2}})
+    usage = records.batch_usage([json.dumps(chat), json.dumps(responses)])
+    assert (usage["input_tokens"], usage["output_tokens"], usage["total_tokens"]) == (15, 5, 20)
+    assert usage["input_tokens_details"]["cached_tokens"] == 8

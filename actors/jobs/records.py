@@ -7,6 +7,8 @@ in the error file. A line refused by validation: ``"response": null, "error": {"
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -45,3 +47,17 @@ def file_object(row: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's File object from a store row."""
     return {"id": row["id"], "object": "file", "bytes": row["bytes"], "created_at": row["created_at"],
             "filename": row["filename"], "purpose": row["purpose"], "status": "processed", "status_details": None}
+
+
+def batch_usage(output_lines: Iterable[str]) -> dict[str, Any]:
+    """The Batch object's ``usage``: the tokens of every successful line (chat and completions'
+    ``prompt_tokens`` / ``completion_tokens``, Responses' ``input_tokens`` / ``output_tokens``)."""
+    inputs = outputs = cached = 0
+    for raw in output_lines:
+        u = (json.loads(raw).get("response") or {}).get("body", {}).get("usage") or {}
+        inputs += int(u.get("prompt_tokens", u.get("input_tokens", 0)) or 0)
+        outputs += int(u.get("completion_tokens", u.get("output_tokens", 0)) or 0)
+        details = u.get("prompt_tokens_details") or u.get("input_tokens_details") or {}
+        cached += int(details.get("cached_tokens", 0) or 0)
+    return {"input_tokens": inputs, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": outputs,
+            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": inputs + outputs}

@@ -125,7 +125,7 @@ class JobService:
         batch = self.store.batch(batch_id)
         if batch is None:
             raise NotFound(f"No batch with id {batch_id!r}")
-        return {k: v for k, v in batch.items() if k not in ("model",)}
+        return batch
 
     def list_batches(self, limit: int = 20, after: str | None = None) -> dict[str, Any]:
         ids = self.store.batch_ids()
@@ -259,6 +259,7 @@ class JobService:
                 kind = "output" if state == "done" else "errors"
                 fields[key] = self.store.add_file(data, f"{batch_id}_{kind}.jsonl", "batch_output",
                                                   file_id=f"file-{stem}-{kind}")["id"]
+        fields["usage"] = records.batch_usage(self.store.results(batch_id, "done"))
         final = "completed" if batch["status"] == "finalizing" else "cancelled"
         self.store.update_batch(batch_id, final, **fields)
         log.info("job_finished", batch_id=batch_id, status=final, **self.store.counts(batch_id).as_dict())
