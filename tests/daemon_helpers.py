@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -65,8 +66,10 @@ def start_daemon(*args: str, wait_ready: bool = True, timeout: float = 120) -> D
     port = free_port()
     cmd = [sys.executable, "-m", "llamactor.cli", "serve", "--port", str(port), "--log-format", "json",
            "--log-level", "info", "--n-ctx", "4096", *args]
+    # batch jobs live in a data dir of the test's own unless it passes --data-dir (never the user's)
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={"LLAMACTOR_DATA_DIR": tempfile.mkdtemp(prefix="llamactor-data-"), **os.environ,
+                                 "PYTHONUNBUFFERED": "1"})
     daemon = Daemon(proc, port)
 
     def read_logs() -> None:  # the daemon's JSON log lines tell us when it is ready

@@ -31,7 +31,7 @@ LAYERS = [
     ("handles", ["llamactor.handles"]),
     ("serving", ["llamactor.serving"]),
     ("facade", ["llamactor.facade", "llamactor"]),
-    ("front ends", ["llamactor.http", "llamactor.rayserve", "llamactor.cli", "llamactor.bench"]),
+    ("front ends", ["llamactor.jobs", "llamactor.http", "llamactor.rayserve", "llamactor.cli", "llamactor.bench"]),
 ]
 
 

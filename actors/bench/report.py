@@ -36,6 +36,10 @@ TARGETS: list[tuple[str, str, str, float]] = [
     # no absolute target on 2 cores (the replicas share them); affinity must beat the shortest queue on cache
     ("replicas multiturn: history from cache, prefix_affinity - shortest_queue", "replicas.multiturn.hit_rate_gain",
      ">", 0.0),
+    ("batch: throughput, job / 16 threads through chat()", "batch.throughput_ratio", ">=", 0.95),
+    ("batch: interactive TTFT p50 at 1/s, with a job / without", "batch.ttft_p50_ratio", "<=", 1.5),
+    ("batch: killed twice and resumed, every custom_id exactly once", "batch.exactly_once", ">=", 1.0),
+    ("batch: killed twice and resumed, tokens computed / uninterrupted", "batch.tokens_ratio", "<=", 1.1),
 ]
 
 

@@ -1,4 +1,4 @@
-"""The ``llamactor`` command: ``chat`` (REPL), ``ask``, ``serve``, ``info``, ``bench``.
+"""The ``llamactor`` command: ``chat`` (REPL), ``ask``, ``serve``, ``batch``, ``info``, ``bench``.
 
 The engine and sampling options are generated from ``Config`` and ``SamplingParams``
 (``llamactor.cli.options``), so ``--help`` shows the library's own defaults. Every option can
@@ -25,6 +25,7 @@ import click
 import llamactor
 from llamactor.base import logging as llamactor_logging
 from llamactor.cli.options import engine_options, sampling_options, tree_options
+from llamactor.cli.batch import batch
 from llamactor.cli.serve import serve
 from llamactor.base.errors import LlamactorError
 
@@ -160,6 +161,7 @@ def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out
 
 
 main.add_command(serve)
+main.add_command(batch)
 
 if __name__ == "__main__":
     main()

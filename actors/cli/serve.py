@@ -85,15 +85,17 @@ def model_specs(values: tuple[str, ...], toml_models: list[Any], options: dict[s
 @option("--idle-unload", "idle_unload_s", envvar="LLAMACTOR_IDLE_UNLOAD", type=float,
         default=SPEC_DEFAULTS["idle_unload_s"],
         help="Unload a --model after this many idle seconds (it loads again on its next request).")
+@option("--data-dir", envvar="LLAMACTOR_DATA_DIR", type=click.Path(file_okay=False), default=None,
+        help="Where batch jobs and their files live (default: the user's data folder).")
 @click.option("--ray", "use_ray", is_flag=True,
               help="Run the replicas as Ray Serve deployment replicas (pip install 'llamactor[ray]'; RAY_ADDRESS).")
 @functools.partial(engine_options, model_option=MODELS_OPTION)
 @sampling_options
 def serve(host: str, port: int, uds: str | None, api_key: str | None, drain_timeout_s: float, max_body_bytes: int,
           model_name: str | None, replicas: int, routing_policy: str, max_loaded: int | None,
-          idle_unload_s: float | None, use_ray: bool, model: tuple[str, ...], **opts: Any) -> None:
+          idle_unload_s: float | None, data_dir: str | None, use_ray: bool, model: tuple[str, ...], **opts: Any) -> None:
     """The HTTP daemon: OpenAI (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
-    /v1/models), Anthropic (/v1/messages), Ollama (/api/*), tokenizer endpoints, /health, /metrics.
+    /v1/models, /v1/files, /v1/batches), Anthropic (/v1/messages), Ollama (/api/*), tokenizer endpoints, /health, /metrics.
     Engine and sampling options are every model's defaults."""
     ctx = click.get_current_context()
     try:
@@ -112,4 +114,5 @@ def serve(host: str, port: int, uds: str | None, api_key: str | None, drain_time
     from llamactor.http.daemon import serve as run_daemon
 
     sys.exit(run_daemon(host=host, port=port, uds=uds, api_key=api_key, drain_timeout_s=drain_timeout_s,
-                        max_body_bytes=max_body_bytes, models=specs, max_loaded=max_loaded))
+                        max_body_bytes=max_body_bytes, models=specs, max_loaded=max_loaded,
+                        data_dir=data_dir))

@@ -10,6 +10,7 @@ the process exits 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import signal
@@ -26,6 +27,8 @@ from llamactor.base.logging import get_logger
 from llamactor.serving.model_specs import ModelSpec
 from llamactor.http.server import create_app
 from llamactor.http.state import ServerState
+from llamactor.jobs.service import JobService
+from llamactor.jobs.store import JobStore, StoreLockedError
 
 log = get_logger("llamactor.daemon")
 
@@ -35,9 +38,12 @@ def model_id_for(path: str) -> str:
 
 
 def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_timeout_s: float,
-          max_body_bytes: int, models: list[ModelSpec], max_loaded: int | None = None) -> int:
-    """Run until signalled; return the process exit status."""
+          max_body_bytes: int, models: list[ModelSpec], max_loaded: int | None = None,
+          data_dir: str | None = None) -> int:
+    """Run until signalled; return the process exit status. ``data_dir`` holds the batch jobs
+    (default: the user's data folder, ``platformdirs.user_data_dir("llamactor")``)."""
     state = ServerState([m.name for m in models], api_key, max_body_bytes)
+    state.jobs = open_jobs(data_dir)
     app = create_app(state)
     config = uvicorn.Config(app, host=host, port=port, uds=uds, log_config=None, access_log=False,
                             timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)), lifespan="off")
@@ -49,6 +55,8 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
         nonlocal exit_code, router
         try:
             router = state.router = llamactor.Router(models, max_loaded=max_loaded)
+            if state.jobs is not None:  # unfinished batch jobs resume once the models are there
+                state.jobs.start(functools.partial(state.model, router))
             for replicas in router:
                 if replicas.loaded:
                     log.info("model_ready", model=replicas.name, replicas=replicas.spec.replicas,
@@ -62,10 +70,24 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
     log.info("serving", address=uds or f"http://{host}:{port}", models=state.model_names, pid=os.getpid())
     server.run()  # returns after SIGTERM/SIGINT and the graceful drain of open connections
     state.draining = True
+    if state.jobs is not None:
+        state.jobs.close()  # jobs stop with what they had in flight pending: they resume on the next start
     if router is not None:
         router.close(drain_timeout_s=drain_timeout_s)
     log.info("stopped", exit_code=exit_code)
     return exit_code
+
+
+def open_jobs(data_dir: str | None) -> JobService | None:
+    """The batch jobs of ``data_dir``; None (batch routes answer 503) when another process owns it."""
+    import platformdirs
+
+    path = data_dir or platformdirs.user_data_dir("llamactor")
+    try:
+        return JobService(JobStore.in_data_dir(path))
+    except StoreLockedError as e:
+        log.warning("jobs_unavailable", data_dir=path, reason=str(e))
+        return None
 
 
 class _DrainingServer(uvicorn.Server):

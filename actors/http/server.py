@@ -22,7 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llamactor.base.errors import LlamactorError
 from llamactor.base.logging import get_logger
-from llamactor.http import anthropic_routes, ollama_routes, openai_routes, responses, tokenizer_routes
+from llamactor.http import (anthropic_routes, batches_routes, files_routes, ollama_routes, openai_routes, responses,
+                            tokenizer_routes)
 from llamactor.http.body_limit import BodyLimitMiddleware
 from llamactor.http.errors import error_response, from_exception
 from llamactor.http.state import ServerState, model_status
@@ -101,7 +102,8 @@ def create_app(state: ServerState) -> FastAPI:
         body = await asyncio.to_thread(state.metrics.render)  # under Ray Serve, rendering asks the replicas
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    for dialect in (openai_routes, responses, anthropic_routes, ollama_routes, tokenizer_routes):
+    for dialect in (openai_routes, responses, anthropic_routes, ollama_routes, tokenizer_routes, files_routes,
+                    batches_routes):
         dialect.register(app, state)
 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=state.max_body_bytes)  # outermost: runs first

@@ -4,10 +4,13 @@ the daemon's loader thread)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llamactor.handles.model import ModelClient, ModelRouter
 from llamactor.http.metrics import Metrics
+
+if TYPE_CHECKING:
+    from llamactor.jobs.service import JobService
 
 
 class ServerState:
@@ -20,6 +23,7 @@ class ServerState:
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.draining = False
+        self.jobs: JobService | None = None  # batch jobs (files, batches): set by the daemon when it owns a data dir
         self.metrics = Metrics(self.replica_stats)
 
     def model(self, router: ModelRouter, name: str | None) -> ModelClient:

@@ -1,0 +1,254 @@
+"""``JobStore``: batch jobs on disk, a SQLite journal (the standard library's, WAL) plus a files folder.
+
+Every line of a job has a row: pending -> running -> done / failed, with its output-file entry.
+A result is committed before it counts, so a process killed at any moment (``kill -9``) loses at
+most the requests it had in flight, and a restart runs exactly the lines not done. File contents
+are written to a temporary name and renamed into place, then recorded: a file row always names
+a whole file. One lock file per store (``fcntl.flock``) keeps a second process from running the
+same jobs; the kernel releases it when its holder dies, however it dies.
+
+Thread-safe: one connection, used under a lock, by whichever thread calls (the HTTP event loop's
+executor, a job's runner thread, the CLI's main thread). Each call is one short transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from llamactor.jobs.plan import TIMESTAMP_OF, PlannedLine, RequestCounts, check_transition
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, filename TEXT NOT NULL, purpose TEXT NOT NULL,
+                                  bytes INTEGER NOT NULL, created_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, status TEXT NOT NULL, created_at INTEGER NOT NULL,
+                                    data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS lines (batch_id TEXT NOT NULL, line_no INTEGER NOT NULL, rank INTEGER NOT NULL,
+                                  custom_id TEXT, body TEXT, state TEXT NOT NULL, result TEXT,
+                                  PRIMARY KEY (batch_id, line_no));
+CREATE INDEX IF NOT EXISTS lines_by_state ON lines (batch_id, state, rank);
+CREATE TABLE IF NOT EXISTS runs (batch_id TEXT NOT NULL, run_no INTEGER NOT NULL, pid INTEGER NOT NULL,
+                                 started_at REAL NOT NULL, tokens_computed INTEGER NOT NULL DEFAULT 0,
+                                 PRIMARY KEY (batch_id, run_no));
+"""
+LINE_STATES = ("pending", "running", "done", "failed")
+
+
+class StoreLockedError(RuntimeError):
+    """Another live process holds this store."""
+
+
+class JobStore:
+    def __init__(self, db_path: str | Path, files_dir: str | Path | None = None) -> None:
+        self.db_path = Path(db_path)
+        self.db_path.parent.mkdir(parents=True, exist_ok=True)
+        self.files_dir = Path(files_dir) if files_dir is not None else None
+        if self.files_dir is not None:
+            self.files_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.db_path.with_name(self.db_path.name + ".lock"), "a+")  # noqa: SIM115 - held open
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise StoreLockedError(f"{self.db_path} is in use by another llamactor process") from None
+        # autocommit mode: every transaction is an explicit BEGIN IMMEDIATE ... COMMIT below.
+        self._db = sqlite3.connect(self.db_path, check_same_thread=False, isolation_level=None, timeout=30)
+        self._db.row_factory = sqlite3.Row
+        # WAL + synchronous NORMAL: a commit survives the process being killed at any moment
+        # (only a power loss can lose the last ones, which are then simply computed again).
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        self._mutex = threading.Lock()
+
+    @classmethod
+    def in_data_dir(cls, data_dir: str | Path) -> JobStore:
+        """The daemon's store: ``<data_dir>/jobs.sqlite3`` and ``<data_dir>/files/``."""
+        return cls(Path(data_dir) / "jobs.sqlite3", Path(data_dir) / "files")
+
+    def close(self) -> None:
+        with self._mutex:
+            self._db.close()
+            self._lock_file.close()
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._mutex:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        with self._mutex:
+            return self._db.execute(sql, args).fetchall()
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def add_file(self, data: bytes, filename: str, purpose: str, file_id: str | None = None) -> dict[str, Any]:
+        """Write ``data`` whole (temporary name, fsync, rename), then record it; returns the row."""
+        file_id = file_id or f"file-{uuid.uuid4().hex[:24]}"
+        path = self.file_path(file_id)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        row = {"id": file_id, "filename": filename, "purpose": purpose, "bytes": len(data),
+               "created_at": int(time.time())}
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO files VALUES (:id, :filename, :purpose, :bytes, :created_at)", row)
+        return row
+
+    def file_path(self, file_id: str) -> Path:
+        if self.files_dir is None:
+            raise RuntimeError("this store keeps no files")
+        if not file_id.replace("-", "").replace("_", "").isalnum():
+            raise KeyError(file_id)  # never a path outside the folder
+        return self.files_dir / file_id
+
+    def file(self, file_id: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT * FROM files WHERE id = ?", (file_id,))
+        return dict(rows[0]) if rows else None
+
+    def files(self, purpose: str | None = None) -> list[dict[str, Any]]:
+        if purpose is None:
+            return [dict(r) for r in self._query("SELECT * FROM files ORDER BY created_at DESC, id")]
+        return [dict(r) for r in self._query("SELECT * FROM files WHERE purpose = ? ORDER BY created_at DESC, id",
+                                             (purpose,))]
+
+    def delete_file(self, file_id: str) -> bool:
+        with self._tx() as db:
+            deleted = db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount > 0
+        if deleted:
+            self.file_path(file_id).unlink(missing_ok=True)
+        return deleted
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def create_batch(self, batch: dict[str, Any]) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO batches VALUES (?, ?, ?, ?)",
+                       (batch["id"], batch["status"], batch["created_at"], json.dumps(batch)))
+
+    def batch(self, batch_id: str) -> dict[str, Any] | None:
+        """The Batch object as stored, with ``request_counts`` counted from its lines."""
+        rows = self._query("SELECT data FROM batches WHERE id = ?", (batch_id,))
+        if not rows:
+            return None
+        batch: dict[str, Any] = json.loads(rows[0]["data"])
+        batch["request_counts"] = self.counts(batch_id).as_dict()
+        return batch
+
+    def batch_ids(self, statuses: tuple[str, ...] | None = None) -> list[str]:
+        """Newest first."""
+        rows = self._query("SELECT id, status FROM batches ORDER BY created_at DESC, rowid DESC")
+        return [r["id"] for r in rows if statuses is None or r["status"] in statuses]
+
+    def update_batch(self, batch_id: str, status: str | None = None, **fields: Any) -> dict[str, Any]:
+        """Set ``fields`` and move to ``status`` (checked against OpenAI's lifecycle; its
+        ``*_at`` timestamp set) in one transaction; returns the new Batch object."""
+        with self._tx() as db:
+            row = db.execute("SELECT data FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if row is None:
+                raise KeyError(batch_id)
+            batch = json.loads(row["data"])
+            if status is not None and status != batch["status"]:
+                check_transition(batch["status"], status)
+                batch["status"] = status
+                if status in TIMESTAMP_OF:
+                    batch[TIMESTAMP_OF[status]] = int(time.time())
+            batch.update(fields)
+            db.execute("UPDATE batches SET status = ?, data = ? WHERE id = ?",
+                       (batch["status"], json.dumps(batch), batch_id))
+        return self.batch(batch_id) or batch
+
+    # -- lines -------------------------------------------------------------------------------
+
+    def add_lines(self, batch_id: str, lines: list[PlannedLine], invalid_results: dict[int, dict[str, Any]],
+                  status: str = "in_progress") -> None:
+        """Journal every line of a validated input (bad ones already failed, with their error
+        entries) and move the batch to ``status``, in one transaction: a validation killed
+        half-way left nothing, and is done again."""
+        with self._tx() as db:
+            db.execute("DELETE FROM lines WHERE batch_id = ?", (batch_id,))
+            db.executemany("INSERT INTO lines VALUES (?, ?, ?, ?, ?, ?, ?)", [
+                (batch_id, ln.line_no, ln.rank, ln.custom_id, json.dumps(ln.body) if ln.body is not None else None,
+                 "pending" if ln.error is None else "failed",
+                 json.dumps(invalid_results[ln.line_no]) if ln.error is not None else None) for ln in lines])
+            row = db.execute("SELECT data FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if row is not None:
+                batch = json.loads(row["data"])
+                if batch["status"] != status:
+                    check_transition(batch["status"], status)
+                    batch["status"] = status
+                    batch[TIMESTAMP_OF[status]] = int(time.time())
+                db.execute("UPDATE batches SET status = ?, data = ? WHERE id = ?", (status, json.dumps(batch), batch_id))
+
+    def has_lines(self, batch_id: str) -> bool:
+        return bool(self._query("SELECT 1 FROM lines WHERE batch_id = ? LIMIT 1", (batch_id,)))
+
+    def unfinished(self, batch_id: str) -> list[tuple[int, str, dict[str, Any]]]:
+        """(line_no, custom_id, body) of every line not done or failed, in run order. A line
+        left ``running`` by a killed process is among them: its result was never committed."""
+        rows = self._query("SELECT line_no, custom_id, body FROM lines WHERE batch_id = ? AND state IN "
+                           "('pending', 'running') ORDER BY rank", (batch_id,))
+        return [(r["line_no"], r["custom_id"], json.loads(r["body"])) for r in rows]
+
+    def mark_running(self, batch_id: str, line_no: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE lines SET state = 'running' WHERE batch_id = ? AND line_no = ? AND state = 'pending'",
+                       (batch_id, line_no))
+
+    def finish_line(self, batch_id: str, line_no: int, state: str, result: dict[str, Any],
+                    run: tuple[int, int] | None = None) -> None:
+        """Commit a line's result (``done`` or ``failed``); with ``run`` = (run_no,
+        tokens_computed), also the run's token count, in the same transaction."""
+        assert state in ("done", "failed")
+        with self._tx() as db:
+            db.execute("UPDATE lines SET state = ?, result = ? WHERE batch_id = ? AND line_no = ? "
+                       "AND state IN ('pending', 'running')", (state, json.dumps(result), batch_id, line_no))
+            if run is not None:
+                db.execute("UPDATE runs SET tokens_computed = ? WHERE batch_id = ? AND run_no = ?",
+                           (run[1], batch_id, run[0]))
+
+    def counts(self, batch_id: str) -> RequestCounts:
+        rows = self._query("SELECT state, COUNT(*) AS n FROM lines WHERE batch_id = ? GROUP BY state", (batch_id,))
+        by_state = {r["state"]: r["n"] for r in rows}
+        return RequestCounts(sum(by_state.values()), by_state.get("done", 0), by_state.get("failed", 0))
+
+    def results(self, batch_id: str, state: str) -> Iterator[str]:
+        """The committed result lines of ``state`` (JSON text), in input order."""
+        for r in self._query("SELECT result FROM lines WHERE batch_id = ? AND state = ? ORDER BY line_no",
+                             (batch_id, state)):
+            yield r["result"]
+
+    # -- runs: how many tokens each process spent on a job (the bench's resume cost) ----------
+
+    def start_run(self, batch_id: str) -> int:
+        with self._tx() as db:
+            run_no = db.execute("SELECT COALESCE(MAX(run_no), -1) + 1 FROM runs WHERE batch_id = ?",
+                                (batch_id,)).fetchone()[0]
+            db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, 0)", (batch_id, run_no, os.getpid(), time.time()))
+        return int(run_no)
+
+    def record_run(self, batch_id: str, run_no: int, tokens_computed: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE runs SET tokens_computed = ? WHERE batch_id = ? AND run_no = ?",
+                       (tokens_computed, batch_id, run_no))
+
+    def runs(self, batch_id: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._query("SELECT * FROM runs WHERE batch_id = ? ORDER BY run_no", (batch_id,))]
