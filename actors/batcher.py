@@ -40,7 +40,7 @@ from llamactor.native.engine import Engine
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
 from llamactor.prompts import PromptBuilder
-from llamactor.requests import RequestState, finish_request
+from llamactor.requests import finish_request, resume_sequence, start_sequence
 from llamactor.scheduling.scheduler import Scheduler, Sequence, StepPlan
 from llamactor.flush_timer import FlushTimer
 from llamactor.stats_board import BATCHER_PUBLISH_S, StatsBoard
@@ -170,9 +170,16 @@ class BatcherActor(pykka.ThreadingActor):
             if msg.reply.future.done():  # cancelled by its caller before it arrived
                 return
             try:
-                tokens = self.prompts.prompt_tokens(msg, n_ctx_seq=self.engine.info.n_ctx_seq)
-                seq = Sequence(request=msg, token_ids=tokens, n_prompt=len(tokens))
-                seq.state = RequestState.create(self.prompts.params(msg), self.engine.tokenizer)
+                if msg.reply.progress is not None:  # a crashed batcher was running it: go on from its checkpoint
+                    seq = resume_sequence(msg, self.prompts.params(msg), self.engine.tokenizer)
+                    log.info("request_resumed", n_prompt=seq.n_prompt, n_generated=seq.n_generated,
+                             n_resumed=seq.n_resumed)
+                    if (reason := seq.state.ended(seq, self.engine.info.n_ctx_seq)) is not None:
+                        finish_request(seq, reason)  # it crashed between its last token and its end
+                        return
+                else:
+                    tokens = self.prompts.prompt_tokens(msg, n_ctx_seq=self.engine.info.n_ctx_seq)
+                    seq = start_sequence(msg, tokens, self.prompts.params(msg), self.engine.tokenizer)
                 self.scheduler.add(seq)
                 msg.reply.mark_queued()
             except LlamactorError as e:
@@ -180,7 +187,7 @@ class BatcherActor(pykka.ThreadingActor):
                 level("request_rejected", error=type(e).__name__, reason=str(e))
                 msg.reply.fail(e)
                 return
-            log.debug("request_queued", n_prompt=len(tokens), pending=len(self.scheduler.pending))
+            log.debug("request_queued", n_prompt=seq.n_prompt, pending=len(self.scheduler.pending))
 
     def _on_tokenize(self, msg: Tokenize) -> None:
         try:
@@ -276,7 +283,7 @@ class BatcherActor(pykka.ThreadingActor):
             seq = chunk.seq
             if seq.seq_id in result.failed_seq_ids:
                 continue
-            if seq.n_preempted:
+            if seq.n_preempted or seq.n_resumed:
                 self.counters["tokens_recomputed"] += chunk.n_tokens  # resumed: computed once before
             elif seq.n_past < seq.n_prompt:
                 self.counters["prompt_tokens_computed"] += min(chunk.n_tokens, seq.n_prompt - seq.n_past)

@@ -39,6 +39,7 @@ class Sequence:
     n_past: int = 0
     n_cached: int = 0  # prompt tokens attached from a shared prefix instead of computed (first admission)
     n_preempted: int = 0
+    n_resumed: int = 0  # batchers that took it over from a crashed one (its tokens so far recomputed)
     admitted_at: float | None = None
     first_token_at: float | None = None
     state: Any = None  # the batcher's per-request decode state; opaque here
@@ -218,7 +219,7 @@ class Scheduler:
                 match = self._lookup(reusable)
             plan.kv_ops += ops + self.index.attach(seq_id, match, now)
             seq.seq_id, seq.n_past = seq_id, match.n_tokens
-            if seq.n_preempted == 0:
+            if seq.admitted_at is None:  # first admission (not a preempted or resumed sequence)
                 seq.admitted_at, seq.n_cached = now, match.n_tokens
             self.pending.remove(seq)
             self.running.append(seq)
