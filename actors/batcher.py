@@ -17,7 +17,7 @@ import pykka
 import structlog
 
 from llamactor.base.logging import get_logger
-from llamactor.base.config import MAX_SEQUENCES, Config
+from llamactor.base.config import Config
 from llamactor.base.errors import ContextFullError, LlamactorError, QueueFullError, StepAbortedError
 from llamactor.batcher_stats import StepCounters, audit_kv, batcher_stats
 from llamactor.embedding_steps import EmbeddingSteps
@@ -75,8 +75,9 @@ class BatcherActor(pykka.ThreadingActor):
         try:
             cfg = self.config
             self.engine = Engine(self.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
-                                 n_seq_max=MAX_SEQUENCES, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
-                                 chat_template=cfg.chat_template, test_hang=cfg.watchdog_test_hang and self.generation == 1)
+                                 n_seq_max=cfg.seq_ids, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
+                                 chat_template=cfg.chat_template, kv_type=cfg.kv_type, flash_attn=cfg.flash_attn,
+                                 test_hang=cfg.watchdog_test_hang and self.generation == 1)
             self.sampler = GrammarSampler(self.engine.info.n_vocab)
             self.embeddings = EmbeddingSteps(
                 EmbeddingQueue(cfg.embedding_n_batch, cfg.embedding_n_seq_max, cfg.embedding_time_share),
