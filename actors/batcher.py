@@ -32,6 +32,7 @@ from llamactor.base.messages import (
     FlushDue,
     Generate,
     GetStats,
+    InjectCrash,
     Step,
     Tokenize,
     tell_quietly,
@@ -160,6 +161,8 @@ class BatcherActor(pykka.ThreadingActor):
             return self.stats()
         elif isinstance(message, AuditKv):
             return self._audit_kv()
+        elif isinstance(message, InjectCrash):
+            raise RuntimeError("a crash was injected (LLM.inject_crash)")
         else:
             raise TypeError(f"batcher got an unknown message: {message!r}")
         self._arm()

@@ -208,6 +208,11 @@ class AuditKv:
 
 
 @dataclass(frozen=True, slots=True)
+class InjectCrash:
+    """Fault injection (tests, the benchmark's crash workload) -> batcher: fail now, as a bug would."""
+
+
+@dataclass(frozen=True, slots=True)
 class Forget:
     """Caller's future callback -> supervisor: ``request_id`` is done, drop it from in-flight."""
 

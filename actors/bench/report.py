@@ -36,6 +36,13 @@ TARGETS: list[tuple[str, str, str, float]] = [
     # no absolute target on 2 cores (the replicas share them); affinity must beat the shortest queue on cache
     ("replicas multiturn: history from cache, prefix_affinity - shortest_queue", "replicas.multiturn.hit_rate_gain",
      ">", 0.0),
+    ("crash under streams: 16 streams, 3 batcher crashes: streams broken", "crash_streams.broken", "<=", 0),
+    ("crash under streams: texts parting from an uninterrupted run beyond a near-tie", "crash_streams.unexplained",
+     "<=", 0),
+    ("crash under streams: streams whose pieces differ from their text", "crash_streams.pieces_mismatch", "<=", 0),
+    ("kv q8_0: KV bytes per token, q8_0 / f16", "kv_q8.kv_bytes_ratio", "<=", 0.55),
+    ("kv q8_0: tok/s at 16 streams, q8_0 / f16", "kv_q8.tok_s_ratio", ">=", 0.9),
+    ("memory: daemon RSS after one request (16 seqs, 8k), llamactor / llama-server", "memory.rss_ratio", "<=", 1.2),
 ]
 
 
