@@ -17,7 +17,7 @@ import pykka
 import structlog
 
 from llamactor.base.logging import get_logger
-from llamactor.base.config import MAX_SEQUENCES, Config
+from llamactor.base.config import Config
 from llamactor.base.errors import ContextFullError, LlamactorError, QueueFullError, StepAbortedError
 from llamactor.batcher_stats import StepCounters, audit_kv, batcher_stats
 from llamactor.embedding_steps import EmbeddingSteps
@@ -32,6 +32,7 @@ from llamactor.base.messages import (
     FlushDue,
     Generate,
     GetStats,
+    InjectCrash,
     Step,
     Tokenize,
     tell_quietly,
@@ -39,9 +40,8 @@ from llamactor.base.messages import (
 from llamactor.native.engine import Engine
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
-from llamactor.scheduling.prompt_scores import ScoreState
 from llamactor.prompts import PromptBuilder
-from llamactor.requests import RequestState, finish_request
+from llamactor.requests import finish_request, resume_sequence, start_sequence
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Sequence, StepPlan
 from llamactor.step_outputs import OutputRows, record_scores
@@ -78,8 +78,8 @@ class BatcherActor(pykka.ThreadingActor):
         try:
             cfg = self.config
             self.engine = Engine(self.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
-                                 n_seq_max=MAX_SEQUENCES, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
-                                 chat_template=cfg.chat_template, flash_attn=cfg.flash_attn,
+                                 n_seq_max=cfg.seq_ids, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
+                                 chat_template=cfg.chat_template, kv_type=cfg.kv_type, flash_attn=cfg.flash_attn,
                                  test_hang=cfg.watchdog_test_hang and self.generation == 1)
             self.sampler = GrammarSampler(self.engine.info.n_vocab)
             self.embeddings = EmbeddingSteps(
@@ -164,6 +164,8 @@ class BatcherActor(pykka.ThreadingActor):
             return self.stats()
         elif isinstance(message, AuditKv):
             return self._audit_kv()
+        elif isinstance(message, InjectCrash):
+            raise RuntimeError("a crash was injected (LLM.inject_crash)")
         else:
             raise TypeError(f"batcher got an unknown message: {message!r}")
         self._arm()
@@ -175,14 +177,19 @@ class BatcherActor(pykka.ThreadingActor):
             if msg.reply.future.done():  # cancelled by its caller before it arrived
                 return
             try:
-                tokens, n_context = self.prompts.prompt_tokens(msg, n_ctx_seq=self.engine.info.n_ctx_seq)
                 params = self.prompts.params(msg)
-                scoring = None if params.prompt_logprobs is None else ScoreState(
-                    start=max(1, n_context) if msg.continuation is not None else 1, n_prompt=len(tokens),
-                    n_top=params.prompt_logprobs)
-                seq = Sequence(request=msg, token_ids=tokens, n_prompt=len(tokens), scoring=scoring,
-                               prompt_only=params.max_tokens == 0)
-                seq.state = RequestState.create(params, self.engine.tokenizer)
+                # A crashed batcher was running it: go on from its checkpoint. (A scored prompt starts
+                # again: its rows are not in the checkpoint, and it streamed nothing before its end.)
+                if msg.reply.progress is not None and params.prompt_logprobs is None:
+                    seq = resume_sequence(msg, params, self.engine.tokenizer)
+                    log.info("request_resumed", n_prompt=seq.n_prompt, n_generated=seq.n_generated,
+                             n_resumed=seq.n_resumed)
+                    if (reason := seq.state.ended(seq, self.engine.info.n_ctx_seq)) is not None:
+                        finish_request(seq, reason)  # it crashed between its last token and its end
+                        return
+                else:
+                    tokens, n_context = self.prompts.prompt_tokens(msg, n_ctx_seq=self.engine.info.n_ctx_seq)
+                    seq = start_sequence(msg, tokens, n_context, params, self.engine.tokenizer)
                 self.scheduler.add(seq)
                 msg.reply.mark_queued()
             except LlamactorError as e:
@@ -190,7 +197,7 @@ class BatcherActor(pykka.ThreadingActor):
                 level("request_rejected", error=type(e).__name__, reason=str(e))
                 msg.reply.fail(e)
                 return
-            log.debug("request_queued", n_prompt=len(tokens), pending=len(self.scheduler.pending))
+            log.debug("request_queued", n_prompt=seq.n_prompt, pending=len(self.scheduler.pending))
 
     def _on_tokenize(self, msg: Tokenize) -> None:
         try:
@@ -284,7 +291,7 @@ class BatcherActor(pykka.ThreadingActor):
             seq = chunk.seq
             if seq.seq_id in result.failed_seq_ids:
                 continue
-            if seq.n_preempted:
+            if seq.n_preempted or seq.n_resumed:
                 self.counters["tokens_recomputed"] += chunk.n_tokens  # resumed: computed once before
             elif seq.n_past < seq.n_prompt:
                 self.counters["prompt_tokens_computed"] += min(chunk.n_tokens, seq.n_prompt - seq.n_past)

@@ -1,8 +1,10 @@
 """One running request's decode state, and how it ends (a ``Completion`` on its future).
 
 Runs on the batcher thread. ``RequestState.accept`` takes each sampled token and says whether
-the request is finished (EOG, stop string, max_tokens, context limit); ``finish_request``
-resolves or fails the caller's future and logs the ``request_finished`` line.
+the request is finished (EOG, stop string, max_tokens, context limit) and records each token in
+the request's ``Progress`` checkpoint; ``resume_sequence`` rebuilds a request from that checkpoint
+on a new batcher after a crash; ``finish_request`` resolves or fails the caller's future and logs
+the ``request_finished`` line.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from llamactor.base.completion import Completion, Timings, TokenLogprob, Usage
 from llamactor.base.config import SamplingParams
 from llamactor.base.errors import CancelledError, InvalidRequestError, LlamactorError
 from llamactor.grammar_sampler import new_matcher
-from llamactor.base.messages import ReplyChannel
+from llamactor.base.messages import Generate, Progress, ReplyChannel
 from llamactor.base.tools import parse_tool_calls
 from llamactor.native.sampling import RowSpec
 from llamactor.native.tokenizer import Tokenizer
 from llamactor.output import TextAssembler
+from llamactor.scheduling.prompt_scores import ScoreState
 from llamactor.scheduling.sequence import Sequence
 
 log = get_logger("llamactor.batcher")
@@ -40,6 +43,7 @@ class RequestState:
     matcher: Any = None  # llguidance.LLMatcher of a constrained request: where its grammar stands
     error: LlamactorError | None = None  # why accept() ended the request, if it went wrong
     n_logprobs_sent: int = 0  # logprobs already attached to streamed pieces
+    progress: Progress | None = None  # the checkpoint on the request's reply channel, kept up to date
 
     @classmethod
     def create(cls, params: SamplingParams, tokenizer: Tokenizer) -> RequestState:
@@ -81,6 +85,11 @@ class RequestState:
             text = tokenizer.token_text
             self.logprobs.append(TokenLogprob(text(token), logprob, tuple((text(t), lp) for t, lp in top)))
         self.send(seq.request.reply, self.text.push(tokenizer.token_bytes(token)))
+        self._checkpoint(seq, token)  # right after the send: the checkpoint is what the caller saw
+        return self.ended(seq, n_ctx_seq)
+
+    def ended(self, seq: Sequence, n_ctx_seq: int) -> str | None:
+        """Why the request is over after its last accepted token, or None to go on."""
         if self.text.stopped or (self.matcher is not None and self.matcher.is_stopped()):
             return "stop"  # a stop string, or the grammar is complete and allows nothing more
         if self.params.max_tokens is not None and self.n_generated >= self.params.max_tokens:
@@ -88,6 +97,69 @@ class RequestState:
         if len(seq.token_ids) >= n_ctx_seq:
             return "length"
         return None
+
+    def _checkpoint(self, seq: Sequence, token: int) -> None:
+        p = self.progress
+        if p is None:
+            return
+        if not p.generated:
+            p.n_cached, p.admitted_at, p.first_token_at = seq.n_cached, seq.admitted_at, seq.first_token_at
+        p.generated.append(token)
+        p.n_preempted = seq.n_preempted
+        if not self.params.temperature == 0.0:  # greedy rows never draw from the generator
+            p.rng_state = self.rng.bit_generator.state
+
+    @classmethod
+    def resume(cls, params: SamplingParams, tokenizer: Tokenizer, progress: Progress) -> RequestState:
+        """The state the request had after its last checkpointed token, rebuilt by replaying the
+        generated tokens: the grammar matcher consumes them, the text assembler takes their bytes
+        (so the text held back for stop strings is held back again, and what it emits now was
+        streamed before), the random generator gets its saved state back."""
+        state = cls.create(params, tokenizer)
+        generated = progress.generated
+        if progress.rng_state is not None:
+            state.rng.bit_generator.state = progress.rng_state
+        if state.matcher is not None and generated and state.matcher.consume_tokens(generated) is False:
+            raise LlamactorError(f"the grammar refused the tokens it accepted before: {state.matcher.get_error()}")
+        if state.logprobs is not None and progress.logprobs is not None:
+            state.logprobs = progress.logprobs[:len(generated)]  # the crash may have left one unrecorded
+        for i, token in enumerate(generated):
+            if state.text.push(tokenizer.token_bytes(token)) and state.logprobs is not None:
+                state.n_logprobs_sent = i + 1
+        state.n_generated = len(generated)
+        state.progress = progress
+        progress.logprobs = state.logprobs
+        return state
+
+
+def start_sequence(msg: Generate, prompt_ids: list[int], n_context: int, params: SamplingParams,
+                   tokenizer: Tokenizer) -> Sequence:
+    """A new request's sequence, with an empty checkpoint on its reply channel. With
+    ``prompt_logprobs`` its prompt is scored: from its continuation (``n_context`` on) or whole."""
+    scoring = None if params.prompt_logprobs is None else ScoreState(
+        start=max(1, n_context) if msg.continuation is not None else 1, n_prompt=len(prompt_ids),
+        n_top=params.prompt_logprobs)
+    seq = Sequence(request=msg, token_ids=prompt_ids, n_prompt=len(prompt_ids), scoring=scoring,
+                   prompt_only=params.max_tokens == 0)
+    seq.state = state = RequestState.create(params, tokenizer)
+    state.progress = msg.reply.progress = Progress(tuple(prompt_ids), logprobs=state.logprobs)
+    return seq
+
+
+def resume_sequence(msg: Generate, params: SamplingParams, tokenizer: Tokenizer) -> Sequence:
+    """The sequence of a request that a crashed batcher was running, from its checkpoint: prompt +
+    generated token ids (recomputed when it is admitted again, as after a preemption), usage and
+    timings as its caller has seen them so far."""
+    progress = msg.reply.progress
+    assert progress is not None
+    state = RequestState.resume(params, tokenizer, progress)
+    progress.n_resumed += 1
+    seq = Sequence(request=msg, token_ids=[*progress.prompt_ids, *progress.generated],
+                   n_prompt=len(progress.prompt_ids), n_cached=progress.n_cached, n_preempted=progress.n_preempted,
+                   admitted_at=progress.admitted_at, first_token_at=progress.first_token_at,
+                   n_resumed=progress.n_resumed, prompt_only=params.max_tokens == 0)
+    seq.state = state
+    return seq
 
 
 def _ms(start: float, end: float | None) -> float:
@@ -152,7 +224,7 @@ def finish_request(seq: Sequence, reason: str, error: LlamactorError | None = No
     log.info("request_finished", request_id=req.request_id, n_prompt=seq.n_prompt, n_cached=seq.n_cached,
              n_gen=n_gen, ttft_ms=completion.timings.ttft_ms, ms=completion.timings.total_ms,
              finish_reason=completion.finish_reason,
-             priority=req.priority, n_preempted=seq.n_preempted)
+             priority=req.priority, n_preempted=seq.n_preempted, n_resumed=seq.n_resumed)
     if reason == "cancelled":
         req.reply.fail(CancelledError(f"request {req.request_id} was cancelled", completion))
     elif error is not None:

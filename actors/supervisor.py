@@ -2,10 +2,11 @@
 
 Every request passes through here on its way to the batcher and stays in ``inflight`` until its
 future is done, so when a batcher dies the supervisor can replay what it held on the next one:
-requests that had not streamed anything are re-run from scratch (their callers never notice),
-streaming requests that already delivered text fail with ``BatcherRestartedError``. Restarts
-back off exponentially; more than ``max_restarts`` within ``restart_window_s`` and it gives up:
-every caller then gets ``BatcherUnavailableError``.
+a generation resumes from the checkpoint its reply channel carries (prompt and generated token
+ids, sampler state: ``Progress``), so a stream goes on with its next piece and a plain request
+completes as if nothing happened; the callers never notice but for the delay. Restarts back off
+exponentially; more than ``max_restarts`` within ``restart_window_s`` and it gives up: every
+caller, streams included, then gets ``BatcherUnavailableError``.
 
 It never asks the batcher anything: its own state and counters go to the tree's ``StatsBoard``
 as they change, so health checks and stats never hold up request forwarding.
@@ -23,7 +24,7 @@ import pykka
 
 from llamactor.base.logging import get_logger
 from llamactor.base.config import Config
-from llamactor.base.errors import BatcherRestartedError, BatcherUnavailableError
+from llamactor.base.errors import BatcherUnavailableError
 from llamactor.stats_board import StatsBoard
 from llamactor.base.messages import (
     BatcherFailed,
@@ -153,14 +154,11 @@ class SupervisorActor(pykka.ThreadingActor):
                           f"{self.config.restart_window_s:g}s; last: {msg.reason}")
             return
         self.n_restarts += 1
-        self._set_state("restarting")  # published before any caller hears of the restart
-        for rid, req in list(self.inflight.items()):
-            if req.reply.n_pieces_sent > 0:
-                del self.inflight[rid]
-                req.reply.fail(BatcherRestartedError("the batcher restarted after this stream had started"))
+        self._set_state("restarting")
         delay = min(0.05 * 2 ** (len(self.restart_times) - 1), 5.0)
         log.warning("batcher_restarting", generation=self.generation, delay_s=delay, reason=msg.reason,
-                    requests_replayed=len(self.inflight))
+                    requests_replayed=len(self.inflight),
+                    streams_resumed=sum(1 for r in self.inflight.values() if r.reply.n_pieces_sent))
         self._restart_timer = threading.Timer(delay, tell_quietly, (self.actor_ref, RestartBatcher(self.generation)))
         self._restart_timer.daemon = True
         self._restart_timer.start()

@@ -34,7 +34,6 @@ from llamactor.native.tokenizer import Tokenizer
 _backend_lock = threading.Lock()
 _backend_ready = False
 _LOG_LEVEL_ERROR = 4
-_FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
@@ -54,6 +53,11 @@ def _init_backend() -> None:
             _backend_ready = True
 
 
+_KV_GGML_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+_FLASH_ATTN_TYPES = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+
+
 @dataclass(slots=True)
 class DecodeResult:
     logits: np.ndarray  # [rows, n_vocab]: one row per entry that asked for logits, in order
@@ -63,7 +67,7 @@ class DecodeResult:
 class Engine:
     def __init__(self, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
                  n_threads: int, n_gpu_layers: int = 0, chat_template: str | None = None,
-                 flash_attn: str = "auto", test_hang: bool = False) -> None:
+                 kv_type: str = "f16", flash_attn: str = "auto", test_hang: bool = False) -> None:
         _init_backend()
         if not 1 <= n_seq_max <= MAX_SEQUENCES:
             raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}], got {n_seq_max}")
@@ -87,7 +91,10 @@ class Engine:
         # exceeds n_ctx, e.g. 512 * 256 for Gemma 3: no extra memory at the usual sizes).
         cparams.swa_full = True
         cparams.no_perf = True
-        cparams.flash_attn_type = _FLASH_ATTN[flash_attn]
+        cparams.type_k = cparams.type_v = _KV_GGML_TYPES[kv_type]
+        # A quantized V cache exists only inside flash attention: "auto" could resolve to off
+        # (and fail the context), so a quantized cache asks for it outright.
+        cparams.flash_attn_type = _FLASH_ATTN_TYPES["on" if kv_type != "f16" and flash_attn == "auto" else flash_attn]
         self.abort_flag = AbortFlag()  # set from the watchdog's thread: stops the running decode
         cparams.abort_callback = self.abort_flag.callback
         cparams.abort_callback_data = self.abort_flag.data
@@ -95,7 +102,8 @@ class Engine:
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
-            raise ModelLoadError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={n_seq_max})")
+            raise ModelLoadError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={n_seq_max}, "
+                                 f"kv_type={kv_type}, flash_attn={flash_attn})")
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.tokenizer = Tokenizer(llama_cpp.llama_model_get_vocab(self.model))
         self.n_vocab = self.tokenizer.n_vocab
@@ -114,7 +122,7 @@ class Engine:
             embedding_pooling=default_pooling(self.model), n_ctx_train=llama_cpp.llama_model_n_ctx_train(self.model),
             n_ctx=n_ctx_real, n_ctx_seq=n_ctx_seq, n_batch=llama_cpp.llama_n_batch(self.ctx),
             n_ubatch=llama_cpp.llama_n_ubatch(self.ctx), n_seq_max=llama_cpp.llama_n_seq_max(self.ctx) // 2,
-            n_threads=n_threads, chat_template=self.chat_template.name,
+            n_threads=n_threads, kv_type=kv_type, chat_template=self.chat_template.name,
             looks_like_base_model=self.chat_template.base_model,
             metadata={k: v for k, v in metadata.items() if k != "tokenizer.chat_template"},
         )
@@ -224,6 +232,10 @@ class Engine:
 
     def seq_pos_max(self, seq_id: int) -> int:
         return llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id)
+
+    def seq_state_bytes(self, seq_id: int) -> int:
+        """Bytes of ``seq_id``'s KV as llama.cpp would copy it out (its per-sequence state)."""
+        return int(llama_cpp.llama_state_seq_get_size(self.ctx, seq_id))
 
     def seq_pos_min(self, seq_id: int) -> int:
         """The lowest position of ``seq_id`` still in the sliding-window cache (-1: none)."""

@@ -89,6 +89,30 @@ def reference_engine(model_path: str) -> Iterator[Engine]:
     e.close()
 
 
+class ReferenceEngines(dict[str, Engine]):
+    """A lone-decode reference engine per KV type, made on first use."""
+
+    def __init__(self, model_path: str, f16: Engine) -> None:
+        super().__init__(f16=f16)
+        self.model_path = model_path
+
+    def __missing__(self, kv_type: str) -> Engine:
+        self[kv_type] = Engine(self.model_path, n_ctx=2048, n_batch=512, n_ubatch=512, n_seq_max=1, n_threads=2,
+                               kv_type=kv_type)
+        return self[kv_type]
+
+
+@pytest.fixture(scope="session")
+def reference_engines(model_path: str, reference_engine: Engine) -> Iterator[ReferenceEngines]:
+    """``reference_engine`` per KV type: the near-tie margins of runs on a quantized KV cache are
+    read from a lone decode on the same cache type."""
+    engines = ReferenceEngines(model_path, reference_engine)
+    yield engines
+    for kv_type, e in engines.items():
+        if kv_type != "f16":
+            e.close()
+
+
 def decode_prompt(engine: Engine, seq_id: int, tokens: list[int], n_past: int = 0) -> np.ndarray:
     """Decode ``tokens`` on ``seq_id`` from ``n_past`` in one batch; a copy of the last row's logits."""
     n = len(tokens)

@@ -27,6 +27,24 @@ def spec(**kw: object) -> RowSpec:
     return RowSpec(**base)  # type: ignore[arg-type]
 
 
+def test_a_q8_0_kv_cache_holds_a_token_in_about_half_the_bytes_and_predicts_the_same_next_token(
+        engine: Engine, model_path: str) -> None:
+    tokens = engine.tokenizer.tokenize("The lighthouse keeper climbed the stairs every night to light the lamp, and")
+    engine.clear()
+    f16_logits = decode_prompt(engine, 0, tokens)
+    f16_bytes = engine.seq_state_bytes(0)
+    engine.clear()
+    q8 = Engine(model_path, n_ctx=1024, n_batch=256, n_ubatch=256, n_seq_max=4, n_threads=2, kv_type="q8_0")
+    try:
+        assert q8.info.kv_type == "q8_0"
+        q8_logits = decode_prompt(q8, 0, tokens)
+        assert q8.seq_state_bytes(0) <= 0.55 * f16_bytes  # 34 bytes per 32 values instead of 64
+        top2 = np.sort(f16_logits)[-2:]
+        assert np.argmax(q8_logits) == np.argmax(f16_logits) or top2[1] - top2[0] < NEAR_TIE
+    finally:
+        q8.close()
+
+
 def test_the_engine_reports_the_context_it_really_allocated(engine: Engine) -> None:
     info = engine.info
     assert info.n_ctx >= 1024 and info.n_seq_max == 4 and info.n_batch == 256

@@ -61,6 +61,22 @@ def test_config_refuses_a_token_budget_smaller_than_the_sequence_pool() -> None:
         Config(n_parallel=32, n_batch=16)
 
 
+def test_a_quantized_kv_cache_without_flash_attention_is_refused_naming_both_settings() -> None:
+    assert Config(kv_type="q8_0").flash_attn == "auto" and Config(kv_type="f16", flash_attn="off").kv_type == "f16"
+    with pytest.raises(InvalidRequestError, match="kv_type q4_0 needs flash attention"):
+        Config(kv_type="q4_0", flash_attn="off")
+    with pytest.raises(InvalidRequestError, match="kv_type must be one of f16, q8_0, q4_0"):
+        Config(kv_type="q5_1")
+
+
+def test_the_sequence_id_pool_is_sized_to_the_configuration_unless_given() -> None:
+    assert Config(n_parallel=16).seq_ids == 16 + 2 + 32  # running, a system prompt's two, cached prefixes
+    assert Config(n_parallel=64).seq_ids == 128 and Config(n_parallel=16, prefix_cache=False).seq_ids == 18
+    assert Config(n_parallel=4, n_seq_ids=6).seq_ids == 6
+    with pytest.raises(InvalidRequestError, match="n_seq_ids must be in"):
+        Config(n_parallel=16, n_seq_ids=17)
+
+
 def test_config_from_kwargs_routes_sampling_names_and_refuses_unknown_options() -> None:
     cfg = Config.from_kwargs(n_parallel=2, temperature=0.0, max_tokens=8)
     assert cfg.n_parallel == 2 and cfg.sampling.temperature == 0.0 and cfg.sampling.max_tokens == 8

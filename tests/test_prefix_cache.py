@@ -18,6 +18,11 @@ from llamactor.prompts import PromptBuilder
 
 from .conftest import assert_equal_up_to_near_tie, audit_kv, batcher_ref
 
+# The cache's reuse, sliding window and eviction hold for a quantized KV cache too (kv_type q8_0:
+# attached and recomputed cells hold the same quantized values; near-ties read on a q8_0 reference).
+# A quantized cache decodes through flash attention, slower on the CPU: a longer timeout.
+KV_TYPES = pytest.mark.parametrize("kv_type", ["f16", pytest.param("q8_0", marks=pytest.mark.timeout(360))])
+
 PERSONA = " ".join(
     f"Fact {i}: Captain Ada Brightwater sailed the {colour} schooner '{ship}' from {port} in {1850 + i}, "
     f"carrying {cargo} and a crew of {10 + i} sailors who sang old songs every evening."
@@ -39,9 +44,11 @@ def chat_tokens(engine: Engine, messages: list[dict[str, str]]) -> list[int]:
     return PromptBuilder(engine.tokenizer, engine.chat_template, None).prompt_tokens(msg, n_ctx_seq=engine.info.n_ctx_seq)
 
 
+@KV_TYPES
 def test_the_next_chat_turn_computes_only_its_new_tokens_and_answers_as_without_the_cache(
-        start_llm, reference_engine: Engine) -> None:
-    llm = start_llm(n_parallel=2, n_ctx=4096)
+        start_llm, reference_engines, kv_type: str) -> None:
+    reference_engine = reference_engines[kv_type]
+    llm = start_llm(n_parallel=2, n_ctx=4096, kv_type=kv_type)
     turn1 = [{"role": "system", "content": PERSONA}, {"role": "user", "content": "Which ship did you sail in 1853?"}]
     first = llm.chat(turn1, max_tokens=24, temperature=0)
     assert first.usage.prompt_tokens > 600  # longer than the sliding window
@@ -56,15 +63,17 @@ def test_the_next_chat_turn_computes_only_its_new_tokens_and_answers_as_without_
     assert computed <= (second.usage.prompt_tokens - history) + 4  # the new message and a few boundary tokens
     assert audit_kv(llm) == []
 
-    plain = start_llm(n_parallel=2, n_ctx=4096, prefix_cache=False)
+    plain = start_llm(n_parallel=2, n_ctx=4096, prefix_cache=False, kv_type=kv_type)
     uncached = plain.chat(turn2, max_tokens=24, temperature=0)
     assert uncached.usage.cached_tokens == 0
     assert_equal_up_to_near_tie(reference_engine, chat_tokens(reference_engine, turn2), second, uncached)
 
 
+@KV_TYPES
 def test_a_prefix_shorter_than_a_long_cached_entry_still_has_its_sliding_window(
-        start_llm, reference_engine: Engine) -> None:
-    llm = start_llm(n_parallel=4, n_ctx=1024)
+        start_llm, reference_engines, kv_type: str) -> None:
+    reference_engine = reference_engines[kv_type]
+    llm = start_llm(n_parallel=4, n_ctx=1024, kv_type=kv_type)
     long_entry = llm.ask(PERSONA + " Now tell me about the Petrel.", max_tokens=64, temperature=0, ignore_eos=True)
     # The traffic after it does not fit beside it: llama.cpp's KV head wraps around over the cells
     # the entry's window left behind, which the sliding-window cache would recycle if the entry
@@ -75,7 +84,8 @@ def test_a_prefix_shorter_than_a_long_cached_entry_still_has_its_sliding_window(
     shorter = llm.ask(branch, max_tokens=16, temperature=0)
     assert 500 < shorter.usage.cached_tokens < long_entry.usage.prompt_tokens - 100
     assert audit_kv(llm) == []  # every cached sequence still holds all its positions, window included
-    uncached = start_llm(n_parallel=1, n_ctx=4096, prefix_cache=False).ask(branch, max_tokens=16, temperature=0)
+    uncached = start_llm(n_parallel=1, n_ctx=4096, prefix_cache=False, kv_type=kv_type).ask(
+        branch, max_tokens=16, temperature=0)
     assert_equal_up_to_near_tie(reference_engine, reference_engine.tokenizer.tokenize(branch), shorter, uncached)
 
 
@@ -93,8 +103,10 @@ def test_n_choices_compute_their_prompt_once_and_share_it(start_llm) -> None:
         llm.ask(prompt, n=0)
 
 
+@KV_TYPES
 def test_eviction_under_a_small_kv_cache_keeps_every_running_request_correct(
-        start_llm, reference_engine: Engine) -> None:
+        start_llm, reference_engines, kv_type: str) -> None:
+    reference_engine = reference_engines[kv_type]
     prompts = [f"Report {i}: the {word} harbour master counted the boats and wrote that"
                for i, word in enumerate(["north", "south", "east", "west", "old", "new", "busy", "quiet", "small",
                                          "large", "windy", "foggy"])]
@@ -103,12 +115,12 @@ def test_eviction_under_a_small_kv_cache_keeps_every_running_request_correct(
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             return list(pool.map(lambda p: llm.ask(p, max_tokens=40, temperature=0, ignore_eos=True), prompts))
 
-    cached = start_llm(n_parallel=4, n_ctx=512, batch_timeout_ms=5)  # 12 x ~60 cells cannot all stay
+    cached = start_llm(n_parallel=4, n_ctx=512, batch_timeout_ms=5, kv_type=kv_type)  # 12 x ~60 cells cannot all stay
     with_cache = run(cached)
     stats = cached.stats()
     assert stats["prefix_cache"]["evicted_cells"] > 0 and stats["kv_used"] <= stats["kv_size"]
     assert audit_kv(cached) == []
-    without = run(start_llm(n_parallel=4, n_ctx=512, batch_timeout_ms=5, prefix_cache=False))
+    without = run(start_llm(n_parallel=4, n_ctx=512, batch_timeout_ms=5, prefix_cache=False, kv_type=kv_type))
     assert all(c.usage.completion_tokens == 40 and c.finish_reason == "length" for c in with_cache)
     for prompt, a, b in zip(prompts, with_cache, without):
         assert_equal_up_to_near_tie(reference_engine, reference_engine.tokenizer.tokenize(prompt), a, b)

@@ -20,6 +20,7 @@ def prompt_logprob_values(c: Any) -> list[float]:
     return [e.logprob for e in c.prompt_logprobs[1:]]
 
 
+@pytest.mark.timeout(300)  # f32 attention over a 600-token prompt, and the reference's own pass
 def test_a_prompt_scored_alone_over_many_steps_equals_llama_cpp_python_beyond_the_sliding_window(
         start_llm: Any, reference: Any) -> None:
     llm = start_llm(flash_attn="off", score_rows_per_step=64, n_parallel=2)
@@ -36,6 +37,7 @@ def test_a_prompt_scored_alone_over_many_steps_equals_llama_cpp_python_beyond_th
     assert stats["steps"] >= (len(tokens) - 1) / 64  # the row budget spread the prompt over steps
 
 
+@pytest.mark.timeout(300)
 def test_prompts_scored_beside_generation_and_sharing_prefixes_agree_with_llama_cpp_python(
         start_llm: Any, reference: Any) -> None:
     llm = start_llm(flash_attn="off", score_rows_per_step=32, n_parallel=6, n_ctx=4096)

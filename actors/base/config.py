@@ -21,6 +21,14 @@ from llamactor.base.priority import check_policy
 # engine gives every sequence a shadow id (native/batch.py). Running sequences, pinned system
 # prompts and cached prefixes share them.
 MAX_SEQUENCES = 128
+# Sequence ids a configured system prompt pins (its raw and its chat-template form).
+PINNED_SEQ_IDS = 2
+# Cached prefixes the default id pool has room for, at least (more with a larger n_parallel).
+DEFAULT_CACHED_SEQ_IDS = 32
+
+# Element types of the KV cache (llama.cpp's type_k / type_v): f16, or quantized to 8 or 4 bits.
+KV_TYPES = ("f16", "q8_0", "q4_0")
+FLASH_ATTN = ("auto", "on", "off")  # llama.cpp's flash attention: auto (where the backend has it)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -123,15 +131,22 @@ class Config:
 
     model: str | None = None
     n_ctx: int = 8192  # total KV cells, shared by all sequences (unified KV cache)
-    n_parallel: int = 16  # sequences decoded at once (the rest of the 128 seq_ids hold cached prefixes)
+    n_parallel: int = 16  # sequences decoded at once
+    # Sequence ids of the context: running sequences, pinned system prompts and cached prefixes
+    # (one each). llama.cpp reserves a logits row (n_vocab floats) per id and its shadow: 2 MiB per
+    # id for Gemma's 262k vocabulary. None: n_parallel + 2 + max(n_parallel, 32) with the prefix
+    # cache (50 for 16 sequences), n_parallel + 2 without; at most 128.
+    n_seq_ids: int | None = None
     n_batch: int = 512  # token budget of one step (decode tokens + prompt chunks)
     n_ubatch: int = 0  # the physical batch llama.cpp computes at once; 0: min(n_batch, 512)
     n_threads: int = field(default_factory=default_n_threads)
     n_gpu_layers: int = 0
-    # llama.cpp's flash attention: "auto" (on where the backend has it, CPU included), "on", "off". On
-    # CPU it accumulates in f16, which moves some tokens' log-probabilities by up to ~0.4 nats and
-    # makes them depend on how a prompt was split into steps; "off" gives f32 attention, the same
-    # numbers as llama-cpp-python's default in any batch (use it for evaluations), at a cost in speed.
+    kv_type: str = "f16"  # the KV cache's element type: f16, q8_0 (about half the bytes), q4_0
+    # llama.cpp's flash attention: "auto" (on where the backend has it, CPU included), "on", "off". A
+    # quantized KV cache needs it. On CPU it accumulates in f16, which moves some tokens'
+    # log-probabilities by up to ~0.4 nats and makes them depend on how a prompt was split into
+    # steps; "off" gives f32 attention, the same numbers as llama-cpp-python's default for a prompt
+    # scored alone (use it for evaluations), at a cost in prefill speed.
     flash_attn: str = "auto"
     batch_size: int | None = None  # pending requests that flush at once; None = n_parallel
     batch_timeout_ms: float = 20.0  # the longest a lone request waits for company
@@ -162,6 +177,9 @@ class Config:
         _require(1 <= self.n_parallel <= MAX_SEQUENCES - 2,
                  f"n_parallel must be in [1, {MAX_SEQUENCES - 2}], got {self.n_parallel}")
         _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")
+        _require(self.n_seq_ids is None or self.n_parallel + PINNED_SEQ_IDS <= self.n_seq_ids <= MAX_SEQUENCES,
+                 f"n_seq_ids must be in [n_parallel + {PINNED_SEQ_IDS}, {MAX_SEQUENCES}] "
+                 f"(n_parallel={self.n_parallel}), got {self.n_seq_ids}")
         _require(self.n_batch >= self.n_parallel,
                  f"n_batch ({self.n_batch}) must be >= n_parallel ({self.n_parallel}): every running "
                  "sequence needs one token per step")
@@ -191,8 +209,23 @@ class Config:
                  f"score_time_share must be in (0, 10], got {self.score_time_share}")
         _require(1 <= self.score_rows_per_step <= self.n_batch,
                  f"score_rows_per_step must be in [1, n_batch], got {self.score_rows_per_step}")
+        _require(self.kv_type in KV_TYPES, f"kv_type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}")
+        _require(self.flash_attn in FLASH_ATTN,
+                 f"flash_attn must be one of {', '.join(FLASH_ATTN)}, got {self.flash_attn!r}")
+        # llama.cpp quantizes the V cache only inside its flash-attention kernel; without it the
+        # context cannot be created, so say so now rather than as a model load failure.
+        _require(self.kv_type == "f16" or self.flash_attn != "off",
+                 f"kv_type {self.kv_type} needs flash attention: use flash_attn 'auto' or 'on', or kv_type f16")
         _require(self.prefix_cache_cells is None or self.prefix_cache_cells >= 0,
                  f"prefix_cache_cells must be >= 0 or None, got {self.prefix_cache_cells}")
+
+    @property
+    def seq_ids(self) -> int:
+        """The sequence ids the context is made with (``n_seq_ids``, or what this configuration needs)."""
+        if self.n_seq_ids is not None:
+            return self.n_seq_ids
+        cached = max(self.n_parallel, DEFAULT_CACHED_SEQ_IDS) if self.prefix_cache else 0
+        return min(MAX_SEQUENCES, self.n_parallel + PINNED_SEQ_IDS + cached)
 
     @property
     def flush_batch_size(self) -> int:

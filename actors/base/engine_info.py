@@ -24,6 +24,7 @@ class EngineInfo:
     n_ubatch: int
     n_seq_max: int
     n_threads: int
+    kv_type: str  # the KV cache's element type (f16, q8_0, q4_0)
     chat_template: str  # which chat format requests with messages get (ChatTemplate.name)
     looks_like_base_model: bool  # the GGUF has no chat template: a pretrained, not a chat, model
     metadata: dict[str, str] = field(default_factory=dict)

@@ -68,7 +68,8 @@ class CancelledError(LlamactorError, concurrent.futures.CancelledError):
 
 
 class BatcherRestartedError(LlamactorError):
-    """The batcher crashed after this streaming request had delivered tokens; it cannot resume."""
+    """The process serving this stream died after it had delivered tokens (a Ray Serve replica lost):
+    its checkpoint died with it, so it cannot resume. (A batcher crash in-process resumes streams.)"""
 
     http_status = 503
     code = "batcher_restarted"

@@ -8,7 +8,7 @@ shared by the caller's thread (which waits on it) and the batcher's thread (whic
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,9 @@ class ReplyChannel:
     # a stream awaits it before answering 200, so a refused stream gets the same 4xx as a plain call.
     queued: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
     on_piece: Callable[[Piece], None] | None = None  # streaming callers get each text piece here
-    n_pieces_sent: int = 0  # > 0 means a restart can no longer replay this request invisibly
+    n_pieces_sent: int = 0  # > 0: the caller has seen text (only a resume can go on invisibly)
+    # How far a generation got on the batcher that runs it; a new batcher resumes it from here.
+    progress: Progress | None = None
 
     def __reduce__(self) -> tuple[type[ReplyChannel], tuple[()]]:
         """A message sent to another process (a Ray Serve replica) arrives with an empty channel:
@@ -69,6 +71,29 @@ class ReplyChannel:
             self.queued.set_exception(error)
         if not self.future.done():
             self.future.set_exception(error)
+
+
+@dataclass(slots=True, eq=False)
+class Progress:
+    """A generation request's checkpoint: enough for a new batcher to resume it where its caller is
+    after the one running it crashed -- the prompt's token ids, the tokens generated (and so
+    streamed) after it, the sampler's random state after the last of them, their logprobs.
+
+    Written by the batcher thread after each token it accepts; read by the next batcher only, once
+    the writer has died (the supervisor replays the request after ``BatcherFailed``). What the
+    rest of the state is -- the grammar matcher, the text held back for stop strings, the penalty
+    window -- follows from the generated tokens, so the reader rebuilds it by replaying them.
+    """
+
+    prompt_ids: tuple[int, ...]
+    generated: list[int] = field(default_factory=list)
+    rng_state: Mapping[str, Any] | None = None  # the numpy Generator's bit_generator.state (sampled requests)
+    logprobs: list[TokenLogprob] | None = None  # shared with the request's state; may run one token ahead
+    n_cached: int = 0  # prompt tokens the first admission attached from the prefix cache (usage)
+    n_preempted: int = 0
+    n_resumed: int = 0  # batchers that resumed it so far
+    admitted_at: float | None = None
+    first_token_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +211,11 @@ class GetStats:
 @dataclass(frozen=True, slots=True)
 class AuditKv:
     """Asked of the batcher (tests, debugging): where its prefix index and llama.cpp's cells differ."""
+
+
+@dataclass(frozen=True, slots=True)
+class InjectCrash:
+    """Fault injection (tests, the benchmark's crash workload) -> batcher: fail now, as a bug would."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,13 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("batch: interactive TTFT p50 at 1/s, with a job / without", "batch.ttft_p50_ratio", "<=", 1.5),
     ("batch: killed twice and resumed, every custom_id exactly once", "batch.exactly_once", ">=", 1.0),
     ("batch: killed twice and resumed, tokens computed / uninterrupted", "batch.tokens_ratio", "<=", 1.1),
+    ("crash under streams: 16 streams, 3 batcher crashes: streams broken", "crash_streams.broken", "<=", 0),
+    ("crash under streams: texts parting from an uninterrupted run beyond a near-tie", "crash_streams.unexplained",
+     "<=", 0),
+    ("crash under streams: streams whose pieces differ from their text", "crash_streams.pieces_mismatch", "<=", 0),
+    ("kv q8_0: KV bytes per token, q8_0 / f16", "kv_q8.kv_bytes_ratio", "<=", 0.55),
+    ("kv q8_0: tok/s at 16 streams, q8_0 / f16", "kv_q8.tok_s_ratio", ">=", 0.9),
+    ("memory: daemon RSS after one request (16 seqs, 8k), llamactor / llama-server", "memory.rss_ratio", "<=", 1.2),
 ]
 
 

@@ -7,7 +7,8 @@ batched-decode ceiling, and the idle CPU use of a started tree), the daemon (``d
 prefix cache's *multiturn* and *few_shot* (``prefix``), the scheduler's *priorities* and
 *overcommit* (``scheduling``), JSON-Schema-constrained vs unconstrained requests (``structured``),
 packed embeddings (``embeddings``), lm-eval-style prompt scoring (``scoring``), two replicas behind the
-router (``replicas``), durable batch jobs (``batch``: ``batch_jobs``), and with a
+router (``replicas``), durable batch jobs (``batch``: ``batch_jobs``), 16 streams across 3 batcher
+crashes (``resilience``), a q8_0 KV cache and the daemon's resident memory (``memory``), and with a
 llama-server binary the *peer* leg (``peer``). The shared pieces live beside them: ``settings``
 (``BenchSettings``, re-exported here for the CLI), ``measure``, ``prompts``, ``conversations``,
 ``servers``, ``baselines``; ``report`` turns the results into the table.
@@ -18,8 +19,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from llamactor.bench import (batch_jobs, daemon, embeddings, generation, peer, prefix, replicas, scheduling, scoring,
-                             structured)
+from llamactor.bench import (
+    batch_jobs,
+    daemon,
+    embeddings,
+    generation,
+    memory,
+    peer,
+    prefix,
+    replicas,
+    resilience,
+    scheduling,
+    scoring,
+    structured,
+)
 from llamactor.bench.settings import BenchSettings
 
 __all__ = ["BenchSettings", "Workload", "failures", "n_ticks", "run", "workloads"]
@@ -38,7 +51,9 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "priorities": (2, scheduling.bench_priorities), "overcommit": (2, scheduling.bench_overcommit),
         "structured": (1, structured.bench_structured), "embeddings": (3, embeddings.bench_embeddings),
         "replicas": (3, replicas.bench_replicas), "scoring": (3, scoring.bench_scoring),
-        "batch": (3, batch_jobs.bench_batch)}
+        "batch": (3, batch_jobs.bench_batch),
+        "crash_streams": (2, resilience.bench_crash_streams), "kv_q8": (2, memory.bench_kv_q8),
+        "memory": (3, memory.bench_memory)}
     if s.peer_server:
         found["peer"] = (2, peer.bench_peer)
     return found

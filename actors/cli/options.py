@@ -23,7 +23,7 @@ import click
 from click.core import ParameterSource
 
 from llamactor.base import logging as llamactor_logging
-from llamactor.base.config import Config, SamplingParams
+from llamactor.base.config import FLASH_ATTN, KV_TYPES, Config, SamplingParams
 from llamactor.base.priority import POLICIES
 from llamactor.cli.config_file import config_option
 
@@ -46,12 +46,16 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
     "model": Tweak("GGUF file (default: Gemma 3 270M Q4_K_M)."),
     "n_ctx": Tweak("KV cache cells shared by all sequences."),
     "n_parallel": Tweak("Sequences decoded together."),
+    "n_seq_ids": Tweak("Sequence ids: running + system prompt + cached prefixes; each costs a logits row "
+                       "(2 MiB for a 262k vocabulary).", show_default="n_parallel + 2 + max(n_parallel, 32)"),
     "n_batch": Tweak("Token budget of one decode step (at least --n-parallel)."),
     "n_ubatch": Tweak("Tokens llama.cpp computes at once within a step (0: min(n_batch, 512))."),
     "n_threads": Tweak("CPU threads.", show_default="all cores"),
     "n_gpu_layers": Tweak("Layers offloaded to the GPU."),
-    "flash_attn": Tweak("llama.cpp flash attention; off: f32 attention, batch-independent log-probabilities "
-                        "(evaluations), slower.", type=click.Choice(["auto", "on", "off"])),
+    "kv_type": Tweak("KV cache element type: f16, or q8_0 (about half the memory) / q4_0 (a quarter); "
+                     "quantized needs flash attention.", type=click.Choice(KV_TYPES)),
+    "flash_attn": Tweak("llama.cpp's flash attention; off: f32 attention, batch-independent log-probabilities "
+                        "(evaluations), slower.", type=click.Choice(FLASH_ATTN)),
     "batch_size": Tweak("Pending requests that flush at once.", show_default="--n-parallel"),
     "batch_timeout_ms": Tweak("How long a lone request waits for company."),
     "max_queue": Tweak("Waiting requests beyond which new ones are refused."),

@@ -17,7 +17,7 @@ from llamactor.base.completion import Completion
 from llamactor.base.config import Config
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import BatcherUnavailableError, ModelLoadError
-from llamactor.base.messages import Cancel, Embed, Generate, GetStats, Request
+from llamactor.base.messages import Cancel, Embed, Generate, GetStats, InjectCrash, Request
 from llamactor.base.models import resolve_model_path
 from llamactor.handles.client import Client
 from llamactor.stats_board import StatsBoard
@@ -97,6 +97,18 @@ class LLM(Client):
             return {**cast(dict[str, Any], batcher.ask(GetStats(), timeout=10)), **self._board.supervisor}
         except (pykka.ActorDeadError, pykka.Timeout):
             return self.published_stats()
+
+    def inject_crash(self) -> bool:
+        """Fault injection: make the current batcher fail between two steps, as a bug would (the
+        supervisor restarts it and its requests resume). False if no batcher was running."""
+        batcher = self._board.batcher_ref
+        if batcher is None:
+            return False
+        try:
+            batcher.tell(InjectCrash())
+        except pykka.ActorDeadError:
+            return False
+        return True
 
     def published_stats(self) -> dict[str, Any]:
         """The stats the tree's actors last published (while busy at most ~50 ms or one decode step

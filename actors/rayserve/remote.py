@@ -5,7 +5,8 @@ calls ``submit``/``stream_async``/``submit_embed`` as on an in-process handle, a
 ``send_n`` turn the messages of one request (its ``n`` choices together) into one call on the
 model's ``DeploymentHandle`` (Ray's request router, ours by
 default, picks the replica). A plain request whose replica dies is sent again, to another replica;
-a stream whose replica dies after it began fails with ``BatcherRestartedError``, as in-process.
+a stream whose replica dies after it began fails with ``BatcherRestartedError`` (its checkpoint died
+with the replica; in-process a batcher crash resumes it).
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ class Scheduler:
                 match = self._lookup(reusable)
             plan.kv_ops += ops + self.index.attach(seq_id, match, now)
             seq.seq_id, seq.n_past = seq_id, match.n_tokens
-            if seq.n_preempted == 0:
+            if seq.admitted_at is None:  # first admission (not a preempted or resumed sequence)
                 seq.admitted_at, seq.n_cached = now, match.n_tokens
             self.pending.remove(seq)
             self.running.append(seq)

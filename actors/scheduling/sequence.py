@@ -22,6 +22,7 @@ class Sequence:
     n_past: int = 0
     n_cached: int = 0  # prompt tokens attached from a shared prefix instead of computed (first admission)
     n_preempted: int = 0
+    n_resumed: int = 0  # batchers that took it over from a crashed one (its tokens so far recomputed)
     admitted_at: float | None = None
     first_token_at: float | None = None
     state: Any = None  # the batcher's per-request decode state; opaque here
