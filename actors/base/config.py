@@ -121,6 +121,7 @@ class Config:
     chat_template: str | None = None  # a Jinja chat template used instead of the GGUF's (or the transcript)
     prefix_cache: bool = True  # keep finished requests' KV as cached prefixes for later requests
     prefix_cache_cells: int | None = None  # most KV cells cached prefixes may hold; None: all that is free
+    cache_ram_mib: int = 1024  # host RAM for cached prefixes evicted from the KV cells (restored on a hit); 0: off
     schedule_policy: str = "priority"  # "fcfs" | "priority" | "lpm" (llamactor.scheduling.policy)
     priority_aging_per_s: float = 0.1  # effective priority gained per second of waiting (seed 001)
     watchdog_timeout_s: float = 60.0  # a step running longer is aborted and the batcher restarted; 0: off
@@ -161,6 +162,8 @@ class Config:
                  f"embedding_n_seq_max must be in [1, 256], got {self.embedding_n_seq_max}")
         _require(0.0 < self.embedding_time_share < 1.0,
                  f"embedding_time_share must be in (0, 1), got {self.embedding_time_share}")
+        _require(isinstance(self.cache_ram_mib, int) and self.cache_ram_mib >= 0,
+                 f"cache_ram_mib must be an integer >= 0 (0: off), got {self.cache_ram_mib!r}")
         _require(self.prefix_cache_cells is None or self.prefix_cache_cells >= 0,
                  f"prefix_cache_cells must be >= 0 or None, got {self.prefix_cache_cells}")
 

@@ -58,6 +58,8 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
                            param="chat_template_file", type=click.Path(exists=True, dir_okay=False)),
     "prefix_cache": Tweak("Keep finished requests' KV so later requests reuse shared prefixes."),
     "prefix_cache_cells": Tweak("Most KV cells cached prefixes may hold.", show_default="what running requests leave"),
+    "cache_ram_mib": Tweak("Host RAM (MiB) keeping cached prefixes evicted from the KV cells; restored on a "
+                           "hit. 0 turns it off."),
     "schedule_policy": Tweak("Admission order: by arrival, by priority with aging, or longest cached prefix first.",
                              type=click.Choice(POLICIES)),
     "priority_aging_per_s": Tweak("Priority levels a waiting request gains per second.", flag="--priority-aging",

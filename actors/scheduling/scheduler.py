@@ -19,6 +19,7 @@ fails.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,9 @@ from llamactor.base.errors import QueueFullError
 from llamactor.base.messages import Generate
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, Match, PrefixIndex, common_prefix_len
+from llamactor.scheduling.tier_index import RestoreOp, TierMatch, restore_pays
+
+TierLookup = Callable[[list[int]], TierMatch]  # a lower cache tier's longest match for some tokens
 
 
 @dataclass(slots=True, eq=False)
@@ -88,7 +92,7 @@ class StepPlan:
     admitted: list[Sequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)  # back among the waiting, KV released
     failed: list[Sequence] = field(default_factory=list)  # cannot fit even alone: to end with an error
-    kv_ops: list[KvOp] = field(default_factory=list)  # to apply, in order, before the decode
+    kv_ops: list[KvOp | RestoreOp] = field(default_factory=list)  # to apply, in order, before the decode
 
     def rows(self) -> tuple[list[int], list[int], list[int], list[int]]:
         """The step's batch as (tokens, positions, seq_ids, wants_logits): each chunk's tokens
@@ -114,12 +118,14 @@ class Scheduler:
     ever attached. ``share_min_tokens``: a request waits while a running sequence is still
     computing at least this many more of its prompt than the cache holds -- or all of what it
     could reuse, as ``n`` choices of one prompt do -- and attaches those cells once computed.
+    ``tier``: a lower cache tier (host RAM, disk) whose entries are restored into new cells when
+    that beats recomputing what the cells lack (``restore_pays``).
     """
 
     def __init__(self, *, n_parallel: int, n_batch: int, batch_size: int, batch_timeout_s: float,
                  max_queue: int, index: PrefixIndex, keep_finished: bool = True,
                  cache_budget_cells: int | None = None, share_min_tokens: int = 32,
-                 policy: Policy | None = None) -> None:
+                 policy: Policy | None = None, tier: TierLookup | None = None) -> None:
         if n_batch < n_parallel:
             raise ValueError("n_batch must be >= n_parallel")
         self.n_parallel = n_parallel
@@ -132,6 +138,7 @@ class Scheduler:
         self.cache_budget_cells = cache_budget_cells
         self.share_min_tokens = share_min_tokens
         self.policy = policy or Policy()
+        self.tier = tier
         self.pending: list[Sequence] = []  # in arrival order; the policy orders them at admission
         self.running: list[Sequence] = []
         self.n_preemptions = 0
@@ -214,15 +221,55 @@ class Scheduler:
                 break  # the most urgent waits for room; admitting others past it could starve it
             room -= needed
             seq_id, ops = self.index.allocate()
-            if ops:  # an entry was dropped to free the seq_id: it may have been the match
-                match = self._lookup(reusable)
-            plan.kv_ops += ops + self.index.attach(seq_id, match, now)
-            seq.seq_id, seq.n_past = seq_id, match.n_tokens
+            restore = self._plan_restore(seq_id, reusable, match, ops, now)
+            if restore is not None:
+                plan.kv_ops += ops + [restore]
+                n_hit = restore.n_keep
+            else:
+                if ops:  # an entry was dropped to free the seq_id (or make room): it may have been the match
+                    match = self._lookup(reusable)
+                plan.kv_ops += ops + self.index.attach(seq_id, match, now)
+                n_hit = match.n_tokens
+            seq.seq_id, seq.n_past = seq_id, n_hit
             if seq.n_preempted == 0:
-                seq.admitted_at, seq.n_cached = now, match.n_tokens
+                seq.admitted_at, seq.n_cached = now, n_hit
             self.pending.remove(seq)
             self.running.append(seq)
             plan.admitted.append(seq)
+
+    def _plan_restore(self, seq_id: int, reusable: list[int], match: Match, ops: list[KvOp],
+                      now: float) -> RestoreOp | None:
+        """Restore the lower tier's entry into ``seq_id`` when it pays; ``ops`` gets what must
+        happen before (cached prefixes evicted for its cells, an entry dropped for a scratch id)."""
+        if self.tier is None:
+            return None
+        found = self.tier(reusable)
+        if found.key is None or not restore_pays(found.n_tokens - match.n_tokens, found.n_entry):
+            return None
+        free = self.index.n_cells - self.index.cells_used
+        if free < found.n_entry:  # the whole entry comes back before it is trimmed to the match
+            ops += self.index.evict(found.n_entry - free)
+            if self.index.n_cells - self.index.cells_used < found.n_entry:
+                return None
+        try:
+            scratch, scratch_ops = self.index.allocate()
+        except IndexError:
+            return None
+        ops += scratch_ops
+        self.index.release(scratch)  # it holds no cells before or after the restore
+        self.index.restored(seq_id, reusable[:found.n_tokens], now)
+        return RestoreOp(seq_id, found.key, found.n_tokens, scratch)
+
+    def restore_failed(self, seq_id: int) -> Sequence | None:
+        """A planned restore did not happen: the running sequence on ``seq_id`` has no cells and
+        computes its prompt from the start (the caller drops its chunk from this step)."""
+        seq = next((s for s in self.running if s.seq_id == seq_id), None)
+        if seq is not None:
+            self.index.forget_cells(seq_id)
+            if seq.n_cached == seq.n_past and seq.n_preempted == 0:
+                seq.n_cached = 0
+            seq.n_past = 0
+        return seq
 
     def _room_for_newcomers(self) -> int:
         """Cells free or held by cached prefixes alone, less what running sequences still compute."""
