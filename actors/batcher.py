@@ -64,6 +64,7 @@ class BatcherActor(pykka.ThreadingActor):
         self.generation = generation
         self.board = board if board is not None else StatsBoard()
         self.tiers = tiers  # the tree's, not this generation's: evicted prefixes outlive a crash
+        self._failed = False
         self.step_counters = StepCounters()
         self.counters = self.step_counters.counts
         self.step_ms = self.step_counters.step_ms
@@ -127,6 +128,7 @@ class BatcherActor(pykka.ThreadingActor):
         log.error("batcher_failed", generation=self.generation, error=repr(exception_value))
         self._offer_entries()  # before the supervisor hears: the next generation finds them warm
         self._report_failure(exception_value or RuntimeError("unknown failure"))
+        self._failed = True
         self.on_stop()  # pykka skips on_stop after a failure; the context must still be freed
 
     def _offer_entries(self) -> None:
@@ -141,8 +143,9 @@ class BatcherActor(pykka.ThreadingActor):
             log.warning("cache_tier_offer_failed", generation=self.generation, error=repr(e))
 
     def on_stop(self) -> None:
-        if self.tiers is not None and self.tiers.persistent:
-            self._offer_entries()  # a shutdown: what is cached goes to disk with the RAM tier
+        if self.tiers is not None and self.tiers.persistent and not self._failed:
+            self._offer_entries()  # a shutdown: what is cached goes to disk, with the RAM tier
+            self.tiers.persist()
         self.flush_timer.cancel()
         if self.watchdog is not None:
             self.watchdog.stop()

@@ -21,6 +21,8 @@ from typing import Any
 import llama_cpp
 
 _PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+# The build whose layout the bytes have: a saved state is valid for this one only.
+BUILD = f"llama-cpp-python {llama_cpp.__version__}, state v{llama_cpp.LLAMA_STATE_SEQ_VERSION}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,8 +32,9 @@ def start_tree(config: Config, start_timeout_s: float = 300.0) -> LLM:
     from llamactor.cache_tiers import CacheTiers
 
     board = StatsBoard()
-    tiers = CacheTiers.for_config(config)  # outlives each batcher: a restart finds its prefixes warm
-    supervisor = SupervisorActor.start(config, resolve_model_path(config.model), BatcherActor.start, board, tiers)
+    model_path = resolve_model_path(config.model)
+    tiers = CacheTiers.for_config(config, model_path)  # outlives each batcher: a restart finds its prefixes warm
+    supervisor = SupervisorActor.start(config, model_path, BatcherActor.start, board, tiers)
     proxy = supervisor.proxy()
     if not proxy.ready.get().wait(start_timeout_s):
         supervisor.stop()
