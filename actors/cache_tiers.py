@@ -54,7 +54,10 @@ class CacheTiers:
             validity = {"model": model_identity(model_path), "n_ctx": config.n_ctx,
                         "kv_type": getattr(config, "kv_type", "f16"), "kv_unified": True, "swa_full": True,
                         "build": BUILD}
-            disk = DiskTier(config.cache_dir, config.cache_dir_mib * MIB, validity)
+            try:
+                disk = DiskTier(config.cache_dir, config.cache_dir_mib * MIB, validity)
+            except OSError as e:  # an unusable directory costs the disk tier, not the service
+                log.warning("disk_tier_unavailable", dir=config.cache_dir, error=str(e))
         return cls(config.cache_ram_mib * MIB, disk)
 
     # -- batcher thread -----------------------------------------------------------------------

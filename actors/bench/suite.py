@@ -6,7 +6,8 @@ ratios compare like with like. Workloads (seed issue 4), by their results key: *
 batched-decode ceiling, and the idle CPU use of a started tree), the daemon (``daemon``), the
 prefix cache's *multiturn* and *few_shot* (``prefix``), the scheduler's *priorities* and
 *overcommit* (``scheduling``), JSON-Schema-constrained vs unconstrained requests (``structured``),
-packed embeddings (``embeddings``), two replicas behind the router (``replicas``), and with a
+packed embeddings (``embeddings``), two replicas behind the router (``replicas``), the cache
+tiers' *many_users* and *warm_restart* (``tiers``), and with a
 llama-server binary the *peer* leg (``peer``). The shared pieces live beside them: ``settings``
 (``BenchSettings``, re-exported here for the CLI), ``measure``, ``prompts``, ``conversations``,
 ``servers``, ``baselines``; ``report`` turns the results into the table.
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from llamactor.bench import daemon, embeddings, generation, peer, prefix, replicas, scheduling, structured
+from llamactor.bench import daemon, embeddings, generation, peer, prefix, replicas, scheduling, structured, tiers
 from llamactor.bench.settings import BenchSettings
 
 __all__ = ["BenchSettings", "Workload", "failures", "n_ticks", "run", "workloads"]
@@ -35,7 +36,8 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "multiturn": (4, prefix.bench_multiturn), "few_shot": (2, prefix.bench_few_shot),
         "priorities": (2, scheduling.bench_priorities), "overcommit": (2, scheduling.bench_overcommit),
         "structured": (1, structured.bench_structured), "embeddings": (3, embeddings.bench_embeddings),
-        "replicas": (3, replicas.bench_replicas)}
+        "replicas": (3, replicas.bench_replicas),
+        "many_users": (2, tiers.bench_many_users), "warm_restart": (3, tiers.bench_warm_restart)}
     if s.peer_server:
         found["peer"] = (2, peer.bench_peer)
     return found

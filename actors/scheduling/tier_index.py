@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 from llamactor.scheduling.prefix_index import common_prefix_len
 
-# Measured on this project's 2-core machine with Gemma 3 270M (docs/performance.md, "cache tiers"):
-# restoring copies every position of an entry (~0.01 ms per token), recomputing costs ~0.5 ms
-# per token in a prefill chunk. Restoring pays once the tokens it saves recomputing exceed 1/20
-# of the entry's length, and a floor keeps the few-token cases on the cheap path.
+# Measured on this project's 2-core machine with Gemma 3 270M (docs/operations.md, "Host-RAM
+# tier"): restoring copies every position of an entry, ~0.01 ms per token (9 ms for 1,024, 40 ms
+# for 4,096, save ~2-4x that); recomputing costs ~1.8 ms per token (a 400-token prefill), 6 and
+# more under load. Restoring pays once the tokens it saves recomputing exceed 1/20 of the entry's
+# length (a wide margin), and a floor keeps few-token gains on the plain path.
 RESTORE_COST_PER_TOKEN = 1 / 20
 RESTORE_MIN_GAIN = 16
 
