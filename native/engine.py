@@ -235,7 +235,11 @@ class Engine:
         return llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id)
 
     def save_seq(self, seq_id: int, n_tokens: int) -> SeqState:
-        """A copy of the KV of ``seq_id``'s positions ``0 .. n_tokens - 1`` (it must hold exactly those)."""
+        """A copy of the KV of ``seq_id``'s positions ``0 .. n_tokens - 1``; ``RuntimeError`` unless
+        it holds exactly those (an index out of step with the cells must not save a wrong entry)."""
+        if (self.seq_pos_min(seq_id), self.seq_pos_max(seq_id)) != (0, n_tokens - 1):
+            raise RuntimeError(f"sequence {seq_id} holds positions {self.seq_pos_min(seq_id)}.."
+                               f"{self.seq_pos_max(seq_id)}, not 0..{n_tokens - 1}")
         return kv_state.save(self.ctx, self.memory, seq_id, seq_id + self._shadow, n_tokens, self.n_swa)
 
     def restore_seq(self, seq_id: int, state: SeqState, scratch_id: int) -> bool:

@@ -72,6 +72,8 @@ def test_a_saved_restored_and_saved_again_sequence_has_the_same_bytes(engine: En
     engine.clear()
     engine.prefill(0, tokens[:1200])
     state = engine.save_seq(0, 1200)
+    with pytest.raises(RuntimeError, match="holds positions 0..1199"):
+        engine.save_seq(0, 1000)  # a caller out of step with the cells saves nothing
     engine.clear()
     engine.prefill(2, tokens[:50])  # other cells in use: the restore lands elsewhere
     assert engine.restore_seq(0, state, scratch_id=3)
