@@ -10,6 +10,7 @@ handler reaches ``on_failure``, which reports to the supervisor before the actor
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from llamactor.base.logging import get_logger
 from llamactor.base.config import Config
 from llamactor.base.errors import ContextFullError, LlamactorError, QueueFullError, StepAbortedError
 from llamactor.batcher_stats import StepCounters, audit_kv, batcher_stats
+from llamactor.cache_tiers import CacheTiers
 from llamactor.embedding_steps import EmbeddingSteps
 from llamactor.scheduling.embedding_queue import EmbeddingQueue
 from llamactor.grammar_sampler import GrammarSampler
@@ -40,6 +42,7 @@ from llamactor.base.messages import (
 from llamactor.native.engine import Engine
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
+from llamactor.scheduling.tier_index import RestoreOp
 from llamactor.prompts import PromptBuilder
 from llamactor.requests import finish_request, resume_sequence, start_sequence
 from llamactor.scheduling.scheduler import Scheduler
@@ -54,7 +57,8 @@ log = get_logger("llamactor.batcher")
 
 class BatcherActor(pykka.ThreadingActor):
     def __init__(self, config: Config, model_path: str, supervisor: pykka.ActorRef[Any] | None = None,
-                 generation: int = 0, watchdog_trips: int = 0, board: StatsBoard | None = None) -> None:
+                 generation: int = 0, watchdog_trips: int = 0, board: StatsBoard | None = None,
+                 tiers: CacheTiers | None = None) -> None:
         super().__init__()
         self.config = config
         self.model_path = model_path
@@ -62,6 +66,8 @@ class BatcherActor(pykka.ThreadingActor):
         self.supervisor = supervisor
         self.generation = generation
         self.board = board if board is not None else StatsBoard()
+        self.tiers = tiers  # the tree's, not this generation's: evicted prefixes outlive a crash
+        self._failed = False
         self.step_counters = StepCounters()
         self.counters = self.step_counters.counts
         self.step_ms = self.step_counters.step_ms
@@ -88,7 +94,10 @@ class BatcherActor(pykka.ThreadingActor):
                 lambda inputs, pooling: self.engine.embedder(cfg.embedding_n_batch, cfg.embedding_n_seq_max).embed(
                     inputs, pooling), self.engine.info.n_embd, self.engine.info.embedding_pooling)
             self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template, cfg.system_prompt)
-            self.index = PrefixIndex(n_seq_ids=self.engine.info.n_seq_max, n_cells=self.engine.info.n_ctx)
+            if self.tiers is not None and not self.engine.seq_state_supported:
+                self.tiers = None
+            self.index = PrefixIndex(n_seq_ids=self.engine.info.n_seq_max, n_cells=self.engine.info.n_ctx,
+                                     offer_evicted=self.tiers is not None)
             for tokens in self.prompts.shared_prefix_tokens():
                 self._prefill_pinned(tokens)
             self.scheduler = Scheduler(n_parallel=cfg.n_parallel, n_batch=self.engine.info.n_batch,
@@ -96,7 +105,8 @@ class BatcherActor(pykka.ThreadingActor):
                                        max_queue=cfg.max_queue, index=self.index, keep_finished=cfg.prefix_cache,
                                        cache_budget_cells=cfg.prefix_cache_cells, score_rows=cfg.score_rows_per_step,
                                        score_share=cfg.score_time_share,
-                                       policy=Policy(cfg.schedule_policy, cfg.priority_aging_per_s))
+                                       policy=Policy(cfg.schedule_policy, cfg.priority_aging_per_s),
+                                       tier=self.tiers.lookup if self.tiers is not None else None)
             if cfg.watchdog_timeout_s > 0:
                 self.watchdog = Watchdog(cfg.watchdog_timeout_s, self.engine.abort_flag, self._on_watchdog_fired)
             if self.engine.test_hang is not None:
@@ -121,10 +131,26 @@ class BatcherActor(pykka.ThreadingActor):
 
     def on_failure(self, exception_type: Any, exception_value: BaseException | None, traceback: Any) -> None:
         log.error("batcher_failed", generation=self.generation, error=repr(exception_value))
+        self._offer_entries()  # before the supervisor hears: the next generation finds them warm
         self._report_failure(exception_value or RuntimeError("unknown failure"))
+        self._failed = True
         self.on_stop()  # pykka skips on_stop after a failure; the context must still be freed
 
+    def _offer_entries(self) -> None:
+        """Copy every cached prefix still in the cells to the lower tier (the context is going)."""
+        if self.tiers is None or getattr(self, "engine", None) is None or not hasattr(self, "index"):
+            return
+        try:
+            for seq_id, pinned in list(self.index.entries.items()):
+                if not pinned:
+                    self.tiers.save(self.engine, seq_id, self.index.tokens(seq_id))
+        except Exception as e:  # a context in a bad state: what was saved stays, the rest is lost
+            log.warning("cache_tier_offer_failed", generation=self.generation, error=repr(e))
+
     def on_stop(self) -> None:
+        if self.tiers is not None and self.tiers.persistent and not self._failed:
+            self._offer_entries()  # a shutdown: what is cached goes to disk, with the RAM tier
+            self.tiers.persist()
         self.flush_timer.cancel()
         if self.watchdog is not None:
             self.watchdog.stop()
@@ -242,7 +268,9 @@ class BatcherActor(pykka.ThreadingActor):
 
     def _generation_step(self, t0: float) -> None:
         plan = self.scheduler.schedule(t0)
-        self._apply(plan.kv_ops)
+        for seq_id in self._apply(plan.kv_ops):  # a restore that failed: that prompt starts over
+            seq = self.scheduler.restore_failed(seq_id)
+            plan.chunks = [c for c in plan.chunks if c.seq is not seq]
         for seq in plan.preempted:
             log.info("request_preempted", request_id=seq.request_id, n_tokens=len(seq.token_ids),
                      n_preempted=seq.n_preempted, priority=seq.priority)
@@ -258,13 +286,21 @@ class BatcherActor(pykka.ThreadingActor):
         self._postprocess(plan, result)
         self.step_counters.add_step_time(t0, t1, t2, time.perf_counter())
 
-    def _apply(self, ops: list[KvOp]) -> None:
-        """Carry out the prefix index's decisions on the llama context, in order."""
+    def _apply(self, ops: Iterable[KvOp | RestoreOp]) -> list[int]:
+        """Carry out the prefix index's decisions on the llama context, in order; an evicted
+        entry goes to the lower tier first. Returns the seq_ids whose restore failed."""
+        failed = []
         for op in ops:
-            if op.src >= 0:
+            if isinstance(op, RestoreOp):
+                if self.tiers is None or not self.tiers.restore(self.engine, op):
+                    failed.append(op.seq_id)
+            elif op.src >= 0:
                 self.engine.seq_cp(op.src, op.seq_id, 0, op.p0)
             else:
+                if op.save and self.tiers is not None:
+                    self.tiers.save(self.engine, op.seq_id, op.save)
                 self.engine.seq_rm(op.seq_id, op.p0, -1)
+        return failed
 
     def _run(self, plan: StepPlan) -> Any:
         tokens, positions, seq_ids, wants = plan.rows()
@@ -346,9 +382,12 @@ class BatcherActor(pykka.ThreadingActor):
         return audit_kv(self.engine, self.index)
 
     def stats(self) -> dict[str, Any]:
-        return batcher_stats(generation=self.generation, watchdog_trips=self.watchdog_trips,
-                             counters=self.step_counters, scheduler=self.scheduler, index=self.index,
-                             info=self.engine.info, embeddings=self.embeddings, sampler=self.sampler)
+        stats = batcher_stats(generation=self.generation, watchdog_trips=self.watchdog_trips,
+                              counters=self.step_counters, scheduler=self.scheduler, index=self.index,
+                              info=self.engine.info, embeddings=self.embeddings, sampler=self.sampler)
+        if self.tiers is not None:
+            stats["cache_ram"] = self.tiers.stats()
+        return stats
 
     def _publish(self, now: float) -> None:
         """Put a stats snapshot on the tree's board: when idle, or at most every BATCHER_PUBLISH_S."""

@@ -46,17 +46,19 @@ BatcherFactory = Callable[..., pykka.ActorRef[Any]]
 
 
 class SupervisorActor(pykka.ThreadingActor):
-    """``start_batcher(config, model_path, supervisor_ref, generation, watchdog_trips, board)``
+    """``start_batcher(config, model_path, supervisor_ref, generation, watchdog_trips, board, tiers)``
     starts a batcher actor (``BatcherActor.start``; passed in so that importing the caller side
-    never loads llama.cpp)."""
+    never loads llama.cpp). ``tiers``: the tree's lower cache tiers (opaque here), handed to every
+    generation so that a restarted batcher finds what its predecessor cached."""
 
     def __init__(self, config: Config, model_path: str, start_batcher: BatcherFactory,
-                 board: StatsBoard | None = None) -> None:
+                 board: StatsBoard | None = None, tiers: Any = None) -> None:
         super().__init__()
         self.config = config
         self.model_path = model_path
         self.start_batcher = start_batcher
         self.board = board if board is not None else StatsBoard()
+        self.tiers = tiers
         self.inflight: dict[str, Request] = {}
         self.batcher: pykka.ActorRef[Any] | None = None
         self.generation = 0
@@ -91,7 +93,7 @@ class SupervisorActor(pykka.ThreadingActor):
     def _start_batcher(self) -> None:
         self.generation += 1
         self.batcher = self.start_batcher(self.config, self.model_path, self.actor_ref, self.generation,
-                                          self.n_watchdog_trips, self.board)
+                                          self.n_watchdog_trips, self.board, self.tiers)
         self.board.batcher_ref = self.batcher
         for msg in self.inflight.values():  # replay in submission order
             tell_quietly(self.batcher, msg)

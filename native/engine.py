@@ -29,6 +29,8 @@ from llamactor.native.abort import AbortFlag, TestHang
 from llamactor.native.batch import ReusableBatch
 from llamactor.base.chat_template import ChatTemplate
 from llamactor.native.embedding import Embedder, default_pooling
+from llamactor.native import kv_state
+from llamactor.native.kv_state import SeqState
 from llamactor.native.tokenizer import Tokenizer
 
 _backend_lock = threading.Lock()
@@ -127,6 +129,11 @@ class Engine:
             metadata={k: v for k, v in metadata.items() if k != "tokenizer.chat_template"},
         )
         self._shadow = self.info.n_seq_max
+        # Sliding-window layers (Gemma 3: 512 positions); 0 when the model has none.
+        self.n_swa = llama_cpp.llama_model_n_swa(self.model) if hasattr(llama_cpp, "llama_model_n_swa") else 0
+        # A recurrent state cannot be cut at a position: such models get no lower cache tiers.
+        self.seq_state_supported = not (llama_cpp.llama_model_is_recurrent(self.model)
+                                        or llama_cpp.llama_model_is_hybrid(self.model))
         self.batch = ReusableBatch(self.info.n_batch, self._shadow)
         self._scratch = ReusableBatch(self.info.n_batch, self._shadow)  # sub-batches when a step must be split
         self._embedder: Embedder | None = None
@@ -240,6 +247,19 @@ class Engine:
     def seq_pos_min(self, seq_id: int) -> int:
         """The lowest position of ``seq_id`` still in the sliding-window cache (-1: none)."""
         return llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id)
+
+    def save_seq(self, seq_id: int, n_tokens: int) -> SeqState:
+        """A copy of the KV of ``seq_id``'s positions ``0 .. n_tokens - 1``; ``RuntimeError`` unless
+        it holds exactly those (an index out of step with the cells must not save a wrong entry)."""
+        if (self.seq_pos_min(seq_id), self.seq_pos_max(seq_id)) != (0, n_tokens - 1):
+            raise RuntimeError(f"sequence {seq_id} holds positions {self.seq_pos_min(seq_id)}.."
+                               f"{self.seq_pos_max(seq_id)}, not 0..{n_tokens - 1}")
+        return kv_state.save(self.ctx, self.memory, seq_id, seq_id + self._shadow, n_tokens, self.n_swa)
+
+    def restore_seq(self, seq_id: int, state: SeqState, scratch_id: int) -> bool:
+        """Put a saved state into the empty ``seq_id``; ``scratch_id``, an empty sequence nobody
+        uses meanwhile, carries the older sliding-window cells. False: refused, nothing changed."""
+        return kv_state.restore(self.ctx, self.memory, seq_id, seq_id + self._shadow, scratch_id, state)
 
     def embedder(self, n_batch: int, n_seq_max: int) -> Embedder:
         """The embedding contexts on this engine's model, made on first use."""

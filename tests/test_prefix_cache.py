@@ -152,8 +152,10 @@ def test_cancelled_and_preempted_requests_leave_the_index_consistent(start_llm) 
     assert audit_kv(llm) == []
 
 
-def test_a_restarted_batcher_starts_with_an_empty_cache_and_replays_its_requests(start_llm) -> None:
-    llm = start_llm(n_parallel=2, batch_size=8, batch_timeout_ms=300)
+def test_a_restarted_batcher_starts_with_empty_cells_and_replays_its_requests(start_llm) -> None:
+    # Without the host-RAM tier, which would give the restarted batcher its predecessor's entries
+    # (test_cache_tiers.py).
+    llm = start_llm(n_parallel=2, batch_size=8, batch_timeout_ms=300, cache_ram_mib=0)
     llm.ask("Cached before the crash", max_tokens=4)
     assert llm.stats()["prefix_cache"]["entries"] == 1
     queued = llm.submit("Cached before the crash, and more", max_tokens=4, ignore_eos=True)  # waits for its window

@@ -161,6 +161,9 @@ class Config:
     # Beside other callers' work, scoring may add at most this fraction of it to a step (in compute:
     # prompt tokens + 2 per logits row), so generation keeps its speed under an evaluation load.
     score_time_share: float = 0.25
+    cache_ram_mib: int = 1024  # host RAM for cached prefixes evicted from the KV cells (restored on a hit); 0: off
+    cache_dir: str | None = None  # a directory keeping cached prefixes across restarts; None: off
+    cache_dir_mib: int = 4096  # the most the cache directory holds (least recently used files go first)
     schedule_policy: str = "priority"  # "fcfs" | "priority" | "lpm" (llamactor.scheduling.policy)
     priority_aging_per_s: float = 0.1  # effective priority gained per second of waiting (seed 001)
     watchdog_timeout_s: float = 60.0  # a step running longer is aborted and the batcher restarted; 0: off
@@ -216,6 +219,11 @@ class Config:
         # context cannot be created, so say so now rather than as a model load failure.
         _require(self.kv_type == "f16" or self.flash_attn != "off",
                  f"kv_type {self.kv_type} needs flash attention: use flash_attn 'auto' or 'on', or kv_type f16")
+        _require(isinstance(self.cache_ram_mib, int) and self.cache_ram_mib >= 0,
+                 f"cache_ram_mib must be an integer >= 0 (0: off), got {self.cache_ram_mib!r}")
+        _require(isinstance(self.cache_dir_mib, int) and self.cache_dir_mib >= 1,
+                 f"cache_dir_mib must be an integer >= 1, got {self.cache_dir_mib!r}")
+        _require(self.cache_dir is None or self.cache_dir != "", "cache_dir must not be empty (None: off)")
         _require(self.prefix_cache_cells is None or self.prefix_cache_cells >= 0,
                  f"prefix_cache_cells must be >= 0 or None, got {self.prefix_cache_cells}")
 

@@ -20,7 +20,7 @@ from llamactor.bench.prompts import TOWNS, TRADES
 from llamactor.bench.settings import BenchSettings
 
 
-def _multiturn_run(llm: llamactor.LLM, n_users: int, n_turns: int, max_tokens: int) -> dict[str, Any]:
+def multiturn_run(llm: llamactor.LLM, n_users: int, n_turns: int, max_tokens: int) -> dict[str, Any]:
     before = llm.stats()
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(n_users) as pool:
@@ -52,7 +52,7 @@ def bench_multiturn(s: BenchSettings, tick: Callable[[], None]) -> list[dict[str
             with llamactor.start(s.model_path, n_parallel=n_parallel, n_ctx=n_ctx, n_threads=s.n_threads,
                                  prefix_cache=cache) as llm:
                 llm.ask("warm up", max_tokens=2)
-                row["cache_on" if cache else "cache_off"] = _multiturn_run(llm, n_users, n_turns, 32)
+                row["cache_on" if cache else "cache_off"] = multiturn_run(llm, n_users, n_turns, 32)
             tick()
         on, off = row["cache_on"], row["cache_off"]
         row["ttft_later_p50_ratio"] = on["ttft_later_p50_ms"] / off["ttft_later_p50_ms"]

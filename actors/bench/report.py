@@ -33,6 +33,9 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("structured c=16: constrained outputs valid", "structured.valid_fraction", ">=", 1.0),
     ("embeddings: inputs/s, 16 callers packed / one at a time (Llama.embed)", "embeddings.throughput_ratio", ">=", 4.0),
     ("embeddings: generation tok/s under embedding load / alone", "embeddings.generation_ratio", ">=", 0.8),
+    ("many users 64×4 on 8: history tokens from cache, RAM tier", "many_users.ram_on.history_from_cache", ">=", 0.95),
+    ("many users 64×4 on 8: later-turn TTFT p50, RAM tier / none", "many_users.ttft_later_p50_ratio", "<=", 0.3),
+    ("warm restart: next-turn TTFT p50, restarted on --cache-dir / cold", "warm_restart.ttft_p50_ratio", "<=", 0.25),
     # no absolute target on 2 cores (the replicas share them); affinity must beat the shortest queue on cache
     ("replicas multiturn: history from cache, prefix_affinity - shortest_queue", "replicas.multiturn.hit_rate_gain",
      ">", 0.0),
@@ -82,7 +85,7 @@ def markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
              f"({'quick' if meta['settings']['quick'] else 'full'} run).", ""]
     failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
     ok = {k: v for k, v in results.items() if k not in failed}
-    for section in (_uniform, _others, _daemon, _multiturn, _few_shot, _peer, _scheduling):
+    for section in (_uniform, _others, _daemon, _multiturn, _few_shot, _tiers, _peer, _scheduling):
         lines += section(ok)
     lines += [f"**{name} failed**: {error}" for name, error in failed.items()] + ([""] if failed else [])
     measured = [v for v in verdicts(results) if v["value"] is not None]  # not the workloads left out
@@ -169,6 +172,25 @@ def _few_shot(results: dict[str, Any]) -> list[str]:
             f"({fs['ttft_p50_ratio']:.2f}×), wall {on['wall_s']:.1f} vs {off['wall_s']:.1f} s ({fs['wall_ratio']:.2f}×), "
             f"prompt tokens computed {on['prompt_tokens_computed']} vs {off['prompt_tokens_computed']} "
             f"(of {on['prompt_tokens_sent']} sent).", ""]
+
+
+def _tiers(results: dict[str, Any]) -> list[str]:
+    lines = []
+    if mu := results.get("many_users"):
+        on, off = mu["ram_on"], mu["ram_off"]
+        lines += [f"Many users: {mu['users']} users × {mu['turns']} turns on {mu['n_parallel']} sequences, n_ctx "
+                  f"{mu['n_ctx']}, history re-sent: history tokens from cache {on['history_from_cache']:.1%} with the "
+                  f"host-RAM tier vs {off['history_from_cache']:.1%} without; later-turn TTFT p50 "
+                  f"{on['ttft_later_p50_ms']:.0f} vs {off['ttft_later_p50_ms']:.0f} ms ({mu['ttft_later_p50_ratio']:.2f}×), "
+                  f"wall {on['wall_s']:.1f} vs {off['wall_s']:.1f} s; {on['tier']['restored']} restores of "
+                  f"{on['tier']['restored_tokens']} tokens ({on['tier']['restore_ms']:.0f} ms), {on['tier']['saved']} "
+                  f"saves ({on['tier']['save_ms']:.0f} ms).", ""]
+    if wr := results.get("warm_restart"):
+        lines += [f"Warm restart: {wr['users']} users' next turn at once after the daemon was stopped (SIGTERM) and "
+                  f"started on its --cache-dir: TTFT p50 {wr['warm_ttft_p50_ms']:.0f} ms vs {wr['cold_ttft_p50_ms']:.0f} "
+                  f"ms on a cold daemon ({wr['ttft_p50_ratio']:.2f}×), p90 {wr['warm_ttft_p90_ms']:.0f} vs "
+                  f"{wr['cold_ttft_p90_ms']:.0f} ms.", ""]
+    return lines
 
 
 def _peer(results: dict[str, Any]) -> list[str]:

@@ -67,6 +67,11 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
     "score_rows_per_step": Tweak("Logits rows one step may compute for prompt log-probabilities (1 MiB each "
                                  "with Gemma 3)."),
     "score_time_share": Tweak("What scoring may add to a step beside other callers' work, as a fraction of it."),
+    "cache_ram_mib": Tweak("Host RAM (MiB) keeping cached prefixes evicted from the KV cells; restored on a "
+                           "hit. 0 turns it off."),
+    "cache_dir": Tweak("A directory keeping cached prefixes across restarts (written at shutdown and as "
+                       "entries leave RAM).", show_default="off"),
+    "cache_dir_mib": Tweak("The most the cache directory holds (MiB); least recently used files go first."),
     "schedule_policy": Tweak("Admission order: by arrival, by priority with aging, or longest cached prefix first.",
                              type=click.Choice(POLICIES)),
     "priority_aging_per_s": Tweak("Priority levels a waiting request gains per second.", flag="--priority-aging",

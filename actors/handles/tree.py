@@ -29,9 +29,12 @@ def start_tree(config: Config, start_timeout_s: float = 300.0) -> LLM:
     # The batcher side (llama.cpp, torch) loads only when a tree starts: `import llamactor`, the
     # HTTP app and the Ray ingress never decode and never load it.
     from llamactor.batcher import BatcherActor
+    from llamactor.cache_tiers import CacheTiers
 
     board = StatsBoard()
-    supervisor = SupervisorActor.start(config, resolve_model_path(config.model), BatcherActor.start, board)
+    model_path = resolve_model_path(config.model)
+    tiers = CacheTiers.for_config(config, model_path)  # outlives each batcher: a restart finds its prefixes warm
+    supervisor = SupervisorActor.start(config, model_path, BatcherActor.start, board, tiers)
     proxy = supervisor.proxy()
     if not proxy.ready.get().wait(start_timeout_s):
         supervisor.stop()

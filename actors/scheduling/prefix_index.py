@@ -24,11 +24,14 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True, slots=True)
 class KvOp:
     """``seq_rm(seq_id, p0, -1)`` (``p0 = 0``: the whole sequence), or with ``src`` set,
-    ``seq_cp(src, seq_id, 0, p0)``: attach the first ``p0`` cells of ``src`` to ``seq_id``."""
+    ``seq_cp(src, seq_id, 0, p0)``: attach the first ``p0`` cells of ``src`` to ``seq_id``.
+    ``save``: the tokens of a cached entry this ``seq_rm`` evicts, whose KV goes to the lower
+    cache tier first (only when the index was made with ``offer_evicted``)."""
 
     seq_id: int
     p0: int = 0
     src: int = -1
+    save: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.seq_id < 0 or self.p0 < 0 or (self.src >= 0 and self.p0 == 0):
@@ -66,10 +69,11 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 class PrefixIndex:
     """Radix tree of KV cells, the seq_id pool and LRU eviction. Batcher thread only."""
 
-    def __init__(self, *, n_seq_ids: int, n_cells: int) -> None:
+    def __init__(self, *, n_seq_ids: int, n_cells: int, offer_evicted: bool = False) -> None:
         if n_seq_ids < 1 or n_cells < 1:
             raise ValueError("the index needs at least one seq_id and one cell")
         self.n_cells = n_cells  # KV cells in the context
+        self.offer_evicted = offer_evicted  # evicting KvOps carry the entry's tokens (a lower tier keeps them)
         self.root = Node([], 0, None)
         self.leaf: dict[int, Node] = {}  # every tracked seq_id -> the node its KV ends in
         self.entries: dict[int, bool] = {}  # cached seq_ids -> pinned
@@ -127,9 +131,12 @@ class PrefixIndex:
             victim = self._redundant_entry()
             if victim is None:
                 victim = self._lru_entry(any_owner=True)
-            if victim is None:
-                raise IndexError("every seq_id is running or pinned")
-            ops.append(self._drop(victim))
+                if victim is None:
+                    raise IndexError("every seq_id is running or pinned")
+                save = self._offered(victim)
+                ops.append(KvOp(self._drop(victim).seq_id, save=save))
+            else:
+                ops.append(self._drop(victim))  # covered by another sequence: nothing to save
         seq_id = self.free_ids.pop()
         self.leaf[seq_id] = self.root
         return seq_id, ops
@@ -202,17 +209,33 @@ class PrefixIndex:
             if victim is None:
                 break
             own = self._own_tail(victim)
+            save = self._offered(victim)
             if own > n_cells:
                 keep = self.leaf[victim].end - n_cells
                 self._truncate(victim, keep)
-                ops.append(KvOp(victim, keep))
+                ops.append(KvOp(victim, keep, save=save))
                 self.counters["evicted_cells"] += n_cells
                 break
             n_cells -= own
             self.counters["evicted_cells"] += own
             self.counters["evicted_entries"] += 1
-            ops.append(self._drop(victim))
+            ops.append(KvOp(self._drop(victim).seq_id, save=save))
         return ops
+
+    def restored(self, seq_id: int, tokens: Sequence[int], now: float) -> None:
+        """The fresh ``seq_id`` got the KV of ``tokens`` from a lower tier (new cells of its own)."""
+        if self.leaf.get(seq_id) is not self.root:
+            raise ValueError(f"seq_id {seq_id} is not a fresh sequence")
+        self.counters["lookups"] += 1
+        self.extend(seq_id, tokens, now)
+
+    def forget_cells(self, seq_id: int) -> None:
+        """``seq_id``'s restore failed: it holds no cells after all (it stays allocated)."""
+        for node in list(self._path(self.leaf[seq_id])):
+            node.seq_ids.discard(seq_id)
+            if not node.seq_ids:
+                self._remove_node(node)
+        self.leaf[seq_id] = self.root
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -246,6 +269,9 @@ class PrefixIndex:
         self.entries.pop(seq_id, None)
         self.free_ids.append(seq_id)
         return KvOp(seq_id)
+
+    def _offered(self, seq_id: int) -> tuple[int, ...]:
+        return tuple(self.tokens(seq_id)) if self.offer_evicted else ()
 
     def _remove_node(self, node: Node) -> None:
         assert node.parent is not None and not node.children

@@ -19,11 +19,16 @@ fails.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llamactor.base.errors import QueueFullError
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, Match, PrefixIndex, common_prefix_len
 from llamactor.scheduling.prompt_scores import ROW_COST, ScoreCache, fit_chunk
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
+from llamactor.scheduling.tier_index import RestoreOp, TierMatch, restore_pays
+
+TierLookup = Callable[[list[int]], TierMatch]  # a lower cache tier's longest match for some tokens
 
 __all__ = ["Chunk", "Scheduler", "Sequence", "StepPlan"]
 
@@ -41,13 +46,15 @@ class Scheduler:
     ``score_rows``: logits rows one step may flag for prompt scoring; ``score_share``: what scoring
     work may add to a step that has other work, as a fraction of it; ``score_cache`` remembers
     finished sequences' prompt scores so that prompts sharing a prefix compute its rows once.
+    ``tier``: a lower cache tier (host RAM, disk) whose entries are restored into new cells when
+    that beats recomputing what the cells lack (``restore_pays``).
     """
 
     def __init__(self, *, n_parallel: int, n_batch: int, batch_size: int, batch_timeout_s: float,
                  max_queue: int, index: PrefixIndex, keep_finished: bool = True,
                  cache_budget_cells: int | None = None, share_min_tokens: int = 32,
                  policy: Policy | None = None, score_rows: int = 64, score_share: float = 0.25,
-                 score_cache: ScoreCache | None = None) -> None:
+                 score_cache: ScoreCache | None = None, tier: TierLookup | None = None) -> None:
         if n_batch < n_parallel:
             raise ValueError("n_batch must be >= n_parallel")
         self.n_parallel = n_parallel
@@ -63,6 +70,7 @@ class Scheduler:
         self.score_rows = score_rows
         self.score_share = score_share
         self.score_cache = score_cache if score_cache is not None else ScoreCache()
+        self.tier = tier
         self.pending: list[Sequence] = []  # in arrival order; the policy orders them at admission
         self.running: list[Sequence] = []
         self.n_preemptions = 0
@@ -154,12 +162,18 @@ class Scheduler:
                 break  # the most urgent waits for room; admitting others past it could starve it
             room -= needed
             seq_id, ops = self.index.allocate()
-            if ops:  # an entry was dropped to free the seq_id: it may have been the match
-                match = self._lookup(reusable)
-            plan.kv_ops += ops + self.index.attach(seq_id, match, now)
-            seq.seq_id, seq.n_past = seq_id, match.n_tokens
+            restore = self._plan_restore(seq_id, reusable, match, ops, now)
+            if restore is not None:
+                plan.kv_ops += ops + [restore]
+                n_hit = restore.n_keep
+            else:
+                if ops:  # an entry was dropped to free the seq_id (or make room): it may have been the match
+                    match = self._lookup(reusable)
+                plan.kv_ops += ops + self.index.attach(seq_id, match, now)
+                n_hit = match.n_tokens
+            seq.seq_id, seq.n_past = seq_id, n_hit
             if seq.admitted_at is None:  # first admission (not a preempted or resumed sequence)
-                seq.admitted_at, seq.n_cached = now, match.n_tokens
+                seq.admitted_at, seq.n_cached = now, n_hit
             self.pending.remove(seq)
             self.running.append(seq)
             plan.admitted.append(seq)
@@ -172,6 +186,39 @@ class Scheduler:
         if seq.scoring is not None and not seq.scoring.done:
             end = min(end, seq.scoring.next_row)
         return seq.token_ids[:end]
+    def _plan_restore(self, seq_id: int, reusable: list[int], match: Match, ops: list[KvOp],
+                      now: float) -> RestoreOp | None:
+        """Restore the lower tier's entry into ``seq_id`` when it pays; ``ops`` gets what must
+        happen before (cached prefixes evicted for its cells, an entry dropped for a scratch id)."""
+        if self.tier is None:
+            return None
+        found = self.tier(reusable)
+        if found.key is None or not restore_pays(found.n_tokens - match.n_tokens, found.n_entry):
+            return None
+        free = self.index.n_cells - self.index.cells_used
+        if free < found.n_entry:  # the whole entry comes back before it is trimmed to the match
+            ops += self.index.evict(found.n_entry - free)
+            if self.index.n_cells - self.index.cells_used < found.n_entry:
+                return None
+        try:
+            scratch, scratch_ops = self.index.allocate()
+        except IndexError:
+            return None
+        ops += scratch_ops
+        self.index.release(scratch)  # it holds no cells before or after the restore
+        self.index.restored(seq_id, reusable[:found.n_tokens], now)
+        return RestoreOp(seq_id, found.key, found.n_tokens, scratch)
+
+    def restore_failed(self, seq_id: int) -> Sequence | None:
+        """A planned restore did not happen: the running sequence on ``seq_id`` has no cells and
+        computes its prompt from the start (the caller drops its chunk from this step)."""
+        seq = next((s for s in self.running if s.seq_id == seq_id), None)
+        if seq is not None:
+            self.index.forget_cells(seq_id)
+            if seq.n_cached == seq.n_past and seq.n_preempted == 0:
+                seq.n_cached = 0
+            seq.n_past = 0
+        return seq
 
     def _room_for_newcomers(self) -> int:
         """Cells free or held by cached prefixes alone, less what running sequences still compute."""

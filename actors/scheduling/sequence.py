@@ -9,6 +9,7 @@ from typing import Any
 from llamactor.base.messages import Generate
 from llamactor.scheduling.prefix_index import KvOp
 from llamactor.scheduling.prompt_scores import ScoreState
+from llamactor.scheduling.tier_index import RestoreOp
 
 
 @dataclass(slots=True, eq=False)
@@ -88,7 +89,7 @@ class StepPlan:
     admitted: list[Sequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)  # back among the waiting, KV released
     failed: list[Sequence] = field(default_factory=list)  # cannot fit even alone: to end with an error
-    kv_ops: list[KvOp] = field(default_factory=list)  # to apply, in order, before the decode
+    kv_ops: list[KvOp | RestoreOp] = field(default_factory=list)  # to apply, in order, before the decode
 
     def rows(self) -> tuple[list[int], list[int], list[int], list[int]]:
         """The step's batch as (tokens, positions, seq_ids, wants_logits): each chunk's tokens

@@ -1,0 +1,94 @@
+"""The cache tiers' legs of ``llamactor bench``.
+
+*many_users*: 64 users × 4 turns on 8 sequences and 8192 cells, the history re-sent every turn
+(the cells hold about a third of the conversations, so most histories are evicted between two
+turns): the host-RAM tier on vs off, in the same run. *warm_restart*: 8 users' first turns on a
+daemon with ``--cache-dir``, the daemon stopped with SIGTERM and started again on the same
+directory, then every user's next turn at once (streamed, TTFT to the first piece) against the
+same turns on a cold daemon.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import openai
+
+import llamactor
+from llamactor.bench.conversations import QUESTIONS, persona
+from llamactor.bench.measure import percentile
+from llamactor.bench.prefix import multiturn_run
+from llamactor.bench.servers import running_server, serve_command
+from llamactor.bench.settings import BenchSettings
+
+MODEL_NAME = "bench"
+
+
+def bench_many_users(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
+    n_users, n_turns, n_parallel, n_ctx = (16, 3, 4, 2048) if s.quick else (64, 4, 8, 8192)
+    row: dict[str, Any] = {"users": n_users, "turns": n_turns, "n_parallel": n_parallel, "n_ctx": n_ctx}
+    for ram in (True, False):
+        with llamactor.start(s.model_path, n_parallel=n_parallel, n_ctx=n_ctx, n_threads=s.n_threads,
+                             cache_ram_mib=1024 if ram else 0) as llm:
+            llm.ask("warm up", max_tokens=2)
+            run = multiturn_run(llm, n_users, n_turns, 32)
+            if ram:
+                run["tier"] = llm.stats()["cache_ram"]
+            row["ram_on" if ram else "ram_off"] = run
+        tick()
+    row["ttft_later_p50_ratio"] = row["ram_on"]["ttft_later_p50_ms"] / row["ram_off"]["ttft_later_p50_ms"]
+    row["wall_ratio"] = row["ram_on"]["wall_s"] / row["ram_off"]["wall_s"]
+    return row
+
+
+def _first_turn(user: int) -> list[dict[str, str]]:
+    return [{"role": "system", "content": persona(user)}, {"role": "user", "content": QUESTIONS[user % len(QUESTIONS)]}]
+
+
+def _ttft_ms(client: openai.OpenAI, messages: Any) -> float:
+    start = time.perf_counter()
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=16, temperature=0,
+                                            stream=True)
+    ttft = None
+    for chunk in stream:
+        if ttft is None and chunk.choices and chunk.choices[0].delta.content:
+            ttft = (time.perf_counter() - start) * 1000
+    return ttft if ttft is not None else (time.perf_counter() - start) * 1000
+
+
+def _next_turns(url: str, conversations: list[list[dict[str, str]]]) -> list[float]:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0)
+    with concurrent.futures.ThreadPoolExecutor(len(conversations)) as pool:
+        return list(pool.map(lambda m: _ttft_ms(client, m), conversations))
+
+
+def bench_warm_restart(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
+    n_users = 4 if s.quick else 8
+    options = ("--n-parallel", "8", "--n-ctx", "8192", "--n-threads", str(s.n_threads))
+    out: dict[str, Any] = {"users": n_users}
+    with tempfile.TemporaryDirectory() as cache_dir:
+        warm_command = serve_command(s.model_path, MODEL_NAME, *options, "--cache-dir", cache_dir)
+        with running_server(warm_command) as (url, _):  # left with SIGTERM: the cache is written
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0)
+            conversations = []
+            for user in range(n_users):
+                messages: Any = _first_turn(user)
+                answer = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=32,
+                                                        temperature=0)
+                conversations.append(messages + [{"role": "assistant", "content": answer.choices[0].message.content or ""},
+                                                 {"role": "user", "content": QUESTIONS[(user + 1) % len(QUESTIONS)]}])
+        tick()
+        with running_server(warm_command) as (url, _):
+            warm = _next_turns(url, conversations)
+        tick()
+    with running_server(serve_command(s.model_path, MODEL_NAME, *options)) as (url, _):
+        cold = _next_turns(url, conversations)
+    tick()
+    out.update(warm_ttft_p50_ms=percentile(warm, 50), cold_ttft_p50_ms=percentile(cold, 50),
+               warm_ttft_p90_ms=percentile(warm, 90), cold_ttft_p90_ms=percentile(cold, 90))
+    out["ttft_p50_ratio"] = out["warm_ttft_p50_ms"] / out["cold_ttft_p50_ms"]
+    return out

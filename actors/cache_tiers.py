@@ -1,0 +1,165 @@
+"""The prefix cache below the KV cells: evicted entries' KV kept in host RAM, and on disk.
+
+``CacheTiers`` is owned by the actor tree (``start_tree`` makes it, the supervisor hands it to
+every batcher generation), so what it holds survives a batcher restart: after a crash the next
+requests find their prefixes warm. Its methods run on the current batcher's thread; a lock keeps
+a dying batcher's last saves apart from the next generation's first lookups. Which token
+sequences it holds is a ``TierIndex`` (pure); the bytes are ``SeqState``s that the engine copies
+out of the context when the prefix index evicts an entry and back when a prompt matches one.
+With a ``DiskTier``, entries leaving RAM over its budget are written to disk, every entry is at a
+clean shutdown (``persist``), and a prompt that matches a file better than RAM loads it into RAM.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from llamactor.base.config import Config
+from llamactor.base.logging import get_logger
+from llamactor.disk_tier import DiskTier, model_identity
+from llamactor.native.engine import Engine
+from llamactor.native.kv_state import BUILD, SeqState
+from llamactor.scheduling.tier_index import NO_MATCH, RestoreOp, TierIndex, TierMatch
+
+log = get_logger("llamactor.cache_tiers")
+
+MIB = 1 << 20
+
+
+class CacheTiers:
+    """Host-RAM entries within ``ram_bytes``, least recently used out first (to ``disk``, if any)."""
+
+    def __init__(self, ram_bytes: int, disk: DiskTier | None = None) -> None:
+        self.ram = TierIndex(ram_bytes)
+        self.states: dict[str, tuple[tuple[int, ...], SeqState]] = {}  # key -> (tokens, state)
+        self.lock = threading.Lock()
+        self.disk = disk
+        self.persistent = disk is not None  # entries outlive the process
+        self._keys = itertools.count()
+        self.counters: dict[str, float] = {"saved": 0, "saved_tokens": 0, "restored": 0, "restored_tokens": 0,
+                                           "restore_failed": 0, "dropped": 0, "save_ms": 0.0, "restore_ms": 0.0}
+
+    @classmethod
+    def for_config(cls, config: Config, model_path: str) -> CacheTiers | None:
+        """The tiers ``config`` asks for (None: no prefix cache, or neither RAM nor a directory)."""
+        if not config.prefix_cache or (config.cache_ram_mib == 0 and config.cache_dir is None):
+            return None
+        disk = None
+        if config.cache_dir is not None:
+            # Everything that makes saved KV valid; the kv_type field arrives with issue 20's item 4.
+            validity = {"model": model_identity(model_path), "n_ctx": config.n_ctx,
+                        "kv_type": getattr(config, "kv_type", "f16"), "kv_unified": True, "swa_full": True,
+                        "build": BUILD}
+            try:
+                disk = DiskTier(config.cache_dir, config.cache_dir_mib * MIB, validity)
+            except OSError as e:  # an unusable directory costs the disk tier, not the service
+                log.warning("disk_tier_unavailable", dir=config.cache_dir, error=str(e))
+        return cls(config.cache_ram_mib * MIB, disk)
+
+    # -- batcher thread -----------------------------------------------------------------------
+
+    def lookup(self, tokens: list[int]) -> TierMatch:
+        """The entry sharing the longest prefix with ``tokens`` (a hit counts as a use); a file
+        that matches longer than RAM is loaded into RAM first."""
+        with self.lock:
+            match = self.ram.lookup(tokens)
+            if self.disk is not None:
+                on_disk = self.disk.lookup(tokens)
+                if on_disk.key is not None and on_disk.n_tokens > match.n_tokens:
+                    entry_tokens = self.disk.index.entry(on_disk.key).tokens
+                    state = self.disk.load(on_disk.key)
+                    if state is not None:
+                        key = self._add(entry_tokens, state)
+                        if key in self.ram:
+                            match = TierMatch(on_disk.n_tokens, key, state.n_tokens)
+            if match.key is not None:
+                self.ram.touch(match.key)
+            return match if match.key is not None else NO_MATCH
+
+    def save(self, engine: Engine, seq_id: int, tokens: Sequence[int]) -> None:
+        """Copy the KV of ``seq_id`` (holding exactly ``tokens``) into RAM, unless an entry
+        already starts with those tokens. A failure is logged and costs only the entry."""
+        with self.lock:
+            covering = self.ram.covers(tokens)
+            if covering is not None:
+                self.ram.touch(covering)
+                return
+            t0 = time.perf_counter()
+            try:
+                state = engine.save_seq(seq_id, len(tokens))
+            except RuntimeError as e:
+                log.warning("cache_tier_save_failed", seq_id=seq_id, n_tokens=len(tokens), error=str(e))
+                return
+            self._add(tuple(tokens), state)
+            self.counters["saved"] += 1
+            self.counters["saved_tokens"] += len(tokens)
+            self.counters["save_ms"] += (time.perf_counter() - t0) * 1000
+
+    def restore(self, engine: Engine, op: RestoreOp) -> bool:
+        """Carry out ``op``; False: the entry is gone or llama.cpp refused it (then dropped), and
+        ``op.seq_id`` holds nothing."""
+        with self.lock:
+            held = self.states.get(op.key)
+            t0 = time.perf_counter()
+            ok = held is not None and engine.restore_seq(op.seq_id, held[1], op.scratch_id)
+            if not ok:
+                self.counters["restore_failed"] += 1
+                if held is not None:
+                    log.warning("cache_tier_restore_failed", key=op.key, n_tokens=held[1].n_tokens)
+                    self.ram.remove(op.key)
+                    del self.states[op.key]
+                return False
+            assert held is not None
+            if op.n_keep < held[1].n_tokens:
+                engine.seq_rm(op.seq_id, op.n_keep, -1)
+            self.counters["restored"] += 1
+            self.counters["restored_tokens"] += op.n_keep
+            self.counters["restore_ms"] += (time.perf_counter() - t0) * 1000
+            return True
+
+    def persist(self) -> None:
+        """A clean shutdown: write the most recently used RAM entries that fit the disk budget."""
+        with self.lock:
+            if self.disk is None:
+                return
+            chosen, total = [], 0
+            for key in self.ram.keys_by_recency():
+                total += self.ram.entry(key).nbytes
+                if total > self.disk.index.budget_bytes:
+                    break
+                chosen.append(key)
+            t0 = time.perf_counter()
+            for key in reversed(chosen):  # the most recent last: the newest on disk
+                self._write(*self.states[key])
+            log.info("cache_tier_persisted", entries=len(chosen), ms=round((time.perf_counter() - t0) * 1000, 1))
+
+    def _add(self, tokens: tuple[int, ...], state: SeqState) -> str:
+        """Hold ``state`` in RAM; entries pushed out over the budget go to disk."""
+        key = f"r{next(self._keys)}"
+        self.states[key] = (tokens, state)
+        for gone in self.ram.add(key, tokens, state.nbytes):
+            gone_tokens, gone_state = self.states.pop(gone)
+            self.counters["dropped"] += 1
+            if gone != key and tokens[:len(gone_tokens)] != gone_tokens:  # not merely extended by the new one
+                self._write(gone_tokens, gone_state)
+        return key
+
+    def _write(self, tokens: tuple[int, ...], state: SeqState) -> None:
+        if self.disk is None:
+            return
+        try:
+            self.disk.put(tokens, state)
+        except OSError as e:  # a full or read-only disk costs the entry, never the request
+            log.warning("disk_tier_write_failed", error=str(e), n_tokens=len(tokens))
+
+    # -- any thread ----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            return {"entries": len(self.ram), "bytes": self.ram.bytes_used, "budget_bytes": self.ram.budget_bytes,
+                    **{k: round(v, 3) if isinstance(v, float) else v for k, v in self.counters.items()},
+                    **({"disk": self.disk.stats()} if self.disk is not None else {})}
