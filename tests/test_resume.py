@@ -181,7 +181,7 @@ def test_a_resumed_request_continues_with_the_state_it_had_at_its_last_checkpoin
     script = [6, 2, 3, 4, 6, 0, 1, 4, 5]  # "x", "é" in two, "EN" (held), "x" releases it, "A B", "END" stops
     sent: list[str] = []
     msg = generate(sent)
-    original = start_sequence(msg, [1, 0], PARAMS, tok)  # type: ignore[arg-type]
+    original = start_sequence(msg, [1, 0], 2, PARAMS, tok)  # type: ignore[arg-type]
     reasons = []
     for i, token in enumerate(script):
         draw = original.state.rng.random()  # the draw that chooses ``token``
@@ -203,7 +203,7 @@ def test_a_resumed_request_continues_with_the_state_it_had_at_its_last_checkpoin
 def test_a_request_that_crashed_after_its_last_token_ends_as_soon_as_it_is_resumed() -> None:
     tok = FakeTokenizer()
     msg = generate([])
-    seq = start_sequence(msg, [1, 0], PARAMS.replace(max_tokens=2), tok)  # type: ignore[arg-type]
+    seq = start_sequence(msg, [1, 0], 2, PARAMS.replace(max_tokens=2), tok)  # type: ignore[arg-type]
     assert seq.state.accept(seq, 6, -0.1, [], tok, n_ctx_seq=100) is None
     assert seq.state.accept(seq, 0, -0.1, [], tok, n_ctx_seq=100) == "length"  # then the crash, before finishing
     resumed = resume_sequence(msg, PARAMS.replace(max_tokens=2), tok)  # type: ignore[arg-type]
