@@ -28,6 +28,13 @@ def record_rows(seq: Sequence, lo: int, hi: int) -> None:
         seq.scoring.record(p, PromptScore(-float(seq.token_ids[p + 1]), 1, (seq.token_ids[p + 1],), (-0.5,)))
 
 
+def cache_prompt(s, tokens: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """Run a plain request to its end: its KV stays as a cached prefix."""
+    warm = make_seq(0, tokens=tokens, rid="warm")
+    s.add(warm)
+    run_to_end(s, warm, now=1.0)
+
+
 def run_step(s, now: float = 1.0) -> list:  # type: ignore[no-untyped-def]
     plan = s.schedule(now)
     for chunk in plan.chunks:
@@ -73,9 +80,7 @@ def test_the_row_budget_splits_a_long_prompt_over_steps_and_shares_rows_between_
 def test_a_continuation_scores_only_its_own_tokens_and_may_attach_the_context_from_the_cache() -> None:
     s = make_scheduler(n_batch=64)
     context = list(range(1, 31))
-    warm = make_seq(0, tokens=context + [50], rid="warm")
-    s.add(warm)
-    run_to_end(s, warm, now=1.0)
+    cache_prompt(s, context + [50])
     scored = scoring_seq(context + [60, 61], start=30)
     s.add(scored)
     plan = s.schedule(2.0)
@@ -86,9 +91,7 @@ def test_a_continuation_scores_only_its_own_tokens_and_may_attach_the_context_fr
 def test_an_echo_prompt_attaches_no_kv_whose_rows_it_still_needs() -> None:
     s = make_scheduler(n_batch=64)
     tokens = list(range(1, 31))
-    warm = make_seq(0, tokens=tokens + [99], rid="warm")
-    s.add(warm)
-    run_to_end(s, warm, now=1.0)
+    cache_prompt(s, tokens + [99])
     echo = scoring_seq(tokens + [7])
     s.add(echo)
     s.schedule(2.0)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import random
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import llamactor
 from llamactor.bench import baselines
+from llamactor.bench.measure import burst_beside_load, llamactor_burst
 from llamactor.bench.prompts import WORDS, uniform_prompts
 from llamactor.bench.settings import BenchSettings
 
@@ -24,13 +24,6 @@ from llamactor.bench.settings import BenchSettings
 def _texts(n: int, seed: int = 11) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 64))) for _ in range(n)]
-
-
-def _generation_burst(llm: llamactor.LLM, max_tokens: int) -> float:
-    start = time.perf_counter()
-    futures = [llm.submit(p, max_tokens=max_tokens, temperature=0, ignore_eos=True) for p in uniform_prompts(16)]
-    tokens = sum(f.result().usage.completion_tokens for f in futures)
-    return tokens / (time.perf_counter() - start)
 
 
 def bench_embeddings(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
@@ -55,20 +48,8 @@ def bench_embeddings(s: BenchSettings, tick: Callable[[], None]) -> dict[str, An
                             "ms_per_step": (after["step_ms"]["embed"] - before["step_ms"]["embed"]) / max(steps, 1)}
         tick()
         max_tokens = 32 if s.quick else 64
-        alone = _generation_burst(llm, max_tokens)
-        stop = threading.Event()
-
-        def keep_embedding(i: int) -> int:
-            n = 0
-            while not stop.is_set():
-                llm.embed(texts[(i * 31 + n) % len(texts)])
-                n += 1
-            return n
-        with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            load = [pool.submit(keep_embedding, i) for i in range(16)]
-            loaded = _generation_burst(llm, max_tokens)
-            stop.set()
-            embedded = sum(f.result() for f in load)
+        alone = llamactor_burst(llm, uniform_prompts(16), max_tokens)["tokens_per_s"]
+        loaded, embedded = burst_beside_load(llm, max_tokens, lambda i: llm.embed(texts[i % len(texts)]), 16)
         out["generation"] = {"alone_tokens_per_s": alone, "under_load_tokens_per_s": loaded,
                              "texts_embedded_meanwhile": embedded}
     tick()

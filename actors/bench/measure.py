@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import llamactor
+from llamactor.bench.prompts import uniform_prompts
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -39,3 +41,24 @@ def llamactor_burst(llm: llamactor.Client, prompts: list[str], max_tokens: int, 
     ttfts = [c.timings.ttft_ms for c in done]
     return {"tokens_per_s": sum(c.usage.completion_tokens for c in done) / seconds,
             "ttft_p50_ms": percentile(ttfts, 50), "ttft_p99_ms": percentile(ttfts, 99)}
+
+
+def burst_beside_load(llm: llamactor.Client, max_tokens: int, load: Callable[[int], object],
+                      n_loaders: int) -> tuple[float, int]:
+    """A 16-prompt generation burst (tokens/s) while ``n_loaders`` threads call ``load(i)`` over and
+    over (``i``: how many calls so far plus a per-thread offset); also how many calls they made."""
+    stop = threading.Event()
+
+    def keep_loading(worker: int) -> int:
+        n = 0
+        while not stop.is_set():
+            load(worker * 31 + n)
+            n += 1
+        return n
+    with concurrent.futures.ThreadPoolExecutor(n_loaders) as pool:
+        loaders = [pool.submit(keep_loading, i) for i in range(n_loaders)]
+        try:
+            tokens_per_s = llamactor_burst(llm, uniform_prompts(16), max_tokens)["tokens_per_s"]
+        finally:
+            stop.set()
+        return tokens_per_s, sum(f.result() for f in loaders)

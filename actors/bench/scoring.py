@@ -22,6 +22,7 @@ from typing import Any
 
 import llamactor
 from llamactor.bench import baselines
+from llamactor.bench.measure import burst_beside_load, llamactor_burst
 from llamactor.bench.prompts import WORDS, uniform_prompts
 from llamactor.bench.settings import BenchSettings
 
@@ -94,13 +95,6 @@ def _score_all(llm: llamactor.LLM, requests: list[list[int]]) -> float:
     return time.perf_counter() - start
 
 
-def _generation_burst(llm: llamactor.LLM, max_tokens: int) -> float:
-    start = time.perf_counter()
-    futures = [llm.submit(p, max_tokens=max_tokens, temperature=0, ignore_eos=True) for p in uniform_prompts(16)]
-    tokens = sum(f.result().usage.completion_tokens for f in futures)
-    return tokens / (time.perf_counter() - start)
-
-
 def bench_scoring(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
     qs = questions(16 if s.quick else 48)
     out: dict[str, Any] = {"questions": len(qs), "requests": 4 * len(qs), "callers": CALLERS}
@@ -109,7 +103,7 @@ def bench_scoring(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
         out["prompt_tokens"] = sum(len(r) for r in requests)
         max_tokens = 32 if s.quick else 64
         with RssSampler() as generating:
-            alone = _generation_burst(llm, max_tokens)
+            alone = llamactor_burst(llm, uniform_prompts(16), max_tokens)["tokens_per_s"]
         before = llm.stats()
         with RssSampler() as scoring:
             seconds = _score_all(llm, requests)
@@ -123,19 +117,8 @@ def bench_scoring(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
             "step_ms": {k: round(v - before["step_ms"].get(k, 0.0), 1) for k, v in after["step_ms"].items()}}
         out["memory"] = {"generating_peak_rss_mib": generating.peak / 2**20, "scoring_peak_rss_mib": scoring.peak / 2**20}
         tick()
-        stop = threading.Event()
-
-        def keep_scoring(i: int) -> int:
-            n = 0
-            while not stop.is_set():
-                llm.ask(requests[(i * 17 + n) % len(requests)], max_tokens=1, temperature=0, logprobs=1, echo=True)
-                n += 1
-            return n
-        with concurrent.futures.ThreadPoolExecutor(CALLERS) as pool:
-            load = [pool.submit(keep_scoring, i) for i in range(CALLERS)]
-            loaded = _generation_burst(llm, max_tokens)
-            stop.set()
-            scored = sum(f.result() for f in load)
+        loaded, scored = burst_beside_load(llm, max_tokens, lambda i: llm.ask(
+            requests[i % len(requests)], max_tokens=1, temperature=0, logprobs=1, echo=True), CALLERS)
         out["generation"] = {"alone_tokens_per_s": alone, "beside_scoring_tokens_per_s": loaded,
                              "requests_scored_meanwhile": scored}
     tick()
