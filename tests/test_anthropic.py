@@ -110,9 +110,13 @@ def test_structured_output_is_valid_json_of_the_schema(client: anthropic.Anthrop
                                output_config={"format": {"type": "json_schema", "schema": schema}})
     data = json.loads(m.content[0].text)
     assert set(data) == {"capital", "population"} and isinstance(data["population"], int)
-    parsed = client.messages.parse(model=MODEL_ID, max_tokens=128, messages=QUESTION, output_format=Capital)
+    # The SDK moves maxLength out of a pydantic model's schema (into its description), so these
+    # strings are unbounded: greedy, so that the answer always closes (a sampled one ran on once).
+    parsed = client.messages.parse(model=MODEL_ID, max_tokens=128, messages=QUESTION, output_format=Capital,
+                                   extra_body=GREEDY)
     assert isinstance(parsed.parsed_output, Capital)
-    with client.messages.stream(model=MODEL_ID, max_tokens=128, messages=QUESTION, output_format=Capital) as stream:
+    with client.messages.stream(model=MODEL_ID, max_tokens=128, messages=QUESTION, output_format=Capital,
+                                extra_body=GREEDY) as stream:
         assert isinstance(stream.get_final_message().parsed_output, Capital)
 
 
@@ -131,7 +135,8 @@ def test_stop_sequences_end_the_answer_and_say_which_one_matched(client: anthrop
     m = client.messages.create(model=MODEL_ID, max_tokens=32, messages=QUESTION, stop_sequences=["zzqqxx", " "],
                                extra_body=GREEDY)
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == " " and " " not in m.content[0].text
-    with client.messages.stream(model=MODEL_ID, max_tokens=32, messages=QUESTION, stop_sequences=[" "]) as stream:
+    with client.messages.stream(model=MODEL_ID, max_tokens=32, messages=QUESTION, stop_sequences=[" "],
+                                extra_body=GREEDY) as stream:  # greedy: the answer above, which has a space
         final = stream.get_final_message()
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == " "
     m = client.messages.create(model=MODEL_ID, max_tokens=32, messages=QUESTION, stop_sequences=["zzqqxx"])
