@@ -20,11 +20,12 @@ from .test_prefix_cache import PERSONA, chat_tokens
 # mean of 0.16 (max 0.93) for the first, 0.3 for both. Missing sliding-window cells move them by
 # a mean of 1.3 (700 positions) to 3.6 (300 positions), max 7 to 20.
 MEAN_LOGIT_DRIFT = 0.5
-@pytest.fixture(scope="module")
-def engine(model_path: str) -> Iterator[Engine]:
-    # f16 KV. Hook for issue 20's item 4 (kv_type): parametrize this fixture over "f16" and "q8_0"
-    # once Engine takes kv_type; the tests below then run unchanged under both.
-    e = Engine(model_path, n_ctx=4096, n_batch=512, n_ubatch=512, n_seq_max=4, n_threads=2)
+
+
+@pytest.fixture(scope="module", params=["f16", "q8_0"])
+def engine(model_path: str, request: pytest.FixtureRequest) -> Iterator[Engine]:
+    """A bare engine with each KV type: the tests below run unchanged under both."""
+    e = Engine(model_path, n_ctx=4096, n_batch=512, n_ubatch=512, n_seq_max=4, n_threads=2, kv_type=request.param)
     yield e
     e.close()
 
