@@ -14,6 +14,7 @@ while generating, in the same tree) and generation beside a scoring load.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import random
 import threading
 import time
@@ -82,7 +83,6 @@ class RssSampler:
 
 def current_rss() -> int:
     with open("/proc/self/statm") as f:
-        import os
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 

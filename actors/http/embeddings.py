@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 import llamactor
+from llamactor.base.completion import Embeddings
 from llamactor.base.messages import MAX_EMBEDDING_INPUTS
 
 
@@ -49,6 +50,11 @@ async def create_embeddings(llm: llamactor.Client, body: EmbeddingRequest, reque
     except asyncio.CancelledError:
         future.cancel()
         raise
+    return embeddings_body(result, body, model_id)
+
+
+def embeddings_body(result: Embeddings, body: EmbeddingRequest, model_id: str) -> dict[str, Any]:
+    """The ``/v1/embeddings`` body of a finished request (also a batch line's)."""
     return {"object": "list", "model": model_id,
             "data": [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
                      for i, v in enumerate(result.vectors)],

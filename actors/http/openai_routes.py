@@ -11,24 +11,13 @@ import functools
 from typing import Any
 
 from fastapi import FastAPI, Request
-from openai.types import Completion as OACompletion
-from openai.types.chat import ChatCompletion
 
-from llamactor.base.completion import Completion
 from llamactor.base.errors import ModelNotFoundError
 from llamactor.http.embeddings import EmbeddingRequest, create_embeddings
-from llamactor.http.openai_schema import (
-    FINISH_REASON,
-    ChatRequest,
-    CompletionRequest,
-    best_of,
-    chat_logprobs,
-    chat_message,
-    completion_logprobs,
-)
-from llamactor.http.prompt_logprobs import echo_logprobs, echo_text, vllm_prompt_logprobs
-from llamactor.http.request_path import all_queued, complete, envelope, prompt_id, ready_model
-from llamactor.http.sse import chat_chunks, completion_chunks, sse_response, usage
+from llamactor.http.openai_bodies import chat_body, completion_body, envelope, prompt_id
+from llamactor.http.openai_schema import ChatRequest, CompletionRequest
+from llamactor.http.request_path import all_queued, complete, ready_model
+from llamactor.http.sse import chat_chunks, completion_chunks, sse_response
 from llamactor.http.state import ServerState
 
 DIALECT = "openai"
@@ -37,18 +26,6 @@ DIALECT = "openai"
 def both(path: str) -> list[str]:
     """``/v1/x`` and llama-server's ``/x``."""
     return [path, path.removeprefix("/v1")]
-
-
-def completion_choice(index: int, c: Completion, prompt: str | list[int], body: CompletionRequest) -> dict[str, Any]:
-    """One ``/v1/completions`` choice; with ``echo`` its text and logprobs start with the prompt's."""
-    echoed = echo_text(c, prompt) if body.echo else ""
-    choice: dict[str, Any] = {"index": index, "text": echoed + c.text, "finish_reason": FINISH_REASON[c.finish_reason]}
-    if body.logprobs is not None:
-        choice["logprobs"] = (echo_logprobs(c, body.logprobs) if body.echo
-                              else completion_logprobs(c.logprobs, body.logprobs))
-    if body.prompt_logprobs is not None:
-        choice["prompt_logprobs"] = vllm_prompt_logprobs(c)
-    return choice
 
 
 def register(app: FastAPI, state: ServerState) -> None:
@@ -84,20 +61,9 @@ def register(app: FastAPI, state: ServerState) -> None:
         generated = await complete(request, observe, lambda: [
             f for p, prompt in enumerate(prompts)
             for f in llm.submit_n(prompt, n_gen, request_id=prompt_id(rid, p, len(prompts)), **sampling)])
-        done = [c for p in range(len(prompts)) for c in (
-            best_of(generated[p * n_gen:(p + 1) * n_gen], n) if n_gen > n else generated[p * n_gen:(p + 1) * n_gen])]
         if body.echo and not body.scores_prompt:  # token-id prompts echo as text
             prompts = [p if isinstance(p, str) else (await llm.tokenize_async(p)).text for p in prompts]
-        choices = [completion_choice(i, c, prompts[i // n], body) for i, c in enumerate(done)]
-        # The openai package types token_logprobs as floats, but with echo the API's first one is
-        # null (its client parses that leniently): validate the rest, then put the echo logprobs back.
-        lifted = [choice.pop("logprobs", None) if body.echo else None for choice in choices]
-        out = OACompletion.model_validate({**envelope(rid, "text_completion", llm.name), "choices": choices,
-                                           "usage": usage(generated)}).model_dump(exclude_none=True)
-        for choice, logprobs in zip(out["choices"], lifted):
-            if logprobs is not None:
-                choice["logprobs"] = logprobs
-        return out
+        return completion_body(rid, llm.name, body, prompts, generated)
 
     async def chat_completions(body: ChatRequest, request: Request) -> Any:
         llm = await ready_model(state, body.model)
@@ -113,12 +79,7 @@ def register(app: FastAPI, state: ServerState) -> None:
                                             observe, include_usage, body.logprobs, body.parsed_tools))
         done = await complete(request, observe, lambda: llm.submit_chat_n(messages, body.n, request_id=rid,
                                                                          **body.sampling()))
-        return ChatCompletion.model_validate({
-            **envelope(rid, "chat.completion", llm.name),
-            "choices": [{"index": i, "message": chat_message(c),
-                         "finish_reason": FINISH_REASON[c.finish_reason], "logprobs": chat_logprobs(c.logprobs)}
-                        for i, c in enumerate(done)],
-            "usage": usage(done)}).model_dump(exclude_none=True)
+        return chat_body(rid, llm.name, done)
 
     async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
         llm = await ready_model(state, body.model)

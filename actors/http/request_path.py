@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +20,6 @@ from llamactor.handles.model import ModelClient
 from llamactor.handles.streams import AsyncTextStream
 from llamactor.http.state import ServerState
 
-
 async def ready_model(state: ServerState, model: str | None) -> ModelClient:
     """The model the request names (404 if none), loaded (off the event loop) if it was not."""
     router = state.router
@@ -31,16 +29,6 @@ async def ready_model(state: ServerState, model: str | None) -> ModelClient:
     if not handle.loaded:
         await asyncio.to_thread(handle.load)
     return handle
-
-
-def envelope(rid: str, kind: str, model: str) -> dict[str, Any]:
-    """The fields every OpenAI completion object and chunk starts with."""
-    return {"id": rid, "object": kind, "created": int(time.time()), "model": model}
-
-
-def prompt_id(rid: str, index: int, n_prompts: int) -> str:
-    """The llamactor request id of one prompt of a batch: the HTTP id itself, or ``-p<index>``."""
-    return rid if n_prompts == 1 else f"{rid}-p{index}"
 
 
 async def complete(request: Request, observe: Callable[[Completion], None],

@@ -11,34 +11,23 @@ thread; only builds messages and reads finished completions.
 
 from __future__ import annotations
 
-import base64
 import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from openai.types import Completion as OACompletion
-from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ValidationError
 
 from llamactor.base.completion import Completion, Embeddings
 from llamactor.base.errors import InvalidRequestError
 from llamactor.handles.client import Client
-from llamactor.http.embeddings import EmbeddingRequest
-from llamactor.http.openai_schema import (
-    FINISH_REASON,
-    ChatRequest,
-    CompletionRequest,
-    best_of,
-    chat_logprobs,
-    chat_message,
-    completion_logprobs,
-)
+from llamactor.http.embeddings import EmbeddingRequest, embeddings_body
+from llamactor.http.openai_bodies import chat_body, completion_body, prompt_id
+from llamactor.http.openai_schema import ChatRequest, CompletionRequest
 from llamactor.http.responses_output import Shell, output_items, status_of
 from llamactor.http.responses_output import usage as response_usage
 from llamactor.http.responses_schema import ResponsesRequest, plan
-from llamactor.http.sse import usage
 
 JOB_PRIORITY = "low"
 SCHEMAS: dict[str, type[BaseModel]] = {"/v1/chat/completions": ChatRequest, "/v1/completions": CompletionRequest,
@@ -101,10 +90,6 @@ def start_line(client: Client, endpoint: str, body: dict[str, Any], request_id: 
     raise InvalidRequestError(f"unsupported batch endpoint {endpoint}")
 
 
-def _envelope(rid: str, kind: str, model: str) -> dict[str, Any]:
-    return {"id": rid, "object": kind, "created": int(time.time()), "model": model}
-
-
 def _chat(client: Client, req: ChatRequest, request_id: str, model: str) -> PendingLine:
     req.check()
     rid = f"chatcmpl-{request_id}"
@@ -112,33 +97,23 @@ def _chat(client: Client, req: ChatRequest, request_id: str, model: str) -> Pend
                                    **{**req.sampling(), "priority": JOB_PRIORITY})
 
     def respond(done: list[Completion]) -> dict[str, Any]:
-        return ChatCompletion.model_validate({
-            **_envelope(rid, "chat.completion", model),
-            "choices": [{"index": i, "message": chat_message(c), "finish_reason": FINISH_REASON[c.finish_reason],
-                         "logprobs": chat_logprobs(c.logprobs)} for i, c in enumerate(done)],
-            "usage": usage(done)}).model_dump(exclude_none=True)
+        return chat_body(rid, model, done)
     return PendingLine(request_id, list(futures), respond)
 
 
 def _completions(client: Client, req: CompletionRequest, request_id: str, model: str) -> PendingLine:
     req.check()
     rid = f"cmpl-{request_id}"
-    prompts, n, n_gen = req.prompts(), req.n, req.n_generated
+    prompts, n_gen = req.prompts(), req.n_generated
     sampling = {**req.sampling(), "priority": JOB_PRIORITY}
     futures = [f for p, prompt in enumerate(prompts)
-               for f in client.submit_n(prompt, n_gen, request_id=request_id if len(prompts) == 1 else
-                                        f"{request_id}-p{p}", **sampling)]
+               for f in client.submit_n(prompt, n_gen, request_id=prompt_id(request_id, p, len(prompts)), **sampling)]
 
     def respond(generated: list[Completion]) -> dict[str, Any]:
-        done = [c for p in range(len(prompts)) for c in (
-            best_of(generated[p * n_gen:(p + 1) * n_gen], n) if n_gen > n else generated[p * n_gen:(p + 1) * n_gen])]
-        echoed = [str(prompts[i // n]) if req.echo else "" for i in range(len(done))]
-        return OACompletion.model_validate({
-            **_envelope(rid, "text_completion", model),
-            "choices": [{"index": i, "text": echoed[i] + c.text, "finish_reason": FINISH_REASON[c.finish_reason],
-                         "logprobs": completion_logprobs(c.logprobs, req.logprobs) if req.logprobs is not None else None}
-                        for i, c in enumerate(done)],
-            "usage": usage(generated)}).model_dump(exclude_none=True)
+        echoed: list[str | list[int]] = prompts
+        if req.echo and not req.scores_prompt:  # token-id prompts echo as text, as the endpoint's do
+            echoed = [p if isinstance(p, str) else client.tokenize(p).text for p in prompts]
+        return completion_body(rid, model, req, echoed, generated)
     return PendingLine(request_id, futures, respond)
 
 
@@ -148,13 +123,7 @@ def _embeddings(client: Client, req: EmbeddingRequest, request_id: str, model: s
                                  normalize=req.normalize, dimensions=req.dimensions)
 
     def respond(done: list[Embeddings]) -> dict[str, Any]:
-        result = done[0]
-        return {"object": "list", "model": model,
-                "data": [{"object": "embedding", "index": i,
-                          "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode()
-                          if req.encoding_format == "base64" else v.tolist()}
-                         for i, v in enumerate(result.vectors)],
-                "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}
+        return embeddings_body(done[0], req, model)
     return PendingLine(request_id, [future], respond)
 
 
