@@ -1,9 +1,15 @@
-"""Sampling for a whole step at once, with torch, on the logits rows llama.cpp returned.
+"""Sampling for a whole step, with numpy, on the logits rows llama.cpp returned.
 
-The order follows llama.cpp's default chain: logit bias, penalties, the grammar mask, top-k, top-p, min-p, then temperature
-and the draw. A step whose rows are all plain greedy costs one numpy ``argmax`` over the batch,
-no more. Otherwise the work is one ``topk`` over the batch with ``K`` just large enough for every
-row's filters, so no row ever sorts the 262k-entry vocabulary.
+The order follows llama.cpp's default chain: logit bias, penalties, the grammar mask, top-k, top-p,
+min-p, then temperature and the draw. A step whose rows are all plain greedy costs one ``argmax``
+over the batch. A sampled row never sorts its 262k-entry vocabulary: its candidates are the
+entries within a margin of the row's maximum (one vectorised comparison), widened until they hold
+the row's top-k (or its nucleus when top-k is off); only those are partitioned and sorted.
+
+Why numpy and not torch: per step this is a handful of rows, and the prefilter makes the sort
+small, so numpy is as fast here (no thread-pool wake-ups) while a process that only generates
+never loads torch's ~185 MiB (docs/operations.md, "Sizing"). Torch does the wide many-row
+reductions of prompt scoring (``native/scoring.py``).
 """
 
 from __future__ import annotations
@@ -13,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 _MIN_CANDIDATES = 64
+_FIRST_MARGIN = 8.0  # nats below the row's maximum: ~100 - 1,000 of Gemma's tokens, usually enough
 
 
 @dataclass(slots=True)
@@ -51,81 +57,87 @@ class RowSpec:
             self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
 
 
-def _apply_penalties(row: torch.Tensor, spec: RowSpec) -> None:
+def _apply_penalties(row: np.ndarray, spec: RowSpec) -> None:
     """llama.cpp's penalties sampler on one row, in place."""
     counts = Counter(spec.recent_tokens)
-    ids = torch.tensor(list(counts), dtype=torch.long)
-    n = torch.tensor(list(counts.values()), dtype=row.dtype)
+    ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+    n = np.fromiter(counts.values(), dtype=row.dtype, count=len(counts))
     vals = row[ids]
     if spec.repeat_penalty != 1.0:
-        vals = torch.where(vals > 0, vals / spec.repeat_penalty, vals * spec.repeat_penalty)
-    vals = vals - n * spec.frequency_penalty - spec.presence_penalty
-    row[ids] = vals
+        vals = np.where(vals > 0, vals / spec.repeat_penalty, vals * spec.repeat_penalty)
+    row[ids] = vals - n * spec.frequency_penalty - spec.presence_penalty
 
 
-def _adjust(row: torch.Tensor, spec: RowSpec) -> None:
+def _adjust(row: np.ndarray, spec: RowSpec) -> None:
     """Bias, then penalties, then the grammar mask, on one row in place (llama.cpp's order)."""
     if spec.logit_bias:
-        ids = torch.tensor([t for t, _ in spec.logit_bias if t < row.shape[0]], dtype=torch.long)
-        row[ids] += torch.tensor([b for t, b in spec.logit_bias if t < row.shape[0]], dtype=row.dtype)
+        pairs = [(t, b) for t, b in spec.logit_bias if t < row.shape[0]]
+        if pairs:
+            ids, biases = zip(*pairs)
+            row[list(ids)] += np.asarray(biases, dtype=row.dtype)
     if spec.penalised:
         _apply_penalties(row, spec)
     if spec.allowed is not None:
         allowed = np.unpackbits(spec.allowed.view(np.uint8), bitorder="little")[:row.shape[0]]
-        row.masked_fill_(torch.from_numpy(allowed == 0), float("-inf"))
+        row[allowed == 0] = -np.inf
 
 
-def _candidate_count(logits: torch.Tensor, specs: list[RowSpec], lse: torch.Tensor | None) -> int:
-    """The smallest K (x4 from 64) whose top-K holds every token any row could draw."""
-    vocab = logits.shape[1]
-    if all(s.top_k > 0 for s in specs):
-        return min(vocab, max(s.top_k for s in specs))
-    assert lse is not None  # some row has no top-k
-    k = min(vocab, _MIN_CANDIDATES)
-    while k < vocab:
-        vals = logits.topk(k, dim=1, sorted=True).values
-        probs = torch.exp(vals - lse[:, None])
-        enough = True
-        for i, s in enumerate(specs):
-            if s.top_k > 0 and s.top_k <= k:
-                continue
-            mass, p_max, p_last = float(probs[i].sum()), float(probs[i, 0]), float(probs[i, -1])
-            # Done when the nucleus is inside, or everything beyond K is below min_p * p_max.
-            if not (mass >= s.top_p or p_last < s.min_p * p_max):
-                enough = False
-                break
-        if enough:
-            return k
-        k = min(vocab, k * 4)
-    return vocab
+def log_sum_exp(row: np.ndarray) -> float:
+    """``log(sum(exp(row)))`` over a whole row, without overflow."""
+    top = float(row.max())
+    return top + float(np.log(np.exp(row - top, dtype=row.dtype).sum(dtype=np.float64)))
 
 
-def _sample_filtered(logits: torch.Tensor, specs: list[RowSpec]) -> list[int]:
-    """Top-k / top-p / min-p / temperature / draw for rows with temperature > 0."""
-    # The full-vocabulary normaliser only matters to rows without top-k (their top-p runs over the
-    # whole distribution); skipping it otherwise saves a 262k-wide pass per row (7 ms for 16 rows
-    # with grammar-masked -inf entries).
-    lse = torch.logsumexp(logits, dim=1) if any(s.top_k <= 0 for s in specs) else None
-    k = _candidate_count(logits, specs, lse)
-    vals, ids = logits.topk(k, dim=1, sorted=True)
-    position = torch.arange(k)[None, :]
-    top_k = torch.tensor([s.top_k if s.top_k > 0 else k for s in specs])[:, None]
-    keep = position < top_k
-    # top-p over the full distribution when top-k is off, else over the top-k survivors.
-    masked = vals.masked_fill(~keep, float("-inf"))
-    renorm = torch.logsumexp(masked, dim=1)
-    denom = renorm if lse is None else torch.where(torch.tensor([s.top_k > 0 for s in specs]), renorm, lse)
-    probs = torch.exp(masked - denom[:, None])
-    before = torch.cumsum(probs, dim=1) - probs
-    keep &= before < torch.tensor([s.top_p for s in specs])[:, None]
-    keep &= probs >= torch.tensor([s.min_p for s in specs])[:, None] * probs[:, :1]
-    keep[:, 0] = True
-    temps = torch.tensor([s.temperature for s in specs], dtype=vals.dtype)[:, None]
-    final = torch.softmax((vals / temps).masked_fill(~keep, float("-inf")), dim=1)
-    cdf = torch.cumsum(final, dim=1)
-    draws = torch.tensor([s.rng.random() for s in specs], dtype=cdf.dtype)[:, None] * cdf[:, -1:]
-    pick = torch.searchsorted(cdf, draws).clamp_(max=k - 1)
-    return ids.gather(1, pick).squeeze(1).tolist()
+def top_candidates(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` largest entries of ``row`` (a 1-D float array) and their ids, largest first.
+
+    Only the entries within a margin of the maximum are partitioned: the margin doubles until it
+    holds ``k`` of them, so the answer is exact whatever the row looks like."""
+    k = min(k, row.shape[0])
+    top = row.max()
+    margin = _FIRST_MARGIN
+    while True:
+        floor = top - margin if margin < 1e4 else -np.inf  # -inf: every entry, masked ones too
+        ids = np.flatnonzero(row >= floor)
+        if ids.size >= k:
+            break
+        margin *= 2
+    if ids.size > k:
+        ids = ids[np.argpartition(row[ids], ids.size - k)[ids.size - k:]]
+    ids = ids[np.argsort(-row[ids], kind="stable")]
+    return row[ids], ids
+
+
+def _nucleus(row: np.ndarray, spec: RowSpec, lse: float) -> tuple[np.ndarray, np.ndarray]:
+    """A row without top-k: the smallest candidate set (x4 from 64) that holds every token it could
+    draw -- its top-p nucleus, or everything above min_p of the best."""
+    k = _MIN_CANDIDATES
+    while True:
+        vals, ids = top_candidates(row, k)
+        probs = np.exp(vals - lse)
+        if k >= row.shape[0] or probs.sum() >= spec.top_p or probs[-1] < spec.min_p * probs[0]:
+            return vals, ids
+        k *= 4
+
+
+def _draw(row: np.ndarray, spec: RowSpec) -> int:
+    """Top-k / top-p / min-p / temperature / draw for one row with temperature > 0."""
+    if spec.top_k > 0:
+        vals, ids = top_candidates(row, spec.top_k)
+        denom = float(np.logaddexp.reduce(vals.astype(np.float64)))  # top-p over the top-k survivors
+    else:
+        # The full-vocabulary normaliser matters only here: top-p runs over the whole distribution.
+        denom = log_sum_exp(row)
+        vals, ids = _nucleus(row, spec, denom)
+    probs = np.exp(vals.astype(np.float64) - denom)
+    keep = (np.cumsum(probs) - probs) < spec.top_p
+    keep &= probs >= spec.min_p * probs[0]
+    keep[0] = True
+    kept = vals[keep].astype(np.float64) / spec.temperature
+    weights = np.exp(kept - kept[0])  # kept[0] is the largest: no overflow
+    cdf = np.cumsum(weights)
+    pick = min(int(np.searchsorted(cdf, spec.rng.random() * cdf[-1])), cdf.size - 1)
+    return int(ids[keep][pick])
 
 
 @dataclass(slots=True)
@@ -139,71 +151,27 @@ class Sampled:
 
 
 def sample(logits: np.ndarray, specs: list[RowSpec]) -> Sampled:
-    """Choose one token per row of ``logits`` ([rows, vocab] float32)."""
+    """Choose one token per row of ``logits`` ([rows, vocab] float32, adjusted in place)."""
     if not any(s.adjusted or s.want_logprob or not s.greedy for s in specs):
-        # numpy, not torch: one argmax per row with no thread-pool wake-up (0.08 ms vs 0.66 ms for
-        # one 262k-vocab row here, 1.2 vs 2.9 ms for 16 rows).
         return Sampled(logits.argmax(axis=1).tolist(), [None] * len(specs), [[] for _ in specs])
-    raw = torch.from_numpy(logits)
-    work = raw  # adjusted in place: only the rows that report logprobs keep a raw copy
-    raw_rows: dict[int, torch.Tensor] = {}
-    for i, s in enumerate(specs):
-        if s.adjusted:
-            if s.want_logprob:
-                raw_rows[i] = raw[i].clone()
-            _adjust(work[i], s)
-    tokens: list[int] = [0] * len(specs)
-    greedy_rows = [i for i, s in enumerate(specs) if s.greedy]
-    if greedy_rows:
-        for i, t in zip(greedy_rows, work[greedy_rows].argmax(dim=1).tolist()):
-            tokens[i] = t
-    sampled_rows = [i for i, s in enumerate(specs) if not s.greedy]
-    if sampled_rows:
-        rows = work if len(sampled_rows) == len(specs) else work[sampled_rows]
-        for i, t in zip(sampled_rows, _sample_filtered(rows, [specs[i] for i in sampled_rows])):
-            tokens[i] = t
-    logprobs: list[float | None] = [None] * len(specs)
-    top: list[list[tuple[int, float]]] = [[] for _ in specs]
-    wanted = [i for i, s in enumerate(specs) if s.want_logprob]
-    if wanted:
-        rows = torch.stack([raw_rows[i] if i in raw_rows else raw[i] for i in wanted])
-        lse = torch.logsumexp(rows, dim=1)
-        chosen = rows[torch.arange(len(wanted)), torch.tensor([tokens[i] for i in wanted])]
-        for i, lp in zip(wanted, (chosen - lse).tolist()):
-            logprobs[i] = lp
-        k = max(specs[i].top_logprobs for i in wanted)
-        if k > 0:
-            vals, ids = rows.topk(k, dim=1)
-            for j, i in enumerate(wanted):
-                n = specs[i].top_logprobs
-                top[i] = list(zip(ids[j, :n].tolist(), (vals[j, :n] - lse[j]).tolist()))
+    tokens: list[int] = []
+    logprobs: list[float | None] = []
+    top: list[list[tuple[int, float]]] = []
+    for row, spec in zip(logits, specs):
+        raw = row.copy() if spec.adjusted and spec.want_logprob else row  # logprobs are the raw model's
+        if spec.adjusted:
+            _adjust(row, spec)
+        token = int(row.argmax()) if spec.greedy else _draw(row, spec)
+        tokens.append(token)
+        if not spec.want_logprob:
+            logprobs.append(None)
+            top.append([])
+            continue
+        lse = log_sum_exp(raw)
+        logprobs.append(float(raw[token]) - lse)
+        if spec.top_logprobs > 0:
+            vals, ids = top_candidates(raw, spec.top_logprobs)
+            top.append([(int(t), float(v) - lse) for t, v in zip(ids, vals)])
+        else:
+            top.append([])
     return Sampled(tokens, logprobs, top)
-
-
-@dataclass(slots=True)
-class ScoredRows:
-    """Prompt rows reduced in the step: per row the given token's log-probability, and the
-    ``n_top`` most likely tokens with theirs (``top_ids`` / ``top_logprobs`` [rows, n_top])."""
-
-    logprobs: list[float]
-    ranks: list[int]  # 1 + how many tokens are more likely than the given one
-    top_ids: list[list[int]]
-    top_logprobs: list[list[float]]
-
-
-def score_rows(logits: np.ndarray, chosen: list[int], n_top: int) -> ScoredRows:
-    """Log-probabilities of ``chosen[i]`` under row ``i`` of ``logits`` ([rows, vocab] float32, raw:
-    no bias, penalty or grammar applies to a prompt), and each row's ``n_top`` best.
-
-    One batched log-sum-exp and one ``topk`` for all rows: no row is copied or kept past the step.
-    The chosen token's logprob and the top ones come out of the same subtraction, so a chosen
-    token that is the argmax has exactly the top value (lm-eval's greedy check compares them)."""
-    rows = torch.from_numpy(logits)
-    lse = torch.logsumexp(rows, dim=1)
-    picked = rows.gather(1, torch.tensor(chosen, dtype=torch.long)[:, None]).squeeze(1)
-    logprobs = (picked - lse).tolist()
-    ranks = ((rows > picked[:, None]).sum(dim=1) + 1).tolist()
-    if n_top == 0:
-        return ScoredRows(logprobs, ranks, [[] for _ in chosen], [[] for _ in chosen])
-    vals, ids = rows.topk(n_top, dim=1)
-    return ScoredRows(logprobs, ranks, ids.tolist(), (vals - lse[:, None]).tolist())

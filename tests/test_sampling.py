@@ -1,0 +1,83 @@
+"""The numpy sampler's candidate prefilter and the page release behind the logits buffer (pure)."""
+
+from __future__ import annotations
+
+import mmap
+import re
+
+import numpy as np
+import pytest
+
+from llamactor.native import host_pages
+from llamactor.native.sampling import RowSpec, log_sum_exp, sample, top_candidates
+
+pytestmark = pytest.mark.pure
+
+
+def _rows() -> list[np.ndarray]:
+    rng = np.random.default_rng(11)
+    flat = np.zeros(5000, np.float32)
+    peaked = rng.standard_normal(5000).astype(np.float32)
+    peaked[17] = 80.0  # one token far above the margin: the prefilter must widen for the rest
+    masked = np.full(5000, -np.inf, np.float32)
+    masked[[3, 9, 4000]] = [1.0, 2.0, 0.5]  # fewer allowed tokens than k
+    spread = (rng.standard_normal(5000) * 30).astype(np.float32)
+    return [flat, peaked, masked, spread]
+
+
+@pytest.mark.parametrize("k", [1, 5, 40, 700])
+def test_top_candidates_are_exactly_the_k_largest_in_order(k: int) -> None:
+    for row in _rows():
+        vals, ids = top_candidates(row, k)
+        expected = np.sort(row)[::-1][:k]
+        np.testing.assert_array_equal(vals, expected)
+        np.testing.assert_array_equal(row[ids], vals)
+        assert len(set(ids.tolist())) == len(ids) == min(k, row.size)
+
+
+def test_log_sum_exp_matches_the_textbook_formula_and_ignores_masked_entries() -> None:
+    row = np.array([1.0, 2.0, -np.inf, 3.0], np.float32)
+    assert log_sum_exp(row) == pytest.approx(float(np.log(np.exp([1.0, 2.0, 3.0]).sum())), abs=1e-6)
+    assert log_sum_exp(np.full(4, 1000.0, np.float32)) == pytest.approx(1000.0 + np.log(4.0), abs=1e-3)
+
+
+def test_a_row_without_top_k_draws_only_inside_its_nucleus_even_when_it_is_wide() -> None:
+    # 300 equally likely tokens hold 99% of the mass: the candidate set must grow past 64 and 256.
+    row = np.full((1, 20000), -20.0, np.float32)
+    row[0, 1000:1300] = 5.0
+    rng = np.random.default_rng(5)
+    spec = RowSpec(temperature=1.0, top_k=0, top_p=0.95, min_p=0.0, repeat_penalty=1.0, presence_penalty=0.0,
+                   frequency_penalty=0.0, rng=rng, recent_tokens=(), want_logprob=False)
+    drawn = {sample(row.copy(), [spec]).tokens[0] for _ in range(200)}
+    assert drawn <= set(range(1000, 1300)) and len(drawn) > 100
+
+
+def _resident_kib(address: int) -> int:
+    """The Rss of the mapping holding ``address``, from /proc/self/smaps."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
+            if head:
+                inside = int(head[1], 16) <= address < int(head[2], 16)
+            elif inside and line.startswith("Rss:"):
+                return int(line.split()[1])
+    raise AssertionError("mapping not found")
+
+
+def test_released_pages_leave_the_resident_set_and_read_back_as_zeros() -> None:
+    n_pages = 256
+    area = mmap.mmap(-1, n_pages * mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # as malloc's
+    try:
+        view = np.frombuffer(area, dtype=np.uint8)
+        view[:] = 7  # every page touched
+        address = view.ctypes.data
+        before = _resident_kib(address)
+        # an unaligned range: only the whole pages inside it go, the partial ones at each end stay
+        assert host_pages.release(address + 100, (n_pages - 1) * mmap.PAGESIZE)
+        after = _resident_kib(address)
+        assert before - after >= (n_pages - 2) * mmap.PAGESIZE // 1024
+        assert view[:100].tolist() == [7] * 100 and view[mmap.PAGESIZE:2 * mmap.PAGESIZE].max() == 0
+        del view
+    finally:
+        area.close()
