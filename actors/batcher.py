@@ -249,6 +249,8 @@ class BatcherActor(pykka.ThreadingActor):
         deadline = self.scheduler.flush_deadline()
         if deadline is not None:
             self.flush_timer.start(deadline - now)
+        else:  # idle: the logits rows only prompt scoring fills go back to the kernel
+            self.engine.release_logits_rows(keep=self.config.n_parallel)
 
     # -- one step: schedule -> run -> postprocess ------------------------------------------
 

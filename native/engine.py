@@ -29,7 +29,7 @@ from llamactor.native.abort import AbortFlag, TestHang
 from llamactor.native.batch import ReusableBatch
 from llamactor.base.chat_template import ChatTemplate
 from llamactor.native.embedding import Embedder, default_pooling
-from llamactor.native import kv_state
+from llamactor.native import host_pages, kv_state
 from llamactor.native.kv_state import SeqState
 from llamactor.native.tokenizer import Tokenizer
 
@@ -137,6 +137,10 @@ class Engine:
         self.batch = ReusableBatch(self.info.n_batch, self._shadow)
         self._scratch = ReusableBatch(self.info.n_batch, self._shadow)  # sub-batches when a step must be split
         self._embedder: Embedder | None = None
+        # The logits buffer's rows: how many llama.cpp made room for, and how many may be resident.
+        self._logits_rows = llama_cpp.llama_n_seq_max(self.ctx)
+        self._logits_resident = self._logits_rows  # llama.cpp clears (touches) the buffer it makes
+        self.release_logits_rows(keep=0)
 
     def _metadata(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -157,6 +161,7 @@ class Engine:
         rc = llama_cpp.llama_decode(self.ctx, self.batch.view())
         if rc == 0:
             n_out = int(np.count_nonzero(logits))
+            self._wrote_logits_rows(n_out)
             return DecodeResult(self._logits_view(n_out), frozenset())
         if rc == 1:
             return self._decode_split(token, pos, seq_id, logits)
@@ -166,6 +171,22 @@ class Engine:
         if rc == 2:
             return StepAbortedError(f"a decode of {n_tokens} tokens was aborted (abort flag set)")
         return EngineError(f"llama_decode returned {rc} for a batch of {n_tokens} tokens")
+
+    def _wrote_logits_rows(self, n_rows: int) -> None:
+        if n_rows > self._logits_rows:  # llama.cpp made a bigger buffer and cleared all of it
+            self._logits_rows = self._logits_resident = n_rows
+        self._logits_resident = max(self._logits_resident, n_rows)
+
+    def release_logits_rows(self, keep: int) -> None:
+        """Give back the pages of the logits rows from ``keep`` on (``native/host_pages.py``): the
+        batcher calls it when it goes idle, keeping the rows its decode steps use."""
+        if self._logits_resident <= keep:
+            return
+        address = ctypes.cast(llama_cpp.llama_get_logits(self.ctx), ctypes.c_void_p).value
+        if address is not None:
+            row_bytes = self.n_vocab * 4
+            host_pages.release(address + keep * row_bytes, (self._logits_resident - keep) * row_bytes)
+        self._logits_resident = keep
 
     def _logits_view(self, n_rows: int) -> np.ndarray:
         if n_rows == 0:
@@ -194,6 +215,7 @@ class Engine:
             rc = llama_cpp.llama_decode(self.ctx, self._scratch.view())
             if rc == 0:
                 flagged = idx[logits[idx] != 0]
+                self._wrote_logits_rows(len(flagged))
                 result[out_rows[flagged]] = self._logits_view(len(flagged))
             elif rc == 1 and len(idx) == 1:
                 victim = int(seq_id[idx[0]])

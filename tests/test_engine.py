@@ -143,6 +143,22 @@ def test_decode_batch_takes_the_adrs_entries_and_matches_the_mixed_form(engine: 
     engine.clear()
 
 
+def test_logits_rows_given_back_to_the_kernel_are_written_afresh_by_the_next_decode(engine: Engine) -> None:
+    engine.clear()
+    tokens = engine.tokenizer.tokenize("The capital of France is")
+    wants = np.ones(len(tokens), np.int8)  # every row an output: rows past the usual ones are written
+    def every_row() -> np.ndarray:
+        return engine.decode(np.array(tokens, np.int32), np.arange(len(tokens), dtype=np.int32),
+                             np.zeros(len(tokens), np.int32), wants).logits.copy()
+    first = every_row()
+    engine.release_logits_rows(keep=0)
+    engine.seq_rm(0)
+    again = every_row()
+    np.testing.assert_array_equal(first, again)
+    assert np.isfinite(again).all() and again.any(axis=1).all()
+    engine.clear()
+
+
 def _packed(allowed: list[int], n_vocab: int) -> np.ndarray:
     bits = np.zeros(((n_vocab + 31) // 32) * 32, np.uint8)
     bits[allowed] = 1
