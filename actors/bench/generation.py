@@ -3,7 +3,9 @@
 *uniform* (distinct short prompts, fixed new tokens, greedy, EOG ignored: sequential vs
 llamactor vs the batched-decode ceiling, per concurrency), *shared_prefix* (a configured system
 prompt vs the same prompt inlined), *arrivals* (Poisson arrivals, mixed prompt and output
-lengths) and *single* (one request alone, then the idle CPU use of the started tree).
+lengths), *single* (one request alone, then the idle CPU use of the started tree) and *sampled*
+(16 streams drawn with the default filters -- temperature 0.8, top-k 40, top-p 0.95, min-p 0.05 --
+and with 5 alternatives' logprobs, against the same streams greedy: what the sampler costs).
 """
 
 from __future__ import annotations
@@ -130,6 +132,22 @@ def bench_single(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
     return {"sequential_ttft_ms": seq["ttft_ms"], "sequential_tok_s": seq["tok_s"], "llamactor_ttft_ms": own["ttft_ms"],
             "llamactor_tok_s": own["tok_s"], "ttft_delta_ms": own["ttft_ms"] - seq["ttft_ms"],
             "tok_s_ratio": own["tok_s"] / seq["tok_s"], "idle_cpu_percent": idle}
+
+
+def bench_sampled(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
+    prompts = uniform_prompts(16)
+    with llamactor.start(s.model_path, n_parallel=16, n_threads=s.n_threads, n_ctx=s.n_ctx) as llm:
+        llm.ask("warm up", max_tokens=2, temperature=0.8)
+        m = median_runs({
+            "greedy": lambda: llamactor_burst(llm, prompts, s.max_tokens),
+            "sampled": lambda: llamactor_burst(llm, prompts, s.max_tokens, temperature=0.8, seed=1),
+            "logprobs": lambda: llamactor_burst(llm, prompts, s.max_tokens, temperature=0.8, seed=1, top_logprobs=5),
+        }, max(1, s.repeats // 2))
+    tick()
+    out: dict[str, Any] = {kind: r["tokens_per_s"] for kind, r in m.items()}
+    out["sampled_ratio"] = out["sampled"] / out["greedy"]
+    out["logprobs_ratio"] = out["logprobs"] / out["greedy"]
+    return out
 
 
 def _idle_cpu(llm: llamactor.LLM, seconds: float = 2.0) -> float:

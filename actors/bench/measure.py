@@ -31,12 +31,13 @@ def median_runs(runs: dict[str, Callable[[], dict[str, float]]], repeats: int) -
     return {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in samples.items()}
 
 
-def llamactor_burst(llm: llamactor.Client, prompts: list[str], max_tokens: int, **extra: Any) -> dict[str, float]:
+def llamactor_burst(llm: llamactor.Client, prompts: list[str], max_tokens: int, temperature: float = 0.0,
+                    **extra: Any) -> dict[str, float]:
     """``len(prompts)`` threads call ``ask()`` at once; tokens/s over the wall time of the burst."""
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        done = list(pool.map(lambda p: llm.ask(p, max_tokens=max_tokens, temperature=0, ignore_eos=True, **extra),
-                             prompts))
+        done = list(pool.map(lambda p: llm.ask(p, max_tokens=max_tokens, temperature=temperature, ignore_eos=True,
+                                               **extra), prompts))
     seconds = time.perf_counter() - start
     ttfts = [c.timings.ttft_ms for c in done]
     return {"tokens_per_s": sum(c.usage.completion_tokens for c in done) / seconds,

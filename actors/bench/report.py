@@ -16,6 +16,8 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("uniform c=8: llamactor / ceiling", "uniform[8].vs_ceiling", ">=", 0.93),
     ("single: TTFT - sequential TTFT (ms)", "single.ttft_delta_ms", "<=", 25.0),
     ("single: tok/s / sequential tok/s", "single.tok_s_ratio", ">=", 0.97),
+    ("sampled c=16: tok/s, default filters / greedy", "sampled.sampled_ratio", ">=", 0.95),
+    ("sampled c=16: tok/s, with 5 alternatives' logprobs / greedy", "sampled.logprobs_ratio", ">=", 0.9),
     ("shared prompt c=16: TTFT p50 shared / inlined", "shared_prefix.ttft_p50_ratio", "<=", 0.5),
     ("shared prompt c=16: throughput shared / inlined", "shared_prefix.throughput_ratio", ">=", 1.5),
     ("idle: CPU % of the started tree", "single.idle_cpu_percent", "<", 1.0),

@@ -48,6 +48,7 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "uniform": (len(s.concurrencies), generation.bench_uniform),
         "shared_prefix": (1, generation.bench_shared_prefix),
         "arrivals": (1, generation.bench_arrivals), "single": (1, generation.bench_single),
+        "sampled": (1, generation.bench_sampled),
         "daemon": (len(daemon.daemon_concurrencies(s)), daemon.bench_daemon),  # also fills results["daemon_idle"]
         "multiturn": (4, prefix.bench_multiturn), "few_shot": (2, prefix.bench_few_shot),
         "priorities": (2, scheduling.bench_priorities), "overcommit": (2, scheduling.bench_overcommit),
