@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from llamactor.native.scoring import score_rows
 from llamactor.scheduling.prompt_scores import PromptScore
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
 
@@ -44,9 +45,6 @@ class OutputRows:
 def record_scores(scored: list[tuple[Chunk, int]], logits: np.ndarray) -> int:
     """Reduce each chunk's prompt rows to the logprob of the token that follows, its rank and the
     top alternatives, and record them; returns the rows reduced."""
-    # Deferred: the reductions use torch, which only a process that scores prompts should load.
-    from llamactor.native.scoring import score_rows
-
     n_rows = 0
     for chunk, first in scored:
         seq, scoring = chunk.seq, chunk.seq.scoring

