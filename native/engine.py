@@ -137,9 +137,9 @@ class Engine:
         self.batch = ReusableBatch(self.info.n_batch, self._shadow)
         self._scratch = ReusableBatch(self.info.n_batch, self._shadow)  # sub-batches when a step must be split
         self._embedder: Embedder | None = None
-        # The logits buffer's rows: how many llama.cpp made room for, and how many may be resident.
-        self._logits_rows = llama_cpp.llama_n_seq_max(self.ctx)
-        self._logits_resident = self._logits_rows  # llama.cpp clears (touches) the buffer it makes
+        # How many logits rows may be resident: llama.cpp made room for one per sequence id and
+        # cleared (touched) them all.
+        self._logits_resident = llama_cpp.llama_n_seq_max(self.ctx)
         self.release_logits_rows(keep=0)
 
     def _metadata(self) -> dict[str, str]:
@@ -173,8 +173,7 @@ class Engine:
         return EngineError(f"llama_decode returned {rc} for a batch of {n_tokens} tokens")
 
     def _wrote_logits_rows(self, n_rows: int) -> None:
-        if n_rows > self._logits_rows:  # llama.cpp made a bigger buffer and cleared all of it
-            self._logits_rows = self._logits_resident = n_rows
+        # Also right when the step outgrew the buffer: llama.cpp's bigger one is n_rows rows, all cleared.
         self._logits_resident = max(self._logits_resident, n_rows)
 
     def release_logits_rows(self, keep: int) -> None:
