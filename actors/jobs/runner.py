@@ -37,6 +37,7 @@ from llamactor.handles.model import ModelClient
 from llamactor.handles.tree import LLM
 from llamactor.jobs import records
 from llamactor.jobs.endpoints import PendingLine, start_line
+from llamactor.jobs.plan import RequestCounts
 from llamactor.jobs.store import JobStore
 
 log = get_logger("llamactor.jobs")
@@ -46,18 +47,12 @@ MAX_ATTEMPTS = 8  # a line refused "for now" this often fails (the batcher is no
 
 
 @dataclass(frozen=True, slots=True)
-class Progress:
-    """Where a job stands; ``tokens`` and ``elapsed_s`` count this run only (for tok/s)."""
+class Progress(RequestCounts):
+    """Where a job stands: its request counts, and ``tokens`` and ``elapsed_s`` of this run only
+    (for tok/s)."""
 
-    total: int
-    completed: int
-    failed: int
     tokens: int
     elapsed_s: float
-
-    @property
-    def finished(self) -> int:
-        return self.completed + self.failed
 
 
 class InteractiveWatch:
