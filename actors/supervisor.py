@@ -8,6 +8,11 @@ completes as if nothing happened; the callers never notice but for the delay. Re
 exponentially; more than ``max_restarts`` within ``restart_window_s`` and it gives up: every
 caller, streams included, then gets ``BatcherUnavailableError``.
 
+A ``Cancel`` goes on to the batcher that runs the request, which answers it with the partial
+completion. One that finds no batcher to take it (during the back-off) or that went to a batcher
+which died before it handled it is answered here instead, with a ``CancelledError`` without a
+completion, and the request is not replayed: a cancel is never lost to a restart.
+
 It never asks the batcher anything: its own state and counters go to the tree's ``StatsBoard``
 as they change, so health checks and stats never hold up request forwarding.
 """
@@ -24,7 +29,7 @@ import pykka
 
 from llamactor.base.logging import get_logger
 from llamactor.base.config import Config
-from llamactor.base.errors import BatcherUnavailableError
+from llamactor.base.errors import BatcherUnavailableError, CancelledError
 from llamactor.stats_board import StatsBoard
 from llamactor.base.messages import (
     BatcherFailed,
@@ -49,7 +54,11 @@ class SupervisorActor(pykka.ThreadingActor):
     """``start_batcher(config, model_path, supervisor_ref, generation, watchdog_trips, board, tiers)``
     starts a batcher actor (``BatcherActor.start``; passed in so that importing the caller side
     never loads llama.cpp). ``tiers``: the tree's lower cache tiers (opaque here), handed to every
-    generation so that a restarted batcher finds what its predecessor cached."""
+    generation so that a restarted batcher finds what its predecessor cached.
+
+    Its own state is touched by the supervisor thread only. Other threads only ``tell`` it: callers
+    (requests, ``Cancel``), batchers (``BatcherReady``, ``BatcherFailed``), the thread that completes
+    a request's future (``Forget``) and the back-off timer's thread (``RestartBatcher``)."""
 
     def __init__(self, config: Config, model_path: str, start_batcher: BatcherFactory,
                  board: StatsBoard | None = None, tiers: Any = None) -> None:
@@ -60,6 +69,9 @@ class SupervisorActor(pykka.ThreadingActor):
         self.board = board if board is not None else StatsBoard()
         self.tiers = tiers
         self.inflight: dict[str, Request] = {}
+        # In-flight requests whose Cancel went to the batcher: if it dies before answering them,
+        # they are cancelled here rather than replayed (a dead batcher's inbox is dropped).
+        self.cancelled: set[str] = set()
         self.batcher: pykka.ActorRef[Any] | None = None
         self.generation = 0
         self.restart_times: deque[float] = deque()
@@ -104,10 +116,10 @@ class SupervisorActor(pykka.ThreadingActor):
         if isinstance(message, (Generate, Embed, Tokenize)):
             self._on_generate(message)
         elif isinstance(message, Cancel):
-            if self.batcher is not None:
-                tell_quietly(self.batcher, message)
+            self._on_cancel(message)
         elif isinstance(message, Forget):
             self.inflight.pop(message.request_id, None)
+            self.cancelled.discard(message.request_id)
         elif isinstance(message, BatcherReady):
             if message.generation == self.generation:
                 self.info = message.info
@@ -138,10 +150,33 @@ class SupervisorActor(pykka.ThreadingActor):
             # inflight and is replayed when its BatcherFailed arrives and a new one starts.
             tell_quietly(self.batcher, msg)
 
+    def _on_cancel(self, msg: Cancel) -> None:
+        if self.batcher is not None:
+            # The batcher holds the request's partial completion, so it answers the cancel. It may
+            # die first; then ``_on_batcher_failed`` cancels the request instead of replaying it.
+            if msg.request_id in self.inflight:
+                self.cancelled.add(msg.request_id)
+            tell_quietly(self.batcher, msg)
+            return
+        # No batcher: the back-off between BatcherFailed and RestartBatcher (or after giving up,
+        # when nothing is in flight). Told to nobody, the cancel would be lost and the request
+        # replayed on the next batcher, so it ends here.
+        self._cancel_here(msg.request_id)
+
+    def _cancel_here(self, request_id: str) -> None:
+        """End an in-flight request with ``CancelledError`` without a completion: what it generated
+        is known only to the batcher that died (its checkpoint holds token ids, not text)."""
+        self.cancelled.discard(request_id)
+        req = self.inflight.pop(request_id, None)
+        if req is not None:
+            req.reply.fail(CancelledError(f"request {request_id} was cancelled"))
+
     def _on_batcher_failed(self, msg: BatcherFailed) -> None:
         if msg.generation != self.generation or self.state in ("failed", "stopped"):
             return
         self.batcher = self.board.batcher_ref = None
+        for request_id in list(self.cancelled):  # cancels the dead batcher never answered
+            self._cancel_here(request_id)
         self.board.batcher = {}  # the dead batcher's counters; the next one publishes its own
         self.n_watchdog_trips += msg.watchdog
         if self.info is None:  # it never came up: a bad model path will not heal by retrying
@@ -176,6 +211,7 @@ class SupervisorActor(pykka.ThreadingActor):
         for req in self.inflight.values():
             req.reply.fail(error)
         self.inflight.clear()
+        self.cancelled.clear()
 
     def _set_state(self, state: str) -> None:
         self.state = state
