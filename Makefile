@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Pinned: a plain `torch` would pull a multi-GB CUDA build; 2.13.0 is the CPU build on this disk.
 TORCH := torch==2.13.0
-SOURCES := $(wildcard actors/*.py actors/*/*.py native/*.py)
+SOURCES := $(wildcard actors/*.py actors/*/*.py actors/*/*/*.py native/*.py)
 
 .PHONY: install test test-pure typecheck chat bench bench-quick clean
 

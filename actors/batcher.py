@@ -203,18 +203,20 @@ class BatcherActor(pykka.ThreadingActor):
             if msg.reply.future.done():  # cancelled by its caller before it arrived
                 return
             try:
-                params = self.prompts.params(msg)
+                params, n_ctx_seq = self.prompts.params(msg), self.engine.info.n_ctx_seq
                 # A crashed batcher was running it: go on from its checkpoint. (A scored prompt starts
                 # again: its rows are not in the checkpoint, and it streamed nothing before its end.)
                 if msg.reply.progress is not None and params.prompt_logprobs is None:
+                    params = self.prompts.fit(msg, params, len(msg.reply.progress.prompt_ids), n_ctx_seq)
                     seq = resume_sequence(msg, params, self.engine.tokenizer)
                     log.info("request_resumed", n_prompt=seq.n_prompt, n_generated=seq.n_generated,
                              n_resumed=seq.n_resumed)
-                    if (reason := seq.state.ended(seq, self.engine.info.n_ctx_seq)) is not None:
+                    if (reason := seq.state.ended(seq, n_ctx_seq)) is not None:
                         finish_request(seq, reason)  # it crashed between its last token and its end
                         return
                 else:
-                    tokens, n_context = self.prompts.prompt_tokens(msg, n_ctx_seq=self.engine.info.n_ctx_seq)
+                    tokens, n_context = self.prompts.prompt_tokens(msg)
+                    params = self.prompts.fit(msg, params, len(tokens), n_ctx_seq)
                     seq = start_sequence(msg, tokens, n_context, params, self.engine.tokenizer)
                 self.scheduler.add(seq)
                 msg.reply.mark_queued()

@@ -41,6 +41,8 @@ class EmbeddingSteps:
         try:
             inputs = [list(x) if isinstance(x, tuple) else self._tokenizer.tokenize(x, add_special=True)
                       for x in msg.inputs]
+            if msg.truncate:  # Ollama's default: an input longer than one step keeps its head
+                inputs = [ids[:self.queue.n_batch] for ids in inputs]
             if any(not 0 <= t < self._tokenizer.n_vocab for ids in inputs for t in ids):
                 raise InvalidRequestError(f"token ids must be in [0, {self._tokenizer.n_vocab})")
             job = EmbeddingJob(msg, msg.pooling or self._default_pooling, [len(t) for t in inputs],

@@ -13,7 +13,7 @@ from llamactor.native.tokenizer import IncrementalDetokenizer
 class TextAssembler:
     """Text of one request. Used by the batcher thread only."""
 
-    __slots__ = ("_detok", "_stop", "text", "_n_emitted", "stopped")
+    __slots__ = ("_detok", "_stop", "text", "_n_emitted", "stopped", "stop_sequence")
 
     def __init__(self, stop: tuple[str, ...] = ()) -> None:
         self._detok = IncrementalDetokenizer()
@@ -21,6 +21,7 @@ class TextAssembler:
         self.text = ""
         self._n_emitted = 0
         self.stopped = False  # a stop string matched; ``text`` ends just before it
+        self.stop_sequence: str | None = None  # which one: the earliest in the text (first listed on a tie)
 
     def push(self, data: bytes) -> str:
         """Add one token's bytes; return the text that is now safe to show."""
@@ -29,10 +30,11 @@ class TextAssembler:
             return self._emit(len(self.text))
         longest = max(len(s) for s in self._stop)
         search_from = max(0, self._n_emitted - longest + 1)
-        hits = [i for i in (self.text.find(s, search_from) for s in self._stop) if i >= 0]
+        hits = [(i, k) for k, i in enumerate(self.text.find(s, search_from) for s in self._stop) if i >= 0]
         if hits:
-            self.text = self.text[:min(hits)]
-            self.stopped = True
+            at, k = min(hits)
+            self.text = self.text[:at]
+            self.stopped, self.stop_sequence = True, self._stop[k]
             return self._emit(len(self.text))
         return self._emit(len(self.text) - self._held_back())
 

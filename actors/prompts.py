@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from llamactor.base.config import SamplingParams
+from llamactor.base.logging import get_logger
 from llamactor.base.errors import ContextExceededError, InvalidRequestError
 from llamactor.base.completion import Tokenized
 from llamactor.base.messages import Generate, Tokenize
@@ -19,6 +20,7 @@ from llamactor.base.chat_template import ChatTemplate, ChatTemplateError
 from llamactor.native.tokenizer import Tokenizer
 
 _SPLIT_MARK = "\x00llamactor-split\x00"
+log = get_logger("llamactor.batcher")
 
 
 class PromptBuilder:
@@ -43,9 +45,9 @@ class PromptBuilder:
         extra = [s for s in self.template.stop if s not in msg.params.stop] if msg.messages is not None else []
         return msg.params.replace(stop=msg.params.stop + tuple(extra)) if extra else msg.params
 
-    def prompt_tokens(self, msg: Generate, *, n_ctx_seq: int) -> tuple[list[int], int]:
+    def prompt_tokens(self, msg: Generate) -> tuple[list[int], int]:
         """The request's full prompt, and where its continuation starts (scoring; else its length).
-        ``InvalidRequestError`` if empty or it cannot fit."""
+        ``InvalidRequestError`` if it is empty or holds unknown token ids."""
         if msg.token_ids is not None:
             tokens = list(msg.token_ids)
             if any(not 0 <= t < self.tokenizer.n_vocab for t in tokens):
@@ -65,13 +67,27 @@ class PromptBuilder:
         n_context = len(tokens)
         if msg.continuation is not None:
             tokens += self._continuation_tokens(msg.continuation)
-        needed = len(tokens) + (msg.params.max_tokens or 1)
-        if needed > n_ctx_seq:
-            asked = f" + max_tokens ({msg.params.max_tokens})" if msg.params.max_tokens else ""
-            raise ContextExceededError(
-                f"prompt ({len(tokens)} tokens){asked} exceeds the per-sequence context of {n_ctx_seq} tokens",
-                n_prompt_tokens=len(tokens), n_ctx=n_ctx_seq)
         return tokens, n_context
+
+    @staticmethod
+    def fit(msg: Generate, params: SamplingParams, n_prompt: int, n_ctx_seq: int) -> SamplingParams:
+        """``params`` if the prompt and ``max_tokens`` fit in the per-sequence context; with
+        ``clamp_max_tokens``, max_tokens cut to the room the prompt leaves; else (or if the
+        prompt alone fills the context) ``ContextExceededError``, with the counts a client needs."""
+        needed = n_prompt + (params.max_tokens or 1)
+        if needed <= n_ctx_seq:
+            return params
+        if msg.clamp_max_tokens:
+            if n_prompt >= n_ctx_seq:
+                raise ContextExceededError(f"prompt is too long: {n_prompt} tokens > {n_ctx_seq - 1} maximum",
+                                           n_prompt_tokens=n_prompt, n_ctx=n_ctx_seq)
+            room = n_ctx_seq - n_prompt
+            log.info("max_tokens_clamped", max_tokens=params.max_tokens, to=room, n_prompt=n_prompt, n_ctx=n_ctx_seq)
+            return params.replace(max_tokens=room)
+        asked = f" + max_tokens ({params.max_tokens})" if params.max_tokens else ""
+        raise ContextExceededError(
+            f"prompt ({n_prompt} tokens){asked} exceeds the per-sequence context of {n_ctx_seq} tokens",
+            n_prompt_tokens=n_prompt, n_ctx=n_ctx_seq)
 
     def _continuation_tokens(self, continuation: str | tuple[int, ...]) -> list[int]:
         """A scored continuation on its own: no BOS, special-token text kept as text (lm-eval's
@@ -96,6 +112,9 @@ class PromptBuilder:
         elif msg.messages is not None:
             text = self._render(msg.messages, msg.tools, msg.chat_template_kwargs)
             tokens = self._tokenize_rendered(text)
+        elif msg.parts is not None:
+            tokens = self._tokenize_parts(msg.parts, msg.add_special)
+            text = self.tokenizer.detokenize(tokens)
         else:
             assert msg.text is not None
             # special-token text ("<eos>") is its single id, as llama-server's and HF tokenizers do
@@ -103,6 +122,18 @@ class PromptBuilder:
             tokens = self.tokenizer.tokenize(msg.text, add_special=msg.add_special, parse_special=True)
         pieces = tuple(self.tokenizer.special_text(t) for t in tokens) if msg.with_pieces else None
         return Tokenized(tuple(tokens), text, pieces)
+
+    def _tokenize_parts(self, parts: tuple[str | int, ...], add_special: bool) -> list[int]:
+        """Strings tokenized (BOS only before the first part) and token ids kept, in order."""
+        tokens: list[int] = []
+        for i, part in enumerate(parts):
+            if isinstance(part, str):
+                tokens += self.tokenizer.tokenize(part, add_special=add_special and i == 0, parse_special=True)
+            elif isinstance(part, int) and not isinstance(part, bool) and 0 <= part < self.tokenizer.n_vocab:
+                tokens.append(part)
+            else:
+                raise InvalidRequestError(f"content must hold strings and token ids in [0, {self.tokenizer.n_vocab})")
+        return tokens
 
     def _render(self, messages: tuple[dict[str, Any], ...], tools: Tools | None,
                 template_kwargs: dict[str, Any] | None = None) -> str:

@@ -188,6 +188,19 @@ def _prompt_logprobs(seq: Sequence, tokenizer: Tokenizer | None) -> dict[str, An
             "prompt_pieces": tuple(text(t) for t in seq.token_ids[:seq.n_prompt])}
 
 
+def _asked_back(seq: Sequence, state: RequestState | None, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """What the answer tells its front end without a second trip: the stop string that ended it,
+    the prompt as text (``echo_prompt``), the room ``max_tokens`` was cut to (``clamp_max_tokens``)."""
+    req, out = seq.request, dict[str, Any]()
+    if state is not None:
+        out["stop_sequence"] = state.text.stop_sequence
+        if state.params.max_tokens != req.params.max_tokens:
+            out["clamped_max_tokens"] = state.params.max_tokens
+    if req.echo_prompt and tokenizer is not None:
+        out["prompt_text"] = tokenizer.detokenize(seq.token_ids[:seq.n_prompt])
+    return out
+
+
 def finish_request(seq: Sequence, reason: str, error: LlamactorError | None = None,
                    tokenizer: Tokenizer | None = None) -> Completion:
     """Resolve the caller's future with the completion (or fail it with ``error``), log it."""
@@ -212,7 +225,7 @@ def finish_request(seq: Sequence, reason: str, error: LlamactorError | None = No
                         total_ms=_ms(req.submitted_at, now),
                         decode_tokens_per_s=round((n_gen - 1) / decode_s, 2) if n_gen > 1 and decode_s > 0 else 0.0),
         logprobs=tuple(state.logprobs) if state is not None and state.logprobs is not None else None,
-        **_prompt_logprobs(seq, tokenizer),
+        **_prompt_logprobs(seq, tokenizer), **_asked_back(seq, state, tokenizer),
     )
     if state is not None and state.params.grammar is not None and state.params.grammar.parse is not None:
         completion = _with_parsed(completion, state.params.grammar.parse)

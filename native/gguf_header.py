@@ -1,7 +1,8 @@
-"""What Ollama's model listings say about a model, read from its GGUF file's header (pure; any
-thread, though reading a header takes up to a few hundred milliseconds: call it off the loop).
+"""What a GGUF file says of its model, read from its header alone (any thread, though reading a
+header takes up to a few hundred milliseconds: call it off an event loop). Reads the file with
+plain Python (no llama.cpp).
 
-``/api/tags``, ``/api/show`` and ``/api/ps`` describe models that may not be loaded (listing must
+Ollama's ``/api/tags``, ``/api/show`` and ``/api/ps`` describe models that may not be loaded (listing must
 not load them) or that live in Ray Serve replicas, so the facts come from the file itself, not from
 the engine: its key-values with their types (clients read ``<arch>.context_length`` as a number),
 the chat template, and the parameter count summed over the tensor shapes. Only the header is read

@@ -17,41 +17,41 @@ try:
 except ImportError:  # older SDKs
     import httpx as http
 
-from llamactor.base.completion import Completion, Piece, Timings, Usage
 from llamactor.base.errors import InvalidRequestError, LlamactorError
 from llamactor.base.tools import ToolCall
-from llamactor.http.anthropic_message import matched_stop, message
-from llamactor.http.anthropic_schema import MessagesRequest, ToolChoice, anthropic_tools
-from llamactor.http.anthropic_stream import message_events, sse_response, with_pings
+from llamactor.dialects.anthropic.events import message_events, stream_error
+from llamactor.dialects.anthropic.message import message
+from llamactor.dialects.anthropic.plan import MessagesPlan, anthropic_tools, plan_messages
+from llamactor.dialects.anthropic.schema import MessagesRequest, ToolChoice
+from llamactor.http.anthropic_routes import ANTHROPIC_SSE
+from llamactor.http.framing import with_keepalive
+
+from .dialect_helpers import CTX, completion, framed, updates
 
 pytestmark = pytest.mark.pure
 WEATHER = {"name": "get_weather", "description": "The weather of a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-HEAD = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m"}
 
 
-def request(**fields: Any) -> MessagesRequest:
-    body = MessagesRequest.model_validate({"model": "m", "max_tokens": 16, **fields})
-    body.check()
-    return body
+def plan(**fields: Any) -> MessagesPlan:
+    fields.setdefault("messages", [{"role": "user", "content": "hi"}])
+    return plan_messages(MessagesRequest.model_validate({"model": "m", "max_tokens": 16, **fields}), CTX)
 
 
-def completion(text: str, finish: str = "stop", calls: tuple[ToolCall, ...] = (), prompt: int = 20,
-               cached: int = 8, generated: int = 5) -> Completion:
-    return Completion("r", text, tuple(range(generated)), finish, Usage(prompt, generated, cached),
-                      Timings(0, 0, 0, 0), tool_calls=calls)
+def chat(**fields: Any) -> list[dict[str, Any]]:
+    return list(plan(**fields).request.messages or ())
 
 
 def test_system_text_and_system_role_entries_become_one_leading_system_message() -> None:
-    body = request(system=[{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Be kind.",
-                                                                  "cache_control": {"type": "ephemeral"}}],
-                   messages=[{"role": "user", "content": "hi"}, {"role": "system", "content": "No jokes."}])
-    assert body.chat_messages() == [{"role": "system", "content": "Be brief.\nBe kind.\nNo jokes."},
+    messages = chat(system=[{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Be kind.",
+                                                                    "cache_control": {"type": "ephemeral"}}],
+                    messages=[{"role": "user", "content": "hi"}, {"role": "system", "content": "No jokes."}])
+    assert messages == [{"role": "system", "content": "Be brief.\nBe kind.\nNo jokes."},
                                     {"role": "user", "content": "hi"}]
 
 
 def test_tool_results_come_before_the_text_of_their_user_turn_and_calls_become_tool_calls() -> None:
-    body = request(messages=[
+    chat_ = chat(messages=[
         {"role": "user", "content": "Weather in Paris and Rome?"},
         {"role": "assistant", "content": [{"type": "thinking", "thinking": "Two calls.", "signature": "x"},
                                           {"type": "text", "text": "Checking."},
@@ -63,28 +63,25 @@ def test_tool_results_come_before_the_text_of_their_user_turn_and_calls_become_t
                                      {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
                                       "content": [{"type": "text", "text": "no such"},
                                                   {"type": "text", "text": "city"}]}]}])
-    chat = body.chat_messages()
-    assert chat[1] == {"role": "assistant", "content": "Checking.", "reasoning_content": "Two calls.", "tool_calls": [
+    assert chat_[1] == {"role": "assistant", "content": "Checking.", "reasoning_content": "Two calls.", "tool_calls": [
         {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
-    assert chat[2:] == [{"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
+    assert chat_[2:] == [{"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
                         {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: no such\ncity"},
                         {"role": "user", "content": "Thanks!"}]
 
 
 def test_blocks_and_tools_the_model_cannot_use_are_refused_with_where_they_are() -> None:
     with pytest.raises(InvalidRequestError, match=r"messages.0.content.1: image blocks are not supported"):
-        request(messages=[{"role": "user", "content": [
+        chat(messages=[{"role": "user", "content": [
             {"type": "text", "text": "What is this?"},
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]
-        ).chat_messages()
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
     with pytest.raises(InvalidRequestError, match="tools.0: server tools"):
-        request(messages=[{"role": "user", "content": "hi"}],
-                tools=[{"type": "web_search_20250305", "name": "web_search"}])
+        plan(tools=[{"type": "web_search_20250305", "name": "web_search"}])
     with pytest.raises(InvalidRequestError, match=r"messages.0.content.0.input: a JSON object"):
-        request(messages=[{"role": "assistant", "content": [
-            {"type": "tool_use", "id": "t", "name": "f", "input": "x"}]}]).chat_messages()
+        chat(messages=[{"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t", "name": "f", "input": "x"}]}])
     with pytest.raises(InvalidRequestError, match='tool_choice "any" needs tools'):
-        request(messages=[{"role": "user", "content": "hi"}], tool_choice={"type": "any"})
+        plan(tool_choice={"type": "any"})
 
 
 def test_tool_choice_maps_to_llamactors_choices_and_parallel_use() -> None:
@@ -100,66 +97,46 @@ def test_tool_choice_maps_to_llamactors_choices_and_parallel_use() -> None:
 
 
 def test_sampling_fields_map_and_accepted_but_unhonoured_fields_are_named() -> None:
-    body = request(messages=[{"role": "user", "content": "hi"}], temperature=0.5, top_k=3, stop_sequences=["\n\n"],
-                   metadata={"user_id": "u"}, thinking={"type": "enabled", "budget_tokens": 2048},
-                   output_config={"effort": "low", "format": {"type": "json_schema", "schema": {"type": "object"}}})
-    sampling = body.sampling()
-    assert {k: sampling[k] for k in ("max_tokens", "temperature", "top_k", "stop", "chat_template_kwargs")} == {
-        "max_tokens": 16, "temperature": 0.5, "top_k": 3, "stop": ["\n\n"],
-        "chat_template_kwargs": {"enable_thinking": True}}
-    assert sampling["grammar"].kind == "json_schema"
-    assert body.ignored() == ["output_config.effort", "thinking.budget_tokens"]  # (metadata changes nothing)
+    p = plan(temperature=0.5, top_k=3, stop_sequences=["\n\n"], metadata={"user_id": "u"},
+             thinking={"type": "enabled", "budget_tokens": 2048},
+             output_config={"effort": "low", "format": {"type": "json_schema", "schema": {"type": "object"}}})
+    params = p.request.params
+    assert (params.max_tokens, params.temperature, params.top_k, params.stop) == (16, 0.5, 3, ("\n\n",))
+    assert p.request.chat_template_kwargs == {"enable_thinking": True} and p.request.clamp_max_tokens
+    assert params.grammar is not None and params.grammar.kind == "json_schema"
+    assert p.ignored == ["output_config.effort", "thinking.budget_tokens"]  # (metadata changes nothing)
     with pytest.raises(pydantic.ValidationError, match="max_tokens"):
         MessagesRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     with pytest.raises(pydantic.ValidationError, match="temprature"):
         MessagesRequest.model_validate({"model": "m", "max_tokens": 1, "messages": [], "temprature": 0})
 
 
-def test_the_stop_sequence_that_ended_an_answer_is_the_one_its_decoded_tail_starts_with() -> None:
-    assert matched_stop("The answer", "The answer is 42", ["42", " is"]) == " is"
-    assert matched_stop("Paris", "Paris\nUser:", [" is"]) is None  # the chat format's own stop: end of turn
-    assert matched_stop("Paris.", "Paris.", ["."]) is None  # an end-of-generation token adds no text
+def test_the_stop_sequence_reported_is_the_callers_own_and_a_clamp_that_ran_out_is_the_window() -> None:
+    p = plan(stop_sequences=["42", " is"])
+    assert message(p, completion("The answer", stop_sequence=" is"))["stop_sequence"] == " is"
+    ended = message(p, completion("Paris", stop_sequence="\nUser:"))  # the chat format's own stop: end of turn
+    assert (ended["stop_sequence"], ended["stop_reason"]) == (None, "end_turn")
+    assert message(p, completion("The answer", stop_sequence=" is"))["stop_reason"] == "stop_sequence"
+    assert message(p, completion("a", "length", clamped_max_tokens=3))["stop_reason"] == "model_context_window_exceeded"
+    assert message(p, completion("a", "length"))["stop_reason"] == "max_tokens"
 
 
 def test_the_message_splits_reasoning_and_gives_tool_calls_object_inputs() -> None:
     call = ToolCall("call_abc", "get_weather", '{"city": "Paris"}')
-    m = message(HEAD, completion("<think>Use the tool.</think>", "tool_calls", (call,)), None, False)
+    m = message(plan(), completion("<think>Use the tool.</think>", "tool_calls", (call,)))
     assert m["content"] == [{"type": "thinking", "thinking": "Use the tool.", "signature": "llamactor"},
                             {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}}]
     assert m["stop_reason"] == "tool_use" and m["stop_sequence"] is None
+    assert (m["id"], m["model"], m["role"]) == ("msg_test", "m", "assistant")
     assert m["usage"] == {"input_tokens": 12, "output_tokens": 5, "cache_creation_input_tokens": 0,
                           "cache_read_input_tokens": 8}
-    assert message(HEAD, completion(""), None, False)["content"] == [{"type": "text", "text": ""}]
-    assert message(HEAD, completion("a", "length"), None, True)["stop_reason"] == "model_context_window_exceeded"
-    assert message(HEAD, completion("a"), "\n\n", False)["stop_reason"] == "stop_sequence"
+    assert message(plan(), completion(""))["content"] == [{"type": "text", "text": ""}]
 
 
-class FakeStream:
-    """What ``message_events`` reads of an ``AsyncTextStream``: pieces, then the completion."""
-
-    def __init__(self, pieces: list[str], done: Completion | LlamactorError) -> None:
-        self._pieces, self._done = pieces, done
-
-    async def pieces(self) -> AsyncGenerator[Piece, None]:
-        for text in self._pieces:
-            yield Piece(text)
-        if isinstance(self._done, LlamactorError):
-            raise self._done
-
-    @property
-    def completion(self) -> Completion:
-        assert isinstance(self._done, Completion)
-        return self._done
-
-
-def sse_bytes(stream: FakeStream, tools: Any = None) -> bytes:
-    async def ending(c: Completion, sent_tool_uses: bool) -> tuple[str, str | None]:
-        return ("tool_use" if sent_tool_uses else "end_turn"), None
-
-    async def collect() -> bytes:
-        response = sse_response(message_events(stream, HEAD, tools, lambda c: None, ending))
-        return b"".join([c.encode() if isinstance(c, str) else bytes(c) async for c in response.body_iterator])
-    return asyncio.run(collect())
+def sse_bytes(pieces: list[str], done: Completion | LlamactorError, tools: Any = None) -> bytes:
+    """The message's events as the transport frames them."""
+    p = plan(tools=[WEATHER]) if tools else plan()
+    return framed(message_events(p, updates(pieces, done)), ANTHROPIC_SSE, stream_error).encode()
 
 
 def sdk_client(body: bytes) -> anthropic.Anthropic:
@@ -171,8 +148,7 @@ def sdk_client(body: bytes) -> anthropic.Anthropic:
 def test_the_sdk_stream_helper_rebuilds_thinking_text_and_a_tool_call_from_the_events() -> None:
     pieces = ["<thi", "nk>Paris is", " sunny?</think>", "Let me check.", "<tool_call>\n{\"name\": \"get_weather\", ",
               "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"]
-    body = sse_bytes(FakeStream(pieces, completion("", "tool_calls", generated=7)),
-                     anthropic_tools([WEATHER], None))
+    body = sse_bytes(pieces, completion("", "tool_calls", generated=7), tools=True)
     frames = [f for f in body.decode().split("\n\n") if f]
     assert all(f.startswith("event: ") for f in frames)  # the SDK drops frames without an event name
     starts = [json.loads(f.split("data: ", 1)[1]) for f in frames if f.startswith("event: content_block_start")]
@@ -184,8 +160,7 @@ def test_the_sdk_stream_helper_rebuilds_thinking_text_and_a_tool_call_from_the_e
     assert final.content[0].thinking == "Paris is sunny?" and final.content[1].text == text
     assert text.startswith("Let me check.<tool_call>")
     # An answer that is only a call: a tool_use block with an object input, arguments in one delta.
-    body = sse_bytes(FakeStream(pieces[4:], completion("", "tool_calls", generated=7)),
-                     anthropic_tools([WEATHER], None))
+    body = sse_bytes(pieces[4:], completion("", "tool_calls", generated=7), tools=True)
     with sdk_client(body).messages.stream(model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}]) as s:
         final = s.get_final_message()
     assert [b.type for b in final.content] == ["tool_use"] and final.stop_reason == "tool_use"
@@ -194,7 +169,7 @@ def test_the_sdk_stream_helper_rebuilds_thinking_text_and_a_tool_call_from_the_e
 
 
 def test_an_error_after_the_stream_began_is_an_error_event_the_sdk_raises() -> None:
-    body = sse_bytes(FakeStream(["Hello"], LlamactorError("the batcher crashed")))
+    body = sse_bytes(["Hello"], LlamactorError("the batcher crashed"))
     assert body.decode().endswith('event: error\ndata: {"type": "error", "error": {"type": "api_error", '
                                   '"message": "the batcher crashed"}}\n\n')
     with pytest.raises(anthropic.APIStatusError, match="the batcher crashed"):
@@ -203,19 +178,19 @@ def test_an_error_after_the_stream_began_is_an_error_event_the_sdk_raises() -> N
             s.get_final_message()
 
 
-def test_pings_fill_the_silence_and_closing_early_closes_the_pieces() -> None:
+def test_pings_fill_the_silence_and_closing_early_closes_the_events() -> None:
     async def run() -> tuple[list[Any], bool]:
         go, closed = asyncio.Event(), asyncio.Event()
 
-        async def pieces() -> AsyncGenerator[Piece, None]:
+        async def events() -> AsyncGenerator[dict[str, Any], None]:
             try:
                 await go.wait()
-                yield Piece("a")
+                yield {"type": "message_start"}
                 await asyncio.Event().wait()  # never: the consumer leaves first
             finally:
                 closed.set()
         got: list[Any] = []
-        stream = with_pings(pieces(), 0.01)
+        stream = with_keepalive(events(), 0.01)
         async for item in stream:
             got.append(item)
             if item is None:
@@ -225,4 +200,4 @@ def test_pings_fill_the_silence_and_closing_early_closes_the_pieces() -> None:
         await stream.aclose()
         return got, closed.is_set()
     got, closed = asyncio.run(run())
-    assert got[0] is None and got[-1] == Piece("a") and closed
+    assert got[0] is None and got[-1] == {"type": "message_start"} and closed

@@ -210,7 +210,7 @@ def test_the_runner_keeps_at_most_max_in_flight_and_journals_every_line_once(sto
         answer(msg, f"answer {i}")
     thread.join(10)
     assert result == [True] and client.most_outstanding == 3
-    assert [m.request_id for m in client.sent] == [records.request_id(b, i) for i in range(7)]  # run order
+    assert [m.request_id for m in client.sent] == [f"chatcmpl-{records.request_id(b, i)}" for i in range(7)]  # run order (as the endpoint names its requests)
     out = [json.loads(r) for r in store.results(b, "done")]
     assert [o["custom_id"] for o in out] == [f"q{i}" for i in range(7)]
     assert out[0]["response"]["body"]["choices"][0]["message"]["content"] == "answer 0"
@@ -307,7 +307,7 @@ def test_when_others_start_work_the_runner_cancels_its_newest_lines_and_runs_the
         answer(client.next_message(i))
     thread.join(10)
     assert result == [True]
-    assert [m.request_id for m in client.sent[3:]] == [records.request_id(b, i) for i in (1, 2, 3)]
+    assert [m.request_id for m in client.sent[3:]] == [f"chatcmpl-{records.request_id(b, i)}" for i in (1, 2, 3)]
     assert sorted(json.loads(r)["custom_id"] for r in store.results(b, "done")) == ["q0", "q1", "q2", "q3"]
 
 

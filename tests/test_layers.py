@@ -1,5 +1,6 @@
 """The package's import graph: no cycles (deferred imports included), no module importing a layer
-above its own, and the caller side never loading llama.cpp or torch.
+above its own, the caller side never loading llama.cpp or torch, the dialects and jobs never a web
+framework, and the transport's functions short.
 
 Read from the source with ``ast``: every ``import`` statement counts, at module level or inside a
 function, under ``TYPE_CHECKING`` or not.
@@ -22,7 +23,8 @@ SOURCES = {"llamactor": ROOT / "actors", "llamactor.native": ROOT / "native"}
 
 # Lower layers first; a module may import its own layer and the ones before it. The top-level
 # modules of `llamactor` (the actor tree) form one layer; `llamactor` itself (__init__) and the
-# `start()` facade sit above the caller side and the router.
+# `start()` facade sit above the caller side and the router. The dialects (pure translation) sit
+# below both of their users: batch jobs and the HTTP transport.
 LAYERS = [
     ("base", ["llamactor.base"]),
     ("scheduling", ["llamactor.scheduling"]),
@@ -31,8 +33,13 @@ LAYERS = [
     ("handles", ["llamactor.handles"]),
     ("serving", ["llamactor.serving"]),
     ("facade", ["llamactor.facade", "llamactor"]),
-    ("front ends", ["llamactor.jobs", "llamactor.http", "llamactor.rayserve", "llamactor.cli", "llamactor.bench"]),
+    ("dialects", ["llamactor.dialects"]),
+    ("jobs", ["llamactor.jobs"]),
+    ("http", ["llamactor.http"]),
+    ("front ends", ["llamactor.rayserve", "llamactor.cli", "llamactor.bench"]),
 ]
+WEB_FRAMEWORKS = {"fastapi", "starlette", "uvicorn"}
+LONGEST_HTTP_FUNCTION = 80  # lines: a handler that grows past this is doing a dialect's or the path's job
 
 
 def module_files() -> dict[str, Path]:
@@ -109,16 +116,39 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     assert not upward, "\n".join(upward)
 
 
+def imported_roots(path: Path) -> set[str]:
+    """The top-level packages a module imports (absolute imports, anywhere in it)."""
+    tree = ast.parse(path.read_text())
+    roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return roots | {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+
+
 def test_only_native_and_the_benchmark_yardsticks_import_llama_cpp_or_torch() -> None:
-    offenders = []
-    for name, path in module_files().items():
-        tree = ast.parse(path.read_text())
-        roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        roots |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
-        if roots & {"llama_cpp", "torch"} and not name.startswith("llamactor.native") \
-                and name != "llamactor.bench.baselines":
-            offenders.append(name)
+    offenders = [name for name, path in module_files().items()
+                 if imported_roots(path) & {"llama_cpp", "torch"} and not name.startswith("llamactor.native")
+                 and name != "llamactor.bench.baselines"]
     assert not offenders
+
+
+def test_the_dialects_and_the_jobs_import_no_web_framework() -> None:
+    offenders = {name: sorted(imported_roots(path) & WEB_FRAMEWORKS) for name, path in module_files().items()
+                 if name.startswith(("llamactor.dialects", "llamactor.jobs")) and imported_roots(path) & WEB_FRAMEWORKS}
+    assert not offenders
+
+
+def test_running_a_batch_job_loads_no_web_framework() -> None:
+    code = "import sys, llamactor.jobs, llamactor.cli.batch; print('fastapi' in sys.modules, 'starlette' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
+
+
+def test_no_function_of_the_http_transport_runs_over_eighty_lines() -> None:
+    long = [f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines"  # type: ignore[operator]
+            for name, path in module_files().items() if name.startswith("llamactor.http")
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > LONGEST_HTTP_FUNCTION]  # type: ignore[operator]
+    assert not long
 
 
 def test_importing_the_library_and_the_http_app_loads_neither_torch_nor_llama_cpp() -> None:

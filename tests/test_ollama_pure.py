@@ -3,10 +3,8 @@ thinking, NDJSON lines, and GGUF headers, checked against the ``ollama`` client'
 
 from __future__ import annotations
 
-import asyncio
 import json
 import struct
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,21 +12,27 @@ import ollama
 import pytest
 
 from llamactor.base.completion import Completion, TokenLogprob, Timings, Usage
-from llamactor.base.config import Config
 from llamactor.base.errors import BatcherRestartedError, InvalidRequestError
-from llamactor.base.tools import ToolCall, Tools
-from llamactor.http.ollama_gguf import human_number, read_gguf
-from llamactor.http.ollama_schema import (
-    ChatRequest, EmbedRequest, GenerateRequest, Message, Options, chat_messages, keep_alive_s,
-)
-from llamactor.http.ollama_stream import (
-    AnswerParts, chat_shape, done_fields, logprobs, ndjson_response, tool_calls, whole_answer,
-)
+from llamactor.base.tools import ToolCall
+from llamactor.dialects.ollama.plan import OllamaPlan, chat_messages, plan_chat, plan_generate
+from llamactor.dialects.ollama.replies import answer_lines, done_fields, logprobs, stream_error, tool_calls, whole_answer
+from llamactor.dialects.ollama.schema import ChatRequest, EmbedRequest, GenerateRequest, Message, Options, keep_alive_s
+from llamactor.http.framing import NDJSON
+from llamactor.native.gguf_header import human_number, read_gguf
+
+from .dialect_helpers import CTX, collect, framed, updates
 
 pytestmark = pytest.mark.pure
 
-WEATHER = Tools.from_openai([{"type": "function", "function": {
-    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+HI = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields: Any) -> OllamaPlan:
+    plan = plan_chat(ChatRequest.model_validate({"model": "m", "messages": HI, **fields}), CTX, 2048)
+    assert plan is not None
+    return plan
 
 
 def completion(text: str, **kw: Any) -> Completion:
@@ -45,7 +49,7 @@ def test_keep_alive_takes_seconds_and_go_durations_and_refuses_anything_else() -
 
 
 def test_options_map_onto_sampling_with_ollamas_special_values() -> None:
-    config = Config(n_ctx=2048)
+    config = 2048  # n_ctx
     assert Options().sampling(config) == {"max_tokens": None}  # Ollama's default: no limit
     for unlimited in (-1, -2, 0):
         assert Options(num_predict=unlimited).sampling(config)["max_tokens"] is None
@@ -75,14 +79,16 @@ def test_top_level_options_are_read_but_options_win() -> None:
 
 
 def test_format_think_and_logprobs_become_sampling_and_template_variables() -> None:
-    body = ChatRequest.model_validate({"model": "m", "format": {"type": "object"}, "think": "high",
-                                       "logprobs": True, "top_logprobs": 2, "stream": False})
-    assert body.sampling(Config())["json_schema"] == {"type": "object"} and not body.streamed
-    assert body.sampling(Config())["top_logprobs"] == 2
-    assert body.template_kwargs() == {"chat_template_kwargs": {"enable_thinking": True, "reasoning_effort": "high"}}
-    assert ChatRequest(model="m", think=False).template_kwargs() == {"chat_template_kwargs": {"enable_thinking": False}}
-    assert "grammar" in ChatRequest(model="m", format="json").sampling(Config())
-    assert ChatRequest(model="m", format="").sampling(Config()) == {"max_tokens": None}
+    plan = chat(format={"type": "object"}, think="high", logprobs=True, top_logprobs=2, stream=False)
+    r = plan.request
+    assert r.params.grammar is not None and r.params.grammar.kind == "json_schema" and not plan.streamed
+    assert r.params.top_logprobs == 2 and plan.logprobs
+    assert r.chat_template_kwargs == {"enable_thinking": True, "reasoning_effort": "high"}
+    assert chat(think=False).request.chat_template_kwargs == {"enable_thinking": False}
+    assert chat(format="json").request.params.grammar.kind == "json_object"  # type: ignore[union-attr]
+    plain = chat(format="").request
+    assert plain.params.grammar is None and plain.params.max_tokens is None and plain.chat_template_kwargs is None
+    assert plan_chat(ChatRequest(model="m"), CTX, 2048) is None  # no messages: the request only loads the model
 
 
 def test_generate_refuses_what_it_cannot_do_in_ollamas_words() -> None:
@@ -112,14 +118,10 @@ def test_history_tool_calls_become_json_text_and_results_find_their_call() -> No
 
 
 def test_a_streamed_tool_call_reaches_the_ollama_client_with_arguments_as_an_object() -> None:
-    parts = AnswerParts(WEATHER, None)
-    lines = []
-    for piece in ("<tool_", 'call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>'):
-        thinking, content, calls = parts.feed(piece)
-        if calls or content:
-            lines.append(chat_shape(content, thinking, tool_calls(calls)))
-    assert parts.finish() == ("", "", []) and len(lines) == 1
-    parsed = ollama.ChatResponse(model="m", **lines[0])
+    pieces = ["<tool_", 'call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>']
+    lines = collect(answer_lines(chat(tools=WEATHER), updates(pieces, completion("", finish_reason="tool_calls")), 0))
+    assert len(lines) == 2 and lines[-1]["done"]  # the call whole, then the final line
+    parsed = ollama.ChatResponse(**lines[0])
     call = parsed.message.tool_calls[0]
     assert (call.function.name, call.function.arguments) == ("get_weather", {"city": "Paris"})
     odd = tool_calls([ToolCall("call_1", "f", '"just text"')])
@@ -127,18 +129,20 @@ def test_a_streamed_tool_call_reaches_the_ollama_client_with_arguments_as_an_obj
 
 
 def test_thinking_is_split_from_content_and_dropped_when_not_wanted() -> None:
+    pieces = ["<thi", "nk>Let me see.</th", "ink>Blue."]
     for think, expected in ((None, "Let me see."), (True, "Let me see."), (False, "")):
-        parts = AnswerParts(None, think)
-        pieces = [parts.feed(p) for p in ("<thi", "nk>Let me see.</th", "ink>Blue.")] + [parts.finish()]
-        assert "".join(t for t, _, _ in pieces) == expected and "".join(c for _, c, _ in pieces) == "Blue."
-    raw = AnswerParts(None, None, parse_thinking=False)
-    assert raw.feed("<think>x</think>y")[1] == "<think>x</think>y"
+        lines = collect(answer_lines(chat(think=think), updates(pieces, completion("")), 0))
+        assert "".join(line["message"].get("thinking", "") for line in lines) == expected
+        assert "".join(line["message"]["content"] for line in lines) == "Blue."
+    raw = plan_generate(GenerateRequest(model="m", prompt="p", raw=True), CTX, 2048)
+    assert raw is not None
+    lines = collect(answer_lines(raw, updates(["<think>x</think>y"], completion("")), 0))
+    assert lines[0]["response"] == "<think>x</think>y" and "thinking" not in lines[0]
 
 
 def test_a_whole_answer_carries_counts_durations_and_logprobs_in_ollamas_shape() -> None:
     c = completion("<think>hm</think>Blue.", logprobs=(TokenLogprob("Blue", -0.5, (("Blue", -0.5), ("Red", -1.5))),))
-    reply = whole_answer(c, lambda: {"model": "m:latest", "created_at": "now"}, chat_shape, AnswerParts(None, None),
-                         True, 1000)
+    reply = whole_answer(chat(logprobs=True), c, 1000)
     parsed = ollama.ChatResponse(**reply)
     message = parsed.message
     assert (message.content, message.thinking, parsed.done, parsed.done_reason) == ("Blue.", "hm", True, "stop")
@@ -151,16 +155,8 @@ def test_a_whole_answer_carries_counts_durations_and_logprobs_in_ollamas_shape()
 
 
 def test_an_error_after_the_stream_began_is_one_more_ndjson_line() -> None:
-    async def lines() -> AsyncIterator[dict[str, Any]]:
-        yield {"model": "m", "message": {"role": "assistant", "content": "Hi"}, "done": False}
-        raise BatcherRestartedError("the replica serving this stream died")
-
-    async def body() -> str:
-        response = ndjson_response(lines())
-        assert response.media_type == "application/x-ndjson"
-        return "".join([chunk if isinstance(chunk, str) else bytes(chunk).decode()
-                        async for chunk in response.body_iterator])
-    text = asyncio.run(body())
+    lines = answer_lines(chat(), updates(["Hi"], BatcherRestartedError("the replica serving this stream died")), 0)
+    text = framed(lines, NDJSON, stream_error)
     assert text.endswith("\n") and "\n\n" not in text
     first, last = (json.loads(line) for line in text.splitlines())
     assert first["message"]["content"] == "Hi" and last == {"error": "the replica serving this stream died"}

@@ -86,7 +86,7 @@ def test_config_from_kwargs_routes_sampling_names_and_refuses_unknown_options() 
 
 def test_best_of_keeps_the_choices_with_the_highest_mean_logprob_in_their_order() -> None:
     from llamactor.base.completion import Completion, Timings, TokenLogprob, Usage
-    from llamactor.http.openai_schema import best_of
+    from llamactor.dialects.openai.replies import best_of
 
     def choice(name: str, logprobs: list[float]) -> Completion:
         return Completion(name, name, (), "stop", Usage(1, len(logprobs), 0), Timings(0, 0, 0, 0),

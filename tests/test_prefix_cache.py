@@ -41,7 +41,7 @@ def chat_tokens(engine: Engine, messages: list[dict[str, str]]) -> list[int]:
     """The prompt tokens llamactor builds for ``messages`` (no system prompt configured)."""
     msg = Generate(request_id="ref", params=SamplingParams(max_tokens=1), reply=ReplyChannel(), submitted_at=0.0,
                    messages=tuple(messages))
-    return PromptBuilder(engine.tokenizer, engine.chat_template, None).prompt_tokens(msg, n_ctx_seq=engine.info.n_ctx_seq)
+    return PromptBuilder(engine.tokenizer, engine.chat_template, None).prompt_tokens(msg)[0]
 
 
 @KV_TYPES

@@ -4,9 +4,7 @@ answer checked by the openai SDK's own models and stream accumulator."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -15,13 +13,17 @@ from openai._models import construct_type
 from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 
-from llamactor.base.completion import Completion, Piece, Timings, Usage
+from llamactor.base.completion import Completion, Timings, Usage
 from llamactor.base.errors import BatcherRestartedError, InvalidRequestError
 from llamactor.base.tools import ToolCall
-from llamactor.http.responses_output import Shell, output_items, status_of, usage
-from llamactor.http.responses_schema import ResponsesRequest, input_messages, plan
+from llamactor.dialects.responses.events import ResponseEvents
+from llamactor.dialects.responses.output import Shell, output_items, status_of, usage
+from llamactor.dialects.responses.plan import ResponsesPlan, input_messages, plan_response
+from llamactor.dialects.responses.schema import ResponsesRequest
+from llamactor.http.framing import NAMED_SSE
 from llamactor.http.responses_store import ResponseStore
-from llamactor.http.responses_stream import response_events
+
+from .dialect_helpers import CTX, framed, sse_data, updates
 
 pytestmark = pytest.mark.pure
 
@@ -34,6 +36,10 @@ CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}
 def completion(text: str, finish: str = "stop", calls: tuple[ToolCall, ...] = ()) -> Completion:
     return Completion("resp_x", text, (1, 2, 3), finish, Usage(12, 3, 8), Timings(1, 2, 3, 4),  # type: ignore[arg-type]
                       tool_calls=calls)
+
+
+def plan(body: ResponsesRequest, earlier: list[dict[str, Any]] | None = None) -> ResponsesPlan:
+    return plan_response(body, CTX, earlier or [])
 
 
 def refused(call: Any) -> InvalidRequestError:
@@ -74,17 +80,19 @@ def test_unsupported_input_parts_and_item_types_are_refused_naming_the_field() -
 def test_instructions_lead_the_chat_but_stay_out_of_the_history_that_is_stored() -> None:
     earlier = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi."}]
     p = plan(ResponsesRequest(input="Bye", instructions="Be kind.", max_output_tokens=5, temperature=0), earlier)
-    assert p.messages == [{"role": "system", "content": "Be kind."}, *earlier, {"role": "user", "content": "Bye"}]
-    assert p.history == p.messages[1:]
-    assert p.sampling == {"temperature": 0, "max_tokens": 5} and p.tools is None
+    messages = list(p.request.messages or ())
+    assert messages == [{"role": "system", "content": "Be kind."}, *earlier, {"role": "user", "content": "Bye"}]
+    assert p.history == messages[1:]
+    assert p.request.params.temperature == 0 and p.request.params.max_tokens == 5 and p.request.tools is None
     assert refused(lambda: plan(ResponsesRequest())).details["param"] == "input"
 
 
 def test_flat_function_tools_and_a_named_choice_become_chat_tools_and_other_tool_types_are_refused() -> None:
     p = plan(ResponsesRequest(input="Weather in Paris?", tools=[WEATHER],
                               tool_choice={"type": "function", "name": "get_weather"}))
-    assert p.tools is not None and p.sampling["tools"] is p.tools and p.parsed_tools is p.tools
-    assert p.tools.choice == "get_weather" and p.tools.functions[0]["parameters"] == WEATHER["parameters"]
+    tools = p.request.tools
+    assert tools is not None and p.request.parsed_tools is tools and p.request.params.grammar is not None
+    assert tools.choice == "get_weather" and tools.functions[0]["parameters"] == WEATHER["parameters"]
     web = ResponsesRequest(input="x", tools=[WEATHER, {"type": "web_search"}])
     assert refused(lambda: plan(web)).details["param"] == "tools[1].type"
     search = ResponsesRequest(input="x", tools=[WEATHER], tool_choice={"type": "file_search"})
@@ -94,7 +102,7 @@ def test_flat_function_tools_and_a_named_choice_become_chat_tools_and_other_tool
 
 def test_text_formats_become_the_constraint_of_the_answer() -> None:
     def grammar(fmt: dict[str, Any]) -> Any:
-        return plan(ResponsesRequest(input="x", text={"format": fmt})).sampling.get("grammar")
+        return plan(ResponsesRequest(input="x", text={"format": fmt})).request.params.grammar
     assert grammar({"type": "text"}) is None
     assert grammar({"type": "json_object"}).kind == "json_object"
     assert grammar({"type": "json_schema", "name": "W", "schema": WEATHER["parameters"]}).kind == "json_schema"
@@ -124,34 +132,22 @@ def test_a_finished_answer_is_a_response_object_the_sdk_reads() -> None:
     assert r.incomplete_details.reason == "max_output_tokens" and r.output[0].status == "incomplete"
 
 
-class FakeStream:
-    """What ``response_events`` reads of an ``AsyncTextStream``: its pieces, then its completion."""
-
-    def __init__(self, pieces: list[str], done: Completion | None) -> None:
-        self._pieces, self.completion = pieces, done
-
-    async def pieces(self) -> AsyncGenerator[Piece, None]:
-        for text in self._pieces:
-            yield Piece(text)
-        if self.completion is None:  # as the engine's failure reaches a stream: after its pieces
-            raise BatcherRestartedError("the batcher crashed")
-
-
 def streamed(pieces: list[str], done: Completion | None, tools: Any = None) -> tuple[list[str], Any, list[Any]]:
-    """The event types, the SDK accumulator's final response, and what was handed to the store."""
+    """The event types as the transport frames them, the SDK accumulator's final response, and what
+    was handed to the store."""
     body = ResponsesRequest(input="x", tools=[WEATHER] if tools else None)
-    p = plan(body)
     kept: list[Any] = []
-
-    async def collect() -> list[dict[str, Any]]:
-        stream: Any = FakeStream(pieces, done)
-        return [e async for e in response_events(stream, Shell(body, "resp_1", "m", 0), p.parsed_tools,
-                                                 lambda c: None, kept.append)]
-    events = asyncio.run(collect())
+    stream = ResponseEvents(plan(body), kept.append)
+    # as the engine's failure reaches a stream: after its pieces
+    body_text = framed(stream.events(updates(pieces, done or BatcherRestartedError("the batcher crashed"))),
+                       NAMED_SSE, stream.failed)
+    events = sse_data(body_text)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert all(f.startswith(f"event: {e['type']}\n") for f, e in zip(body_text.split("\n\n"), events))
     state: ResponseStreamState[Any] = ResponseStreamState(input_tools=[WEATHER] if tools else [], text_format=omit)
     final = None
-    for seq, event in enumerate(events):
-        wire = json.loads(json.dumps({**event, "sequence_number": seq}))
+    for event in events:
+        wire = json.loads(json.dumps(event))
         for out in state.handle_event(construct_type(type_=ResponseStreamEvent, value=wire)):  # type: ignore[arg-type]
             final = getattr(out, "response", final) if out.type == "response.completed" else final
     return [e["type"] for e in events], final, kept

@@ -76,6 +76,9 @@ class Piece:
 
 @dataclass(frozen=True, slots=True)
 class Completion:
+    """The result of one choice: its text and token ids, why it ended, usage and timings, and what
+    the request asked to have back (logprobs, the prompt's scores or text, parsed output, calls)."""
+
     request_id: str
     text: str
     token_ids: tuple[int, ...]
@@ -97,6 +100,11 @@ class Completion:
     # them, ``raw_text`` the whole answer) and finish_reason "tool_calls".
     tool_calls: tuple[Any, ...] = ()  # llamactor.base.tools.ToolCall
     raw_text: str | None = None
+    # The stop string that ended the answer (the request's, or the chat format's turn marker);
+    # None when it ended otherwise (end of generation, max_tokens ...).
+    stop_sequence: str | None = None
+    prompt_text: str | None = None  # with ``echo_prompt``: the prompt's tokens as text
+    clamped_max_tokens: int | None = None  # with ``clamp_max_tokens``: the room max_tokens was cut to
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -136,3 +144,9 @@ class Tokenized:
     token_ids: tuple[int, ...]
     text: str
     pieces: tuple[str, ...] | None = None
+
+
+# What a stream of ``n`` choices yields, merged (``llamactor.handles.streams.merged``): the index of
+# a choice and its next text piece, then, once, the index and its finished Completion. The event
+# sequences of the HTTP dialects (``llamactor.dialects``) are written over these.
+ChoiceUpdate = tuple[int, Piece | Completion]

@@ -58,7 +58,7 @@ class Grammar:
             raise InvalidRequestError("json_schema must be a JSON object")
         # Compact JSON (no free whitespace): a small model left free to indent can loop on blank lines.
         options = {"lenient": not strict, "whitespace_flexible": False}
-        schema = _bounded_numbers(_closed_objects(schema))
+        schema = enforced_schema(schema)
         try:
             compiled = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)  # type: ignore[arg-type]
         except ValueError as e:
@@ -95,6 +95,12 @@ class Grammar:
     def coerce(cls, value: Grammar | str) -> Grammar:
         """``grammar=`` of the API: a ``Grammar``, or GBNF / Lark text."""
         return value if isinstance(value, Grammar) else cls.gbnf(value)
+
+
+def enforced_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` as llamactor enforces it, wherever it is embedded (a tool's arguments too):
+    objects closed, numbers bounded."""
+    return _bounded_numbers(_closed_objects(schema))  # type: ignore[no-any-return]
 
 
 def _closed_objects(schema: Any) -> Any:
@@ -150,17 +156,3 @@ def _checked(grammar: Grammar, what: str) -> Grammar:
     if error:
         raise InvalidRequestError(f"invalid {what}: {error.strip()}")
     return grammar
-
-
-def compile_constraint(sampling: dict[str, Any]) -> dict[str, Any]:
-    """Caller's thread: the API's ``json_schema=`` (a dict, JSON text or pydantic model class) or
-    ``grammar=`` (a ``Grammar`` or GBNF / Lark text) as the compiled ``grammar`` sampling field."""
-    sampling = dict(sampling)
-    schema, grammar = sampling.pop("json_schema", None), sampling.get("grammar")
-    if schema is not None and grammar is not None:
-        raise InvalidRequestError("pass json_schema= or grammar=, not both")
-    if schema is not None:
-        sampling["grammar"] = schema if isinstance(schema, Grammar) else Grammar.json_schema(schema)
-    elif grammar is not None:
-        sampling["grammar"] = Grammar.coerce(grammar)
-    return sampling

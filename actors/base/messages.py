@@ -17,7 +17,6 @@ import pykka
 from llamactor.base.completion import Completion, Embeddings, Piece, Tokenized, TokenLogprob
 from llamactor.base.config import SamplingParams
 from llamactor.base.engine_info import EngineInfo
-from llamactor.base.errors import InvalidRequestError
 from llamactor.base.priority import DEFAULT_PRIORITY
 from llamactor.base.tools import Tools
 
@@ -100,8 +99,9 @@ class Progress:
 class Generate:
     """Caller -> supervisor -> batcher: complete a prompt and answer on ``reply``.
 
-    The prompt is exactly one of ``text`` (raw completion), ``messages`` (chat template applied)
-    or ``token_ids``. It is tokenized by the batcher, which alone calls into llama.cpp.
+    One choice of a ``GenerationRequest`` (``llamactor.base.request``), which checked its fields:
+    the prompt is exactly one of ``text`` (raw completion), ``messages`` (chat template applied)
+    or ``token_ids``, tokenized by the batcher, which alone calls into llama.cpp.
     """
 
     request_id: str
@@ -115,20 +115,10 @@ class Generate:
     tools: Tools | None = None  # a chat's tools: rendered into its prompt, calls parsed from its answer
     chat_template_kwargs: dict[str, Any] | None = None  # a chat's extra template variables (enable_thinking ...)
     # Scoring (``Client.score``): appended to the prompt, tokenized on its own (no BOS), and only its
-    # tokens' log-probabilities are computed (``params.prompt_logprobs`` must be set).
+    # tokens' log-probabilities are computed (``params.prompt_logprobs`` is set).
     continuation: str | tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if self.continuation is not None and (self.messages is not None or self.params.prompt_logprobs is None
-                                              or not self.continuation):
-            raise ValueError("a continuation needs a raw prompt (text or token ids), prompt_logprobs, and content")
-        if self.chat_template_kwargs is not None and self.messages is None:
-            raise ValueError("chat_template_kwargs need a chat (messages)")
-        given = sum(x is not None for x in (self.text, self.messages, self.token_ids))
-        if given != 1:
-            raise ValueError("Generate needs exactly one of text, messages, token_ids")
-        if self.tools is not None and self.messages is None:
-            raise ValueError("tools need a chat (messages)")
+    echo_prompt: bool = False  # the Completion carries the prompt as text (``prompt_text``)
+    clamp_max_tokens: bool = False  # max_tokens beyond the context's room is cut to it, not refused
 
 
 POOLINGS = ("mean", "cls", "last")
@@ -138,7 +128,8 @@ MAX_EMBEDDING_INPUTS = 2048
 @dataclass(frozen=True, slots=True)
 class Embed:
     """Caller -> supervisor -> batcher: embed ``inputs`` (texts or token-id tuples), answer on
-    ``reply`` with an ``Embeddings``. ``pooling`` None: the model's own, else mean."""
+    ``reply`` with an ``Embeddings``. Built from an ``EmbeddingRequest``, which checked its fields.
+    ``pooling`` None: the model's own, else mean."""
 
     request_id: str
     inputs: tuple[str | tuple[int, ...], ...]
@@ -147,23 +138,14 @@ class Embed:
     pooling: str | None = None
     normalize: bool = True
     dimensions: int | None = None  # keep the first ``dimensions`` components (then renormalize)
-
-    def __post_init__(self) -> None:
-        if not 1 <= len(self.inputs) <= MAX_EMBEDDING_INPUTS:
-            raise InvalidRequestError(f"embed takes 1 to {MAX_EMBEDDING_INPUTS} inputs, got {len(self.inputs)}")
-        if not all(isinstance(x, str) or (isinstance(x, tuple) and all(isinstance(t, int) for t in x))
-                   for x in self.inputs):
-            raise InvalidRequestError("each input must be a string or a list of token ids")
-        if self.pooling is not None and self.pooling not in POOLINGS:
-            raise InvalidRequestError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
-        if self.dimensions is not None and (not isinstance(self.dimensions, int) or self.dimensions < 1):
-            raise InvalidRequestError(f"dimensions must be a positive integer, got {self.dimensions!r}")
+    truncate: bool = False  # an input longer than one embedding step is cut to it instead of refused
 
 
 @dataclass(frozen=True, slots=True)
 class Tokenize:
     """Caller -> supervisor -> batcher: what the model sees of a prompt, answered on ``reply`` with a
-    ``Tokenized``. Exactly one of ``text`` (tokenized), ``messages`` (rendered by the model's chat
+    ``Tokenized``. Exactly one of ``text`` (tokenized), ``parts`` (strings tokenized and token ids
+    kept, joined: llama-server's mixed ``content``), ``messages`` (rendered by the model's chat
     format, with ``tools``, then tokenized) or ``token_ids`` (decoded)."""
 
     request_id: str
@@ -171,14 +153,15 @@ class Tokenize:
     text: str | None = None
     messages: tuple[dict[str, Any], ...] | None = None
     token_ids: tuple[int, ...] | None = None
+    parts: tuple[str | int, ...] | None = None
     tools: Tools | None = None
-    add_special: bool = True  # text: add BOS as the model's tokenizer does
+    add_special: bool = True  # text: add BOS as the model's tokenizer does (parts: before the first)
     with_pieces: bool = False  # also each token's text
     chat_template_kwargs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if sum(x is not None for x in (self.text, self.messages, self.token_ids)) != 1:
-            raise ValueError("Tokenize needs exactly one of text, messages, token_ids")
+        if sum(x is not None for x in (self.text, self.messages, self.token_ids, self.parts)) != 1:
+            raise ValueError("Tokenize needs exactly one of text, parts, messages, token_ids")
 
 
 Request = Generate | Embed | Tokenize  # the messages a caller sends, kept in flight by the supervisor

@@ -13,7 +13,8 @@ templates teach:
   argument schemas and the block format above.
 - ``tool_choice``: ``"none"`` (tools described, answer never parsed), ``"auto"`` (the model
   chooses; blocks are parsed out of its answer), ``"required"`` or a named function: a grammar
-  (``Grammar.lark`` with the tools' JSON Schemas embedded) makes the answer one or more blocks.
+  (``Grammar.lark`` with the tools' JSON Schemas embedded, objects closed and numbers bounded as
+  ``json_schema`` enforces them) makes the answer one or more blocks.
 - Parsing: ``parse_tool_calls`` on a finished text; ``ToolCallStream`` on streamed pieces (a call
   is emitted whole, once its block closes; text that is not a call streams as content).
 """
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llamactor.base.errors import InvalidRequestError
-from llamactor.base.grammar import Grammar
+from llamactor.base.grammar import Grammar, enforced_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -94,7 +95,8 @@ class Tools:
         chosen = [f for f in self.functions if self.choice == "required" or f["name"] == self.choice]
         call_schema = {"anyOf": [{
             "type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-            "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters") or {"type": "object"}},
+            "properties": {"name": {"const": f["name"]},
+                           "arguments": enforced_schema(f.get("parameters") or {"type": "object"})},
         } for f in chosen], "x-guidance": {"whitespace_flexible": False, "lenient": True}}
         repeat = ' ("\\n" call)*' if self.parallel else ""
         return Grammar.lark(f'start: " "? call{repeat}\n'
@@ -127,27 +129,6 @@ class Tools:
     def template_tools(self) -> list[dict[str, Any]]:
         """``tools`` as Hugging Face chat templates take them."""
         return [{"type": "function", "function": f} for f in self.functions]
-
-
-def pop_tools(sampling: dict[str, Any], *, chat: bool) -> Tools | None:
-    """Caller's thread: takes the API's ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` out of
-    ``sampling``; a required or named choice becomes the request's ``grammar``."""
-    given = {k: sampling.pop(k) for k in ("tools", "tool_choice", "parallel_tool_calls") if k in sampling}
-    if given.get("tools") is None:
-        if given.get("tool_choice") not in (None, "none"):
-            raise InvalidRequestError("tool_choice needs tools")
-        return None
-    if not chat:
-        raise InvalidRequestError("tools need a chat (messages), not a raw prompt")
-    tools = given["tools"]
-    if not isinstance(tools, Tools):
-        tools = Tools.from_openai(tools, given.get("tool_choice"), given.get("parallel_tool_calls"))
-    grammar = tools.grammar()
-    if grammar is not None:
-        if sampling.get("grammar") is not None:
-            raise InvalidRequestError("a required or named tool_choice cannot be combined with json_schema or grammar")
-        sampling["grammar"] = grammar
-    return tools
 
 
 def _function(tool: Any, i: int) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""Iterators over one request's text pieces, for threads (``TextStream``) and asyncio (``AsyncTextStream``).
+"""Iterators over one request's text pieces, for threads (``TextStream``) and asyncio
+(``AsyncTextStream``); ``merged``, the pieces of a request's ``n`` choices as they arrive; futures
+mapped to another result (``mapped_future``).
 
 The batcher thread pushes each piece with a non-blocking call (``SimpleQueue.put`` or
 ``loop.call_soon_threadsafe``) so a slow reader never stalls the decode loop. Leaving the loop
@@ -10,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
 
-from llamactor.base.completion import Completion, Piece
+from llamactor.base.completion import ChoiceUpdate, Completion, Piece
 
 _END = object()
 
@@ -107,3 +110,49 @@ class AsyncTextStream:
     def completion(self) -> Completion:
         assert self.future is not None
         return self.future.result()
+
+
+async def merged(streams: Sequence[AsyncTextStream]) -> AsyncGenerator[ChoiceUpdate, None]:
+    """``(index, piece)`` as the choices' pieces arrive, and ``(index, completion)`` once each
+    choice ends; the first choice that fails raises its error here (event loop). Closing this
+    early (the client left) cancels every choice that is still running."""
+    queue: asyncio.Queue[tuple[int, Piece | Completion | BaseException]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncTextStream) -> None:
+        try:
+            async for piece in stream.pieces():
+                queue.put_nowait((index, piece))
+            queue.put_nowait((index, stream.completion))
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, which decides
+            queue.put_nowait((index, e))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        ended = 0
+        while ended < len(streams):
+            index, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            ended += isinstance(item, Completion)
+            yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def mapped_future(future: concurrent.futures.Future[Completion], fn: Any) -> concurrent.futures.Future[Any]:
+    """A future of ``fn(result)``; cancelling it cancels ``future`` (and so the request)."""
+    out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def done(f: concurrent.futures.Future[Completion]) -> None:
+        if out.done():
+            return
+        if f.cancelled():
+            out.cancel()
+        elif (e := f.exception()) is not None:
+            out.set_exception(e)
+        else:
+            out.set_result(fn(f.result()))
+    out.add_done_callback(lambda o: future.cancel() if o.cancelled() else None)
+    future.add_done_callback(done)
+    return out

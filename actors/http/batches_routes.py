@@ -1,5 +1,5 @@
-"""OpenAI's Batch API: ``POST /v1/batches``, ``GET /v1/batches/{id}``, ``GET /v1/batches``,
-``POST /v1/batches/{id}/cancel`` (each also without ``/v1``), over the daemon's ``JobService``:
+"""OpenAI's Batch API: ``POST /batches``, ``GET /batches/{id}``, ``GET /batches``,
+``POST /batches/{id}/cancel``, under ``/v1`` and at the root, over the daemon's ``JobService``:
 jobs journaled on disk, run at low priority, resumed when the daemon restarts.
 
 Handlers run on uvicorn's event loop; the store's disk work runs in a worker thread.
@@ -7,14 +7,15 @@ Handlers run on uvicorn's event loop; the store's disk work runs in a worker thr
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from llamactor.http.files_routes import both, call_jobs
-from llamactor.http.state import ServerState
+from llamactor.http.files_routes import call_jobs
+from llamactor.http.state import State
+
+router = APIRouter()
 
 
 class CreateBatch(BaseModel):
@@ -26,23 +27,22 @@ class CreateBatch(BaseModel):
     output_expires_after: dict[str, Any] | None = None  # accepted: files here never expire
 
 
-def register(app: FastAPI, state: ServerState) -> None:
-    async def create(body: CreateBatch, request: Request) -> Any:
-        return await call_jobs(request, state, lambda jobs: jobs.create(
-            body.input_file_id, body.endpoint, body.completion_window, body.metadata))
+@router.post("/batches", response_model=None)
+async def create(body: CreateBatch, request: Request, state: State) -> Any:
+    return await call_jobs(request, state, lambda jobs: jobs.create(
+        body.input_file_id, body.endpoint, body.completion_window, body.metadata))
 
-    async def retrieve(request: Request, batch_id: str) -> Any:
-        return await call_jobs(request, state, lambda jobs: jobs.get(batch_id))
 
-    async def listing(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> Any:
-        return await call_jobs(request, state, lambda jobs: jobs.list_batches(limit, after))
+@router.get("/batches/{batch_id}", response_model=None)
+async def retrieve(request: Request, state: State, batch_id: str) -> Any:
+    return await call_jobs(request, state, lambda jobs: jobs.get(batch_id))
 
-    async def cancel(request: Request, batch_id: str) -> Any:
-        return await call_jobs(request, state, lambda jobs: jobs.cancel(batch_id))
 
-    routes: list[tuple[str, str, Callable[..., Awaitable[Any]]]] = [
-        ("POST", "/v1/batches", create), ("GET", "/v1/batches", listing),
-        ("GET", "/v1/batches/{batch_id}", retrieve), ("POST", "/v1/batches/{batch_id}/cancel", cancel)]
-    for method, path, handler in routes:
-        for p in both(path):
-            app.add_api_route(p, handler, methods=[method], response_model=None)
+@router.get("/batches", response_model=None)
+async def listing(request: Request, state: State, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> Any:
+    return await call_jobs(request, state, lambda jobs: jobs.list_batches(limit, after))
+
+
+@router.post("/batches/{batch_id}/cancel", response_model=None)
+async def cancel(request: Request, state: State, batch_id: str) -> Any:
+    return await call_jobs(request, state, lambda jobs: jobs.cancel(batch_id))

@@ -1,54 +1,48 @@
-"""Errors in each client's own shape, chosen by the request's path (pure).
-
-OpenAI (``/v1/...`` and the prefix-less llama-server routes): ``{"error": {"message", "type",
-"param", "code"}}``. Anthropic (``/v1/messages...``): ``{"type": "error", "error": {"type",
-"message"}}`` with Anthropic's error types. Ollama (``/api/...``): ``{"error": "message"}``.
-A 429 carries ``Retry-After``; anything unexpected is a 500 without a stack trace.
+"""The app's exception handlers: every refusal in the dialect of the request's path
+(``llamactor.dialects.errors``) with the status of its error class (400, 401, 404, 413, 429 +
+Retry-After, 503); anything unexpected is a 500 with no stack trace (uvicorn's event loop).
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llamactor.base.errors import LlamactorError
+from llamactor.base.logging import get_logger
+from llamactor.dialects.errors import ErrorInfo, dialect_of
 
-Dialect = Literal["openai", "anthropic", "ollama"]
-
-# Anthropic's error types by HTTP status (its API reference, "Errors")
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-                   503: "overloaded_error"}
+log = get_logger("llamactor.http")
 
 
-def dialect_of(path: str) -> Dialect:
-    if path.startswith("/v1/messages"):
-        return "anthropic"
-    if path.startswith("/api/"):
-        return "ollama"
-    return "openai"
+def error_response(path: str, error: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error.body(dialect_of(path)), status_code=error.status, headers=headers or error.headers)
 
 
-def error_body(dialect: Dialect, status: int, message: str, type_: str, code: str | None = None,
-               **extra: object) -> dict[str, object]:
-    """The error object of ``dialect``; ``extra`` fields join OpenAI's error (llama-server's
-    ``n_prompt_tokens`` / ``n_ctx``)."""
-    if dialect == "anthropic":
-        return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
-    if dialect == "ollama":
-        return {"error": message}
-    return {"error": {"message": message, "type": type_, "param": None, "code": code, **extra}}
+async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """A body the schema refuses: a 400 naming where (pydantic's message, without its prefix)."""
+    first = exc.errors()[0] if exc.errors() else {}
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    message = first.get("msg", "invalid request").removeprefix("Value error, ")
+    if first.get("type") == "json_invalid" or not first:
+        message = "invalid JSON body"
+    text = f"{where}: {message}" if where else message
+    return error_response(request.url.path, ErrorInfo(400, text, "invalid_request_error", "invalid_request_error"))
 
 
-def error_response(path: str, status: int, message: str, type_: str, code: str | None = None,
-                   headers: dict[str, str] | None = None, **extra: object) -> JSONResponse:
-    return JSONResponse(error_body(dialect_of(path), status, message, type_, code, **extra), status_code=status,
-                        headers=headers)
+async def llamactor_error(request: Request, exc: LlamactorError) -> JSONResponse:
+    return error_response(request.url.path, ErrorInfo.of(exc))
 
 
-def from_exception(path: str, e: LlamactorError) -> JSONResponse:
-    """A llamactor error as its HTTP status (500 for internal ones) in the path's dialect."""
-    headers = {"Retry-After": "1"} if e.http_status == 429 else None
-    status = e.http_status if e.http_status < 500 or e.http_status == 503 else 500
-    return error_response(path, status, str(e), e.code, e.code, headers, **e.details)
+async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """404 (no such path), 405 (wrong method): the dialect's error shape, not FastAPI's ``{"detail": ...}``."""
+    type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return error_response(request.url.path, ErrorInfo(exc.status_code, str(exc.detail), type_),
+                          dict(exc.headers or {}) or None)
+
+
+async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.error("http_unexpected_error", error=repr(exc))
+    return error_response(request.url.path, ErrorInfo.of(exc))

@@ -1,58 +1,148 @@
-"""What every dialect's handler does with a request, whatever its shape (uvicorn's event loop).
+"""What every dialect's handler does with its typed requests, whatever their shape (uvicorn's
+event loop).
 
-Find the model (loading it off the loop if needed), submit the choices, await them while
-watching for a disconnect (which cancels them), or, for a stream, wait until every choice is
-accepted by the batcher before the 200 so that a refusal is the dialect's own 4xx.
+``planned``: find the model (its name and defaults are the plan's context), plan the body with
+them -- every 400 of the body itself, before anything loads -- and load the model off the loop if
+needed. Then either ``answer`` -- submit the requests' choices, await them while watching for a
+disconnect (which cancels them) -- or ``stream``: start every choice and wait until each is
+accepted by the batcher before the 200, so that a refusal is the dialect's own 4xx, then frame
+the dialect's events over their merged pieces. Finished completions are counted in the metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
-from llamactor.base.completion import Completion
+from llamactor.base.completion import ChoiceUpdate, Completion, Embeddings
 from llamactor.base.errors import BatcherUnavailableError, CancelledError
+from llamactor.base.logging import get_logger
+from llamactor.base.request import EmbeddingRequest, GenerationRequest
+from llamactor.dialects.context import RequestContext
 from llamactor.handles.model import ModelClient
-from llamactor.handles.streams import AsyncTextStream
+from llamactor.handles.streams import AsyncTextStream, merged
+from llamactor.http.framing import Framing, OnError, stream_response
 from llamactor.http.state import ServerState
 
-async def ready_model(state: ServerState, model: str | None) -> ModelClient:
-    """The model the request names (404 if none), loaded (off the event loop) if it was not."""
+log = get_logger("llamactor.http")
+Observe = Callable[[Completion], None]
+
+
+class Plan(Protocol):
+    @property
+    def requests(self) -> list[GenerationRequest]: ...
+
+
+P = TypeVar("P", bound=Plan)
+
+
+@dataclass(frozen=True, slots=True)
+class Planned(Generic[P]):
+    """A body planned on its model, which is loaded: what a handler answers or streams."""
+
+    llm: ModelClient
+    plan: P
+    observe: Observe  # counts a finished completion in the metrics
+
+
+async def planned(state: ServerState, request: Request, model: str | None, dialect: str,
+                  make_plan: Callable[[RequestContext], P]) -> Planned[P]:
+    llm = find_model(state, model)
+    plan = make_plan(context(request, llm))
+    await load(llm)
+    return Planned(llm, plan, state.metrics.observer(llm.name, dialect))
+
+
+async def stream(call: Planned[P], make_events: Callable[[P, AsyncGenerator[ChoiceUpdate, None]], Any],
+                 framing: Framing, on_error: OnError, background: BackgroundTask | None = None) -> StreamingResponse:
+    """The dialect's events over the plan's streamed choices (accepted before this returns)."""
+    updates = await open_stream(call.llm, call.plan.requests, call.observe)
+    return stream_response(make_events(call.plan, updates), framing, on_error, updates, background)
+
+
+async def respond(request: Request, call: Planned[P], streamed: bool,
+                  make_events: Callable[[P, AsyncGenerator[ChoiceUpdate, None]], Any], framing: Framing,
+                  on_error: OnError, reply: Callable[[P, list[Completion]], Any]) -> Any:
+    """The plan's answer: its events streamed, or its reply once every choice is done."""
+    if streamed:
+        return await stream(call, make_events, framing, on_error)
+    return reply(call.plan, await answer(request, call.llm, call.plan.requests, call.observe))
+
+
+def warn_ignored(dialect: str, fields: list[str], request_id: str) -> None:
+    """One warning per request naming the fields given that change nothing here."""
+    if fields:
+        log.warning("request_fields_ignored", dialect=dialect, fields=fields, request_id=request_id)
+
+
+def find_model(state: ServerState, name: str | None) -> ModelClient:
+    """The model the request names (``ModelNotFoundError``: 404), not loaded yet."""
     router = state.router
     if router is None or state.draining:
         raise BatcherUnavailableError("the server is starting or shutting down")
-    handle = state.model(router, model)  # ModelNotFoundError: 404
-    if not handle.loaded:
-        await asyncio.to_thread(handle.load)
-    return handle
+    return state.model(router, name)
 
 
-async def complete(request: Request, observe: Callable[[Completion], None],
-                   submit: Callable[[], list[Any]]) -> list[Completion]:
-    """Submit the choices, await them (cancelling on disconnect), count them in the metrics."""
-    done = await gather(request, submit())
+async def load(llm: ModelClient) -> ModelClient:
+    """``llm``, loaded (off the event loop) if it was not."""
+    if not llm.loaded:
+        await asyncio.to_thread(llm.load)
+    return llm
+
+
+async def ready_model(state: ServerState, name: str | None) -> ModelClient:
+    return await load(find_model(state, name))
+
+
+def context(request: Request, llm: ModelClient) -> RequestContext:
+    """The request as the dialects see it: the app's id for it, the model's name and defaults."""
+    return RequestContext(request.state.request_id, llm.name, llm.config.sampling)
+
+
+async def answer(request: Request, llm: ModelClient, requests: Sequence[GenerationRequest],
+                 observe: Observe) -> list[Completion]:
+    """Every choice of every request, in order (cancelled if the client disconnects first)."""
+    done: list[Completion] = await gather(request, [f for r in requests for f in llm.submit(r)])
     for c in done:
         observe(c)
     return done
 
 
-async def all_queued(starts: list[Callable[[], list[AsyncTextStream]]]) -> list[AsyncTextStream]:
-    """Start the streams; before the 200: every choice accepted by the batcher, or the first
-    refusal raised (its 4xx, as without ``stream``) and the other choices cancelled."""
+async def embed(request: Request, llm: ModelClient, embedding: EmbeddingRequest) -> Embeddings:
+    (result,) = await gather(request, [llm.submit_embed(embedding)])
+    return result  # type: ignore[no-any-return]
+
+
+async def open_stream(llm: ModelClient, requests: Sequence[GenerationRequest],
+                      observe: Observe) -> AsyncGenerator[ChoiceUpdate, None]:
+    """Start the requests' streams; before the 200: every choice accepted by the batcher, or the
+    first refusal raised (its 4xx, as without ``stream``) and the other choices cancelled. Then
+    their pieces, merged (choice ``k`` of all the requests' choices in order)."""
     streams: list[AsyncTextStream] = []
     try:
-        for start in starts:
-            streams += start()
+        for r in requests:
+            streams += llm.stream_async(r)
         await asyncio.gather(*(s.queued() for s in streams))
     except BaseException:
         for s in streams:
             s.cancel()
         raise
-    return streams
+    return _observed(streams, observe)
+
+
+async def _observed(streams: list[AsyncTextStream], observe: Observe) -> AsyncGenerator[ChoiceUpdate, None]:
+    async with contextlib.aclosing(merged(streams)) as updates:  # closing this cancels what still runs
+        async for index, item in updates:
+            if isinstance(item, Completion):
+                observe(item)
+            yield index, item
 
 
 async def gather(request: Request, futures: list[Any]) -> list[Any]:

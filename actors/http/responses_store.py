@@ -1,5 +1,5 @@
 """Finished responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}``: a bounded
-in-memory LRU (one per app, made by ``responses.register``).
+in-memory LRU (one per app, in its ``ServerState``).
 
 Used only on uvicorn's event loop (handlers and stream generators), so it needs no lock. Each
 entry holds the whole conversation up to and including that response as chat messages (without

@@ -1,16 +1,19 @@
 """``ServerState``: what the HTTP app knows: the router once built, the model names, the API key,
-the drain flag, the metrics. Read and written on uvicorn's event loop (the router is set once by
-the daemon's loader thread)."""
+the drain flag, the metrics, the stored responses, the batch jobs. Read and written on uvicorn's
+event loop (the router is set once by the daemon's loader thread). Handlers take it as a
+dependency (``State``).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
 
 from llamactor.handles.model import ModelClient, ModelRouter
 from llamactor.http.metrics import Metrics
-
-if TYPE_CHECKING:
-    from llamactor.jobs.service import JobService
+from llamactor.http.responses_store import ResponseStore
+from llamactor.jobs.service import JobService
 
 
 class ServerState:
@@ -25,6 +28,7 @@ class ServerState:
         self.draining = False
         self.jobs: JobService | None = None  # batch jobs (files, batches): set by the daemon when it owns a data dir
         self.metrics = Metrics(self.replica_stats)
+        self.responses = ResponseStore()  # the Responses API's previous_response_id
 
     def model(self, router: ModelRouter, name: str | None) -> ModelClient:
         """The model a request names. As llama-server does, a daemon serving exactly one model
@@ -56,3 +60,10 @@ def model_status(replica_states: set[str]) -> str:
     if replica_states == {"ready"}:
         return "ready"
     return "degraded" if "ready" in replica_states else sorted(replica_states - {"unloaded"})[0]
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.server  # type: ignore[no-any-return]
+
+
+State = Annotated[ServerState, Depends(server_state)]

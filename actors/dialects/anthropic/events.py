@@ -1,58 +1,35 @@
-"""Anthropic's server-sent events for one streamed message (uvicorn's event loop).
+"""Anthropic's events for one streamed message (pure), over the merged pieces of its one choice.
 
-Every frame is ``event: <type>`` + ``data: <json>``: the SDK drops frames without an event name.
 Order: ``message_start``, ``ping``, then content blocks strictly one after another, indexed 0, 1,
 2 ... in start order (``content_block_start`` / ``_delta`` / ``_stop``): thinking first, text,
 then one ``tool_use`` block per call, its arguments sent whole in one ``input_json_delta`` once the
-call's block closes (``llamactor.base.tools.ToolCallStream``). Then ``message_delta`` (stop
-reason, cumulative usage) and ``message_stop``. An error after the 200 is an ``error`` event,
-and the stream ends there. A ping also goes out whenever ``PING_EVERY_S`` pass without a piece
-(a long prefill), so that proxies and clients do not time out an idle connection.
-
-Leaving early (the client disconnects: Starlette cancels the response) closes the piece
-generator, which cancels the request and frees its sequence.
+call's block closes. Then ``message_delta`` (stop reason, cumulative usage) and ``message_stop``.
+Every frame is ``event: <type>`` + ``data: <json>`` (the SDK drops frames without an event name:
+the transport writes them), a ``ping`` goes out whenever a while passes without a piece (a long
+prefill: ``PING``, the transport's keepalive), and a failure after the first event is an
+``error`` event (``stream_error``), with which the stream ends.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from fastapi.responses import StreamingResponse
+from llamactor.base.completion import ChoiceUpdate, Piece
+from llamactor.base.tools import ToolCall
+from llamactor.dialects.anthropic.message import SIGNATURE, stop_reason, stop_sequence, tool_input, tool_use_id, usage
+from llamactor.dialects.anthropic.plan import MessagesPlan
+from llamactor.dialects.answer import AnswerSplitter, Parts
+from llamactor.dialects.errors import ErrorInfo
 
-from llamactor.base.completion import Completion, Piece
-from llamactor.base.errors import LlamactorError
-from llamactor.base.logging import get_logger
-from llamactor.base.reasoning import ReasoningSplitter
-from llamactor.base.tools import ToolCall, ToolCallStream, Tools
-from llamactor.handles.streams import AsyncTextStream
-from llamactor.http.anthropic_message import SIGNATURE, tool_input, tool_use_id, usage
-from llamactor.http.errors import error_body
-
-log = get_logger("llamactor.http")
-PING_EVERY_S = 10.0
-# (stop_reason, stop_sequence) of a finished completion; the bool: tool_use blocks were sent
-Ending = Callable[[Completion, bool], Awaitable[tuple[str, str | None]]]
+Event = dict[str, Any]
+PING: Event = {"type": "ping"}
+PING_EVERY_S = 10.0  # so that proxies and clients do not time out an idle connection
 
 
-def sse_response(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
-    async def body() -> AsyncIterator[str]:
-        try:
-            async for event in events:
-                yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-        except LlamactorError as e:  # the 200 is already sent: an error can only be an event
-            yield _error(e.http_status, str(e))
-        except Exception as e:  # noqa: BLE001 - anything else still ends the stream in its shape
-            log.error("http_stream_error", error=repr(e))
-            yield _error(500, "internal server error")
-    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-def _error(status: int, message: str) -> str:
-    return f"event: error\ndata: {json.dumps(error_body('anthropic', status, message, ''), ensure_ascii=False)}\n\n"
+def stream_error(e: BaseException) -> list[Event]:
+    return [ErrorInfo.of(e).body("anthropic")]
 
 
 class Blocks:
@@ -84,6 +61,11 @@ class Blocks:
         arguments = json.dumps(tool_input(call.arguments), ensure_ascii=False)
         return events + [self._delta({"type": "input_json_delta", "partial_json": arguments}), *self.close()]
 
+    def parts(self, parts: Parts) -> list[dict[str, Any]]:
+        """Reasoning, then text, then each whole call."""
+        return self.thinking(parts.reasoning) + self.text(parts.content) + [
+            e for call in parts.calls for e in self.tool_use(call)]
+
     def finish(self) -> list[dict[str, Any]]:
         """Close the last block; a message with no block gets an empty text block (clients read
         ``content[0].text``)."""
@@ -106,66 +88,23 @@ class Blocks:
         return {"type": "content_block_delta", "index": self.index, "delta": delta}
 
 
-async def message_events(stream: AsyncTextStream, head: dict[str, Any], tools: Tools | None,
-                         observe: Callable[[Completion], None], ending: Ending,
-                         show_thinking: bool = True) -> AsyncIterator[dict[str, Any]]:
-    """The events of one message. ``head``: its id, type, role and model; ``tools``: the answer
-    is parsed for calls. The prompt's token counts are known only at the end: ``message_start``
-    says 0 and ``message_delta`` carries them (the SDK takes the delta's counts when present)."""
+async def message_events(plan: MessagesPlan, updates: AsyncIterator[ChoiceUpdate]) -> AsyncGenerator[Event, None]:
+    """The events of one message. The prompt's token counts are known only at the end:
+    ``message_start`` says 0 and ``message_delta`` carries them (the SDK takes the delta's counts)."""
     zero = {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    head = {"id": plan.id, "type": "message", "role": "assistant", "model": plan.model}
     yield {"type": "message_start", "message": {**head, "content": [], "stop_reason": None, "stop_sequence": None,
                                                 "usage": zero}}
-    yield {"type": "ping"}
-    blocks, splitter = Blocks(show_thinking), ReasoningSplitter()
-    calls = ToolCallStream(tools) if tools is not None else None
-
-    def content(text: str) -> list[dict[str, Any]]:
-        if calls is None:
-            return blocks.text(text)
-        text, done = calls.feed(text)
-        return blocks.text(text) + [e for call in done for e in blocks.tool_use(call)]
-
-    async with contextlib.aclosing(with_pings(stream.pieces(), PING_EVERY_S)) as pieces:
-        async for piece in pieces:
-            if piece is None:
-                yield {"type": "ping"}
-                continue
-            reasoning, text = splitter.feed(piece.text)
-            for event in blocks.thinking(reasoning) + content(text):
+    yield PING
+    blocks, splitter = Blocks(plan.show_thinking), AnswerSplitter(plan.request.parsed_tools)
+    async for _, item in updates:
+        if isinstance(item, Piece):
+            for event in blocks.parts(splitter.feed(item.text)):
                 yield event
-    reasoning, text = splitter.finish()
-    events = blocks.thinking(reasoning) + content(text)
-    for event in events + blocks.text(calls.finish() if calls is not None else "") + blocks.finish():
-        yield event
-    completion = stream.completion
-    observe(completion)
-    reason, stop_sequence = await ending(completion, blocks.tool_uses > 0)
-    yield {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop_sequence},
-           "usage": usage(completion)}
-    yield {"type": "message_stop"}
-
-
-async def with_pings(pieces: AsyncGenerator[Piece, None], every_s: float) -> AsyncGenerator[Piece | None, None]:
-    """The pieces, and None each time ``every_s`` pass without one. Closing this closes
-    ``pieces`` (which cancels its request), whatever it was waiting for."""
-    pending: asyncio.Future[Piece] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(pieces))
-            done, _ = await asyncio.wait({pending}, timeout=every_s)
-            if not done:
-                yield None
-                continue
-            finished, pending = pending, None
-            try:
-                piece = finished.result()
-            except StopAsyncIteration:
-                return
-            yield piece
-    finally:
-        if pending is not None:  # closed while a piece was awaited: stop that wait first
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                await pending
-        await pieces.aclose()
+            continue
+        for event in blocks.parts(splitter.finish()) + blocks.finish():
+            yield event
+        yield {"type": "message_delta", "usage": usage(item),
+               "delta": {"stop_reason": stop_reason(plan, item, blocks.tool_uses > 0),
+                         "stop_sequence": stop_sequence(plan, item)}}
+        yield {"type": "message_stop"}

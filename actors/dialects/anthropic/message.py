@@ -1,15 +1,14 @@
 """The response side of the Anthropic dialect: the Message object built from a ``Completion``,
-its stop reason and usage (pure; the route handlers and the event stream call it on uvicorn's
-event loop)."""
+its stop reason and usage (pure; the route and the event stream both use them)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from llamactor.base.completion import Completion
-from llamactor.base.reasoning import split_reasoning
+from llamactor.dialects.anthropic.plan import MessagesPlan
+from llamactor.dialects.answer import split_answer
 
 # A thinking block's signature: the SDK's type needs a string; replayed blocks' are not checked.
 SIGNATURE = "llamactor"
@@ -38,41 +37,41 @@ def usage(c: Completion) -> dict[str, int]:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": c.usage.cached_tokens}
 
 
-def stop_reason(finish_reason: str, stop_sequence: str | None, clamped: bool) -> str:
-    """``clamped``: max_tokens was cut to the room left in the context, so running out of it is
-    the context window's doing."""
-    if stop_sequence is not None:
+def stop_sequence(plan: MessagesPlan, c: Completion) -> str | None:
+    """Which of the caller's ``stop_sequences`` ended the answer; None for an end of turn (the
+    chat format's own stop strings included)."""
+    return c.stop_sequence if c.finish_reason == "stop" and c.stop_sequence in plan.stop_sequences else None
+
+
+def stop_reason(plan: MessagesPlan, c: Completion, sent_tool_uses: bool = True) -> str:
+    """Anthropic's stop reason; running out of a ``max_tokens`` the engine clamped to the room left
+    in the context is the context window's doing. ``sent_tool_uses`` False: calls that a stream
+    could not parse out (text came first) went out as text, so the turn simply ended."""
+    if stop_sequence(plan, c) is not None:
         return "stop_sequence"
-    if finish_reason == "length" and clamped:
+    if c.finish_reason == "length" and c.clamped_max_tokens is not None:
         return "model_context_window_exceeded"
-    return STOP_REASON[finish_reason]
-
-
-def matched_stop(text: str, generated: str, stops: Sequence[str]) -> str | None:
-    """Which of the request's ``stops`` ended an answer, or None (end of turn, or a stop string of
-    the chat format's own). ``text``: the answer, cut just before the stop string; ``generated``:
-    all its tokens decoded, through the one that completed the match. The cut is where the first
-    stop string began, so the one that matched starts the rest (the first such one in ``stops``)."""
-    tail = generated[len(text):] if generated.startswith(text) else ""
-    return next((s for s in stops if s and tail.startswith(s)), None)
+    if c.finish_reason == "tool_calls" and not sent_tool_uses:
+        return "end_turn"
+    return STOP_REASON[c.finish_reason]
 
 
 def content_blocks(c: Completion, show_thinking: bool = True) -> list[dict[str, Any]]:
     """A thinking block (if the model reasoned), the text, then one tool_use block per call."""
-    reasoning, text = split_reasoning(c.text)
+    answer = split_answer(c)
     blocks: list[dict[str, Any]] = []
-    if reasoning is not None:
-        blocks.append({"type": "thinking", "thinking": reasoning if show_thinking else "", "signature": SIGNATURE})
-    if text or not c.tool_calls:
-        blocks.append({"type": "text", "text": text})
+    if answer.reasoning is not None:
+        blocks.append({"type": "thinking", "thinking": answer.reasoning if show_thinking else "",
+                       "signature": SIGNATURE})
+    if answer.content or not answer.calls:
+        blocks.append({"type": "text", "text": answer.content})
     blocks += [{"type": "tool_use", "id": tool_use_id(t.id), "name": t.name, "input": tool_input(t.arguments)}
-               for t in c.tool_calls]
+               for t in answer.calls]
     return blocks
 
 
-def message(head: dict[str, Any], c: Completion, stop_sequence: str | None, clamped: bool,
-            show_thinking: bool = True) -> dict[str, Any]:
-    """The Message object; ``head``: its id, type, role and model."""
-    return {**head, "content": content_blocks(c, show_thinking),
-            "stop_reason": stop_reason(c.finish_reason, stop_sequence, clamped), "stop_sequence": stop_sequence,
-            "usage": usage(c)}
+def message(plan: MessagesPlan, c: Completion) -> dict[str, Any]:
+    """The Message object of a finished answer."""
+    return {"id": plan.id, "type": "message", "role": "assistant", "model": plan.model,
+            "content": content_blocks(c, plan.show_thinking), "stop_reason": stop_reason(plan, c),
+            "stop_sequence": stop_sequence(plan, c), "usage": usage(c)}

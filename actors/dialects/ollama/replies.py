@@ -1,39 +1,36 @@
-"""The answers of ``/api/chat`` and ``/api/generate``: NDJSON streams and whole replies (uvicorn's
-event loop).
+"""The answers of ``/api/chat`` and ``/api/generate`` (pure): whole replies and the lines of a
+stream, from a plan and its finished (or streaming) answer.
 
-An answer's text is split into Ollama's parts: ``thinking`` (a ``<think>`` block, when thinking
-is parsed), ``content`` (``response`` for generate) and whole tool calls (a call is sent once its
-block closes, arguments as an object). A stream is strict NDJSON, which the ``ollama`` client
-parses line by line: one compact JSON object per line, no blank lines, no SSE ``data:``. An error
-after the 200 (a replica lost mid-answer) is one more line, ``{"error": "..."}``, as Ollama sends
-it. When the client disconnects Starlette cancels the body generator; leaving ``pieces()`` early
-cancels the request and frees its sequence.
+An answer's text is split into Ollama's parts (``llamactor.dialects.answer``): ``thinking`` (a
+``<think>`` block, when thinking is parsed), ``content`` (``response`` for generate) and whole
+tool calls (a call is sent once its block closes, arguments as an object). A stream is strict
+NDJSON, which the ``ollama`` client parses line by line: one compact JSON object per line (the
+transport frames them). An error after the first line (a replica lost mid-answer) is one more
+line, ``{"error": "..."}``, as Ollama sends it (``stream_error``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from fastapi.responses import StreamingResponse
-from starlette.background import BackgroundTask
+from llamactor.base.completion import ChoiceUpdate, Completion, Piece, TokenLogprob
+from llamactor.base.tools import ToolCall
+from llamactor.dialects.answer import AnswerSplitter, Parts, split_answer
+from llamactor.dialects.errors import ErrorInfo
+from llamactor.dialects.ollama.plan import OllamaPlan
 
-from llamactor.base.completion import Completion, TokenLogprob
-from llamactor.base.errors import LlamactorError
-from llamactor.base.logging import get_logger
-from llamactor.base.reasoning import ReasoningSplitter
-from llamactor.base.tools import ToolCall, Tools, ToolCallStream
-from llamactor.handles.streams import AsyncTextStream
-
-log = get_logger("llamactor.http")
 # (content, thinking, Ollama tool calls) -> the body fields of one chunk: chat's message, generate's response
 Shape = Callable[[str, str, list[dict[str, Any]]], dict[str, Any]]
-Head = Callable[[], dict[str, Any]]  # model and created_at, fresh for each line
 # llamactor's finish reasons as Ollama's done_reason (a tool call ends a turn: "stop" in Ollama)
 DONE_REASON = {"stop": "stop", "length": "length", "context_full": "length", "cancelled": "stop", "tool_calls": "stop"}
+
+
+def stream_error(e: BaseException) -> list[dict[str, Any]]:
+    return [ErrorInfo.of(e).body("ollama")]
 
 
 def tool_calls(calls: list[ToolCall] | tuple[ToolCall, ...], first_index: int = 0) -> list[dict[str, Any]]:
@@ -75,6 +72,7 @@ def done_fields(c: Completion, load_ns: int) -> dict[str, Any]:
 
 
 def chat_shape(content: str, thinking: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """Chat's answer fields: a message."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if thinking:
         message["thinking"] = thinking
@@ -84,94 +82,62 @@ def chat_shape(content: str, thinking: str, calls: list[dict[str, Any]]) -> dict
 
 
 def generate_shape(content: str, thinking: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """Generate's answer fields: the response (a raw prompt has no tool calls)."""
     return {"response": content, **({"thinking": thinking} if thinking else {})}
 
 
-class AnswerParts:
-    """Splits an answer, piece by piece, into (thinking, content, tool calls). ``think`` False:
-    the reasoning is dropped (the client asked for none); ``parse_thinking`` False: all text is
-    content (a raw prompt's answer is returned as the model wrote it)."""
-
-    def __init__(self, tools: Tools | None, think: bool | str | None, parse_thinking: bool = True) -> None:
-        self._reasoning = ReasoningSplitter() if parse_thinking else None
-        self._calls = ToolCallStream(tools) if tools is not None else None
-        self._keep_thinking = think is not False
-
-    def feed(self, text: str) -> tuple[str, str, list[ToolCall]]:
-        thinking, content = self._reasoning.feed(text) if self._reasoning is not None else ("", text)
-        calls: list[ToolCall] = []
-        if self._calls is not None and content:
-            content, calls = self._calls.feed(content)
-        return (thinking if self._keep_thinking else ""), content, calls
-
-    def finish(self) -> tuple[str, str, list[ToolCall]]:
-        """What was held back (a possible tag or call block) when the answer ends."""
-        thinking, content = self._reasoning.finish() if self._reasoning is not None else ("", "")
-        calls: list[ToolCall] = []
-        if self._calls is not None:
-            if content:
-                content, calls = self._calls.feed(content)
-            content += self._calls.finish()
-        return (thinking if self._keep_thinking else ""), content, calls
+def shape_of(plan: OllamaPlan) -> Shape:
+    return chat_shape if plan.kind == "chat" else generate_shape
 
 
-def whole_answer(c: Completion, head: Head, shape: Shape, parts: AnswerParts, want_logprobs: bool,
-                 load_ns: int) -> dict[str, Any]:
-    """A non-streamed reply. Tool calls are the engine's (parsed from the finished answer);
-    the text around them is split like a stream's."""
-    thinking, content, _ = parts.feed(c.text)
-    more_thinking, more_content, _ = parts.finish()
-    out = {**head(), **shape(content + more_content, thinking + more_thinking, tool_calls(c.tool_calls)),
-           **done_fields(c, load_ns)}
-    if want_logprobs:
+def head(plan: OllamaPlan) -> dict[str, Any]:
+    """The fields every line starts with: the model as named, and now."""
+    return {"model": plan.model, "created_at": created_at()}
+
+
+def loaded_reply(model: str, kind: str, reason: str) -> dict[str, Any]:
+    """The one object an empty request answers with: the model loaded, or unloaded (``reason``)."""
+    shape = chat_shape("", "", []) if kind == "chat" else {"response": ""}
+    return {"model": model, "created_at": created_at(), **shape, "done": True, "done_reason": reason}
+
+
+def whole_answer(plan: OllamaPlan, c: Completion, load_ns: int) -> dict[str, Any]:
+    """A non-streamed reply. Tool calls are the engine's (parsed from the finished answer)."""
+    answer = split_answer(c, plan.parse_thinking)
+    thinking = answer.reasoning or "" if plan.keep_thinking else ""
+    out = {**head(plan), **shape_of(plan)(answer.content, thinking, tool_calls(answer.calls)), **done_fields(c, load_ns)}
+    if plan.logprobs:
         out["logprobs"] = logprobs(c.logprobs)
     return out
 
 
-async def answer_lines(stream: AsyncTextStream, head: Head, shape: Shape, parts: AnswerParts,
-                       observe: Callable[[Completion], None], want_logprobs: bool,
-                       load_ns: int) -> AsyncIterator[dict[str, Any]]:
-    """A streamed answer's chunks: parts as they arrive, then the final one (``done``, counts,
-    durations) with empty content, as Ollama ends its streams. Runs as the response body."""
+async def answer_lines(plan: OllamaPlan, updates: AsyncIterator[ChoiceUpdate],
+                       load_ns: int) -> AsyncGenerator[dict[str, Any], None]:
+    """A streamed answer's lines: parts as they arrive, then the final one (``done``, counts,
+    durations) with empty content, as Ollama ends its streams."""
+    splitter, shape = AnswerSplitter(plan.request.parsed_tools, plan.parse_thinking), shape_of(plan)
     n_calls = n_logprobs = 0
 
-    def chunk(thinking: str, content: str, calls: list[ToolCall], tokens: Any = None) -> dict[str, Any] | None:
+    def line(parts: Parts, tokens: Any = None) -> dict[str, Any] | None:
         nonlocal n_calls, n_logprobs
-        lp = logprobs(tokens) if want_logprobs else []
-        if not (thinking or content or calls or lp):
+        lp = logprobs(tokens) if plan.logprobs else []
+        thinking = parts.reasoning if plan.keep_thinking else ""
+        if not (thinking or parts.content or parts.calls or lp):
             return None
-        out = {**head(), **shape(content, thinking, tool_calls(calls, n_calls)), "done": False}
-        n_calls += len(calls)
+        out = {**head(plan), **shape(parts.content, thinking, tool_calls(parts.calls, n_calls)), "done": False}
+        n_calls += len(parts.calls)
         n_logprobs += len(lp)
         return {**out, "logprobs": lp} if lp else out
 
-    pieces = stream.pieces()
-    try:
-        async for piece in pieces:
-            if (line := chunk(*parts.feed(piece.text), piece.logprobs)) is not None:
-                yield line
-    finally:
-        await pieces.aclose()
-    if (line := chunk(*parts.finish())) is not None:
-        yield line
-    c = stream.completion
-    observe(c)
-    last = {**head(), **shape("", "", []), **done_fields(c, load_ns)}
-    # Tokens whose text never became a piece (a stop string, held back, then cut) still had their
-    # logprobs: they come with the last line, so the stream reports every token once, as a whole reply does.
-    rest = logprobs(c.logprobs)[n_logprobs:] if want_logprobs else []
-    yield {**last, "logprobs": rest} if rest else last
-
-
-def ndjson_response(lines: AsyncIterator[dict[str, Any]],
-                    background: BackgroundTask | None = None) -> StreamingResponse:
-    async def body() -> AsyncIterator[str]:
-        try:
-            async for line in lines:
-                yield json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
-        except LlamactorError as e:  # the 200 is already sent: an error can only be a line
-            yield json.dumps({"error": str(e)}, ensure_ascii=False) + "\n"
-        except Exception as e:  # noqa: BLE001 - nothing else can tell the client; no stack trace to it
-            log.error("http_unexpected_error", error=repr(e))
-            yield json.dumps({"error": "internal server error"}) + "\n"
-    return StreamingResponse(body(), media_type="application/x-ndjson", background=background)
+    async for _, item in updates:
+        if isinstance(item, Piece):
+            if (out := line(splitter.feed(item.text), item.logprobs)) is not None:
+                yield out
+            continue
+        if (out := line(splitter.finish())) is not None:
+            yield out
+        last = {**head(plan), **shape("", "", []), **done_fields(item, load_ns)}
+        # Tokens whose text never became a piece (a stop string, held back, then cut) still had their
+        # logprobs: they come with the last line, so the stream reports every token once, as a whole reply does.
+        rest = logprobs(item.logprobs)[n_logprobs:] if plan.logprobs else []
+        yield {**last, "logprobs": rest} if rest else last

@@ -1,4 +1,4 @@
-"""Ollama's request bodies and their mapping onto llamactor (pure; called on uvicorn's event loop).
+"""Ollama's request bodies and their options (pure; what they mean is ``plan``).
 
 Ollama's server is lenient where Go's JSON decoding is: unknown top-level fields are ignored, and
 so are unknown ``options`` (with a warning); known fields are type-checked (a wrong type is a 400).
@@ -9,16 +9,12 @@ send the options at the top level: they are read there too (``options`` wins).
 
 from __future__ import annotations
 
-import json
 import re
-import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from llamactor.base.config import Config
 from llamactor.base.errors import InvalidRequestError
-from llamactor.base.grammar import Grammar
 
 DIALECT = "ollama"
 APPLIED = frozenset({"num_predict", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
@@ -68,10 +64,11 @@ class Options(BaseModel):
     use_mlock: bool | None = None
     embedding_only: bool | None = None
 
-    def sampling(self, config: Config) -> dict[str, Any]:
+    def sampling(self, n_ctx: int) -> dict[str, Any]:
         """llamactor sampling options. ``num_predict`` -1 (unlimited) and -2 (fill the context)
         both mean: until end of turn or the sequence's context (``max_tokens=None``); so does 0,
-        as in Ollama's runner, which only stops at a positive limit."""
+        as in Ollama's runner, which only stops at a positive limit. ``repeat_last_n`` -1: the
+        whole context (``n_ctx``)."""
         out: dict[str, Any] = {k: v for k, v in {
             "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
             "repeat_penalty": self.repeat_penalty, "presence_penalty": self.presence_penalty,
@@ -80,7 +77,7 @@ class Options(BaseModel):
         if self.seed is not None and self.seed >= 0:  # Ollama's -1: a random seed
             out["seed"] = self.seed
         if self.repeat_last_n is not None:  # Ollama's -1: the whole context
-            out["repeat_last_n"] = config.n_ctx if self.repeat_last_n == -1 else self.repeat_last_n
+            out["repeat_last_n"] = n_ctx if self.repeat_last_n == -1 else self.repeat_last_n
         if self.stop:
             out["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
         return out
@@ -137,26 +134,6 @@ class ModelRequest(_WithOptions):
     @property
     def streamed(self) -> bool:
         return self.stream is not False
-
-    def sampling(self, config: Config) -> dict[str, Any]:
-        """The request's llamactor sampling kwargs (options, format, logprobs)."""
-        out = self.options.sampling(config)
-        if self.format == "json":
-            out["grammar"] = Grammar.json_object()
-        elif isinstance(self.format, dict):
-            out["json_schema"] = self.format
-        if self.logprobs or self.top_logprobs:
-            out.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
-        return out
-
-    def template_kwargs(self) -> dict[str, Any]:
-        """``think`` as the chat-template variables that thinking templates read (Qwen3's
-        ``enable_thinking``, gpt-oss's ``reasoning_effort``); none when it is not given."""
-        if self.think is None:
-            return {}
-        if isinstance(self.think, str):
-            return {"chat_template_kwargs": {"enable_thinking": True, "reasoning_effort": self.think}}
-        return {"chat_template_kwargs": {"enable_thinking": self.think}}
 
 
 class ToolCallFunction(BaseModel):
@@ -255,45 +232,3 @@ def keep_alive_s(value: float | str | None) -> float | None:
     if not body or "".join(n + u for n, u in parts) != body:
         raise InvalidRequestError(f'keep_alive: invalid duration "{value}" (a number of seconds or e.g. "5m", "1h")')
     return sign * sum(float(n) * _UNIT_S[u] for n, u in parts)
-
-
-def chat_messages(messages: list[Message], model: str) -> list[dict[str, Any]]:
-    """Ollama messages as llamactor's (OpenAI's) chat dicts: tool-call arguments as JSON text,
-    and each tool result tied to the call it answers (by ``tool_call_id``, else by ``tool_name``
-    to the earliest unanswered call of that tool, as templates that render results need an id)."""
-    out: list[dict[str, Any]] = []
-    unanswered: list[tuple[str, str]] = []  # (tool name, call id), oldest first
-    for m in messages:
-        if m.images:
-            raise InvalidRequestError(f"{model} does not support images")
-        d: dict[str, Any] = {"role": m.role, "content": m.content or ""}
-        if m.role == "assistant" and m.tool_calls:
-            calls = []
-            for c in m.tool_calls:
-                call_id = c.id or new_call_id()
-                args = c.function.arguments
-                calls.append({"id": call_id, "type": "function", "function": {
-                    "name": c.function.name, "arguments": args if isinstance(args, str) else json.dumps(args)}})
-                unanswered.append((c.function.name, call_id))
-            d["tool_calls"] = calls
-        elif m.role == "tool":
-            call_id = m.tool_call_id or _answered_call(unanswered, m.tool_name)
-            unanswered = [(n, i) for n, i in unanswered if i != call_id]
-            d["tool_call_id"] = call_id
-            if m.tool_name:
-                d["name"] = m.tool_name
-        out.append(d)
-    return out
-
-
-def _answered_call(unanswered: list[tuple[str, str]], tool_name: str | None) -> str:
-    """The id of the call a result without ``tool_call_id`` answers: the earliest unanswered call
-    of its tool (or of any tool when it names none); a fresh id when there is none."""
-    for name, call_id in unanswered:
-        if tool_name is None or name == tool_name:
-            return call_id
-    return new_call_id()
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:8]}"  # Ollama's form: call_ and 8 characters

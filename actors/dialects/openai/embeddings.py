@@ -1,24 +1,24 @@
-"""``POST /v1/embeddings``: OpenAI's request body and response, over ``LLM.submit_embed``.
-
-Runs on uvicorn's event loop. Every input of every concurrent request goes into the batcher's
-one embedding queue, packed by tokens (``llamactor.scheduling.embedding_queue``).
+"""``POST /v1/embeddings``: OpenAI's request body, the ``EmbeddingRequest`` it makes, and its
+response body, float or base64 (pure). Every input of every concurrent request goes into the
+batcher's one embedding queue, packed by tokens (``llamactor.scheduling.embedding_queue``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-import llamactor
 from llamactor.base.completion import Embeddings
+from llamactor.base.errors import InvalidRequestError
 from llamactor.base.messages import MAX_EMBEDDING_INPUTS
+from llamactor.base.request import EmbeddingRequest
+from llamactor.dialects.context import RequestContext
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingsBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input: str | list[str] | list[int] | list[list[int]]
@@ -30,10 +30,12 @@ class EmbeddingRequest(BaseModel):
     pooling: Literal["mean", "cls", "last"] | None = None
     normalize: bool = True
 
-    def inputs(self) -> str | list[Any]:
-        if isinstance(self.input, list) and not 1 <= len(self.input) <= MAX_EMBEDDING_INPUTS:
-            raise llamactor.InvalidRequestError(f"input must hold 1 to {MAX_EMBEDDING_INPUTS} items")
-        return self.input
+
+def plan_embeddings(body: EmbeddingsBody, ctx: RequestContext) -> EmbeddingRequest:
+    if isinstance(body.input, list) and not 1 <= len(body.input) <= MAX_EMBEDDING_INPUTS:
+        raise InvalidRequestError(f"input must hold 1 to {MAX_EMBEDDING_INPUTS} items")
+    return EmbeddingRequest.build(body.input, pooling=body.pooling, normalize=body.normalize,
+                                  dimensions=body.dimensions, request_id=ctx.id("embd-"))
 
 
 def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:
@@ -42,20 +44,9 @@ def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:
     return vector.tolist()  # type: ignore[no-any-return]
 
 
-async def create_embeddings(llm: llamactor.Client, body: EmbeddingRequest, request_id: str, model_id: str) -> dict[str, Any]:
-    future = llm.submit_embed(body.inputs(), request_id=request_id, pooling=body.pooling,  # type: ignore[arg-type]
-                              normalize=body.normalize, dimensions=body.dimensions)
-    try:
-        result = await asyncio.wrap_future(future)
-    except asyncio.CancelledError:
-        future.cancel()
-        raise
-    return embeddings_body(result, body, model_id)
-
-
-def embeddings_body(result: Embeddings, body: EmbeddingRequest, model_id: str) -> dict[str, Any]:
+def embeddings_reply(result: Embeddings, body: EmbeddingsBody, ctx: RequestContext) -> dict[str, Any]:
     """The ``/v1/embeddings`` body of a finished request (also a batch line's)."""
-    return {"object": "list", "model": model_id,
+    return {"object": "list", "model": ctx.model,
             "data": [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
                      for i, v in enumerate(result.vectors)],
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}

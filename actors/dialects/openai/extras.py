@@ -1,5 +1,5 @@
 """Request fields of the peers (llama.cpp's llama-server, vLLM) that clients really send to an
-OpenAI-compatible server, and the rule for fields nobody defined (pure; uvicorn's event loop).
+OpenAI-compatible server, and the rule for fields nobody defined (pure).
 
 The rule, from what clients send: the official SDKs send only the arguments their caller passes
 and LangChain only fields it knows, so a field outside OpenAI's API comes from ``extra_body``
@@ -20,9 +20,6 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import Grammar
-from llamactor.base.logging import get_logger
-
-log = get_logger("llamactor.http")
 
 # Accepted, not honoured (named in the warning when given with a value that would matter).
 IGNORED = frozenset({
@@ -74,8 +71,8 @@ class PeerExtras(BaseModel):
         given = [k for k, v in (self.model_extra or {}).items() if v is not None and NEUTRAL.get(k, object()) != v]
         return given + (["cache_prompt"] if not self.cache_prompt else [])
 
-    def peer_sampling(self, max_tokens: int | None, repeat_penalty: float | None, chat: bool) -> dict[str, Any]:
-        """The honoured peer fields as llamactor sampling options (warns about the ignored ones)."""
+    def peer_sampling(self, repeat_penalty: float | None, chat: bool) -> dict[str, Any]:
+        """The honoured peer fields as llamactor sampling options (``ignored_fields`` names the rest)."""
         out: dict[str, Any] = {}
         if self.n_predict is not None:
             out["max_tokens"] = None if self.n_predict < 0 else self.n_predict
@@ -88,8 +85,6 @@ class PeerExtras(BaseModel):
             if not chat:
                 raise InvalidRequestError("chat_template_kwargs and reasoning_effort apply to chat requests")
             out["chat_template_kwargs"] = template_kwargs
-        if ignored := self.ignored_fields():
-            log.warning("request_fields_ignored", dialect="openai", fields=ignored)
         return out
 
     def peer_constraint(self) -> tuple[str, Grammar] | None:

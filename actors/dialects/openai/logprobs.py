@@ -1,4 +1,8 @@
-"""Prompt log-probabilities in the OpenAI and vLLM completion shapes (pure translation).
+"""Log-probabilities in OpenAI's shapes (chat and legacy completions) and vLLM's (pure).
+
+A chat choice's ``logprobs.content`` and a legacy choice's ``tokens`` / ``token_logprobs`` /
+``top_logprobs`` / ``text_offset`` cover the generated tokens (a streamed chunk: the tokens its
+text completes). Prompt log-probabilities:
 
 ``echo: true`` with ``logprobs: k`` makes OpenAI's legacy ``logprobs`` object cover the prompt and
 the completion: ``tokens``, ``token_logprobs`` (the first prompt token's is null: nothing comes
@@ -16,11 +20,28 @@ from typing import Any
 from llamactor.base.completion import Completion, TokenLogprob
 
 
-def echo_text(c: Completion, prompt: str | list[int]) -> str:
-    """The prompt as an echoed choice starts with it: a text prompt as sent, token ids as text."""
-    if isinstance(prompt, str):
-        return prompt
-    return "".join(c.prompt_pieces or ())
+def chat_logprobs(logprobs: tuple[TokenLogprob, ...] | None) -> dict[str, Any] | None:
+    """A chat choice's (or streamed delta's) ``logprobs`` object, as OpenAI shapes it."""
+    if logprobs is None:
+        return None
+
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+    return {"content": [{**entry(t.token, t.logprob), "top_logprobs": [entry(a, v) for a, v in t.top]}
+                        for t in logprobs]}
+
+
+def completion_logprobs(logprobs: tuple[TokenLogprob, ...] | None, n_top: int, offset: int = 0) -> dict[str, Any] | None:
+    """A legacy completion choice's (or streamed chunk's) ``logprobs`` object: tokens,
+    token_logprobs, top_logprobs, and text offsets counted from ``offset``."""
+    if logprobs is None:
+        return None
+    offsets, at = [], offset
+    for t in logprobs:
+        offsets.append(at)
+        at += len(t.token)
+    return {"tokens": [t.token for t in logprobs], "token_logprobs": [t.logprob for t in logprobs],
+            "top_logprobs": [dict(t.top) for t in logprobs] if n_top else None, "text_offset": offsets}
 
 
 def echo_logprobs(c: Completion, n_top: int) -> dict[str, Any]:

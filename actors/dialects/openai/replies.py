@@ -1,74 +1,105 @@
-"""The OpenAI bodies of finished chat and completion requests, shared by the routes
-(``openai_routes``) and batch jobs (``llamactor.jobs.endpoints``): one place decides what a choice
-holds, so a batch line answers exactly as the endpoint would. Pure translation."""
+"""The OpenAI bodies of finished chat and completion requests (pure), for the routes and batch
+lines alike: one place decides what a choice holds, so a batch line answers exactly as the
+endpoint would. Bodies are validated by the ``openai`` package's own types, so what we send is
+what its client parses.
+"""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from openai.types import Completion as OACompletion
 from openai.types.chat import ChatCompletion
 
 from llamactor.base.completion import Completion
-from llamactor.http.openai_schema import (
-    FINISH_REASON,
-    CompletionRequest,
-    best_of,
-    chat_logprobs,
-    chat_message,
-    completion_logprobs,
-)
-from llamactor.http.prompt_logprobs import echo_logprobs, echo_text, vllm_prompt_logprobs
-from llamactor.http.sse import usage
+from llamactor.dialects.answer import split_answer
+from llamactor.dialects.openai.logprobs import chat_logprobs, completion_logprobs, echo_logprobs, vllm_prompt_logprobs
+from llamactor.dialects.openai.plan import ChatPlan, CompletionsPlan
+
+FINISH_REASON = {"stop": "stop", "length": "length", "cancelled": "stop", "context_full": "length",
+                 "tool_calls": "tool_calls"}
 
 
-def envelope(rid: str, kind: str, model: str) -> dict[str, Any]:
+def envelope(rid: str, kind: str, model: str, created: int) -> dict[str, Any]:
     """The fields every OpenAI completion object and chunk starts with."""
-    return {"id": rid, "object": kind, "created": int(time.time()), "model": model}
+    return {"id": rid, "object": kind, "created": created, "model": model}
 
 
-def prompt_id(rid: str, index: int, n_prompts: int) -> str:
-    """The llamactor request id of one prompt of a batch: the HTTP id itself, or ``-p<index>``."""
-    return rid if n_prompts == 1 else f"{rid}-p{index}"
+def usage(done: list[Completion]) -> dict[str, Any]:
+    """OpenAI's usage object for the choices of one prompt: its tokens count once, and the cached
+    ones are those no choice had to compute (``n`` choices share the prompt's KV)."""
+    prompt, completion = done[0].usage.prompt_tokens, sum(c.usage.completion_tokens for c in done)
+    cached = min(c.usage.cached_tokens for c in done)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def completion_choice(index: int, c: Completion, prompt: str | list[int], body: CompletionRequest) -> dict[str, Any]:
-    """One ``/v1/completions`` choice; with ``echo`` its text and logprobs start with the prompt's
-    (a token-id ``prompt`` echoes as its scored pieces)."""
-    echoed = echo_text(c, prompt) if body.echo else ""
+def chat_message(c: Completion) -> dict[str, Any]:
+    """A chat choice's ``message``: its text, or its tool calls and whatever text surrounds them; a
+    reasoning model's ``<think>`` block as ``reasoning_content`` (llama-server's and vLLM's field)."""
+    answer = split_answer(c)
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content or None if answer.calls else answer.content}
+    if answer.reasoning is not None:
+        message["reasoning_content"] = answer.reasoning
+    if answer.calls:
+        message["tool_calls"] = [t.to_openai() for t in answer.calls]
+    return message
+
+
+def chat_reply(plan: ChatPlan, done: list[Completion]) -> dict[str, Any]:
+    return ChatCompletion.model_validate({
+        **envelope(plan.id, "chat.completion", plan.model, plan.created),
+        "choices": [{"index": i, "message": chat_message(c), "finish_reason": FINISH_REASON[c.finish_reason],
+                     "logprobs": chat_logprobs(c.logprobs)} for i, c in enumerate(done)],
+        "usage": usage(done)}).model_dump(exclude_none=True)
+
+
+def best_of(done: list[Completion], n: int) -> list[Completion]:
+    """The ``n`` choices with the highest mean token log-probability, in their original order."""
+    def mean_logprob(c: Completion) -> float:
+        return sum(t.logprob for t in c.logprobs) / len(c.logprobs) if c.logprobs else float("-inf")
+    ranked = sorted(range(len(done)), key=lambda i: mean_logprob(done[i]), reverse=True)[:n]
+    return [done[i] for i in sorted(ranked)]
+
+
+def echo_text(c: Completion, prompt: str | list[int]) -> str:
+    """The prompt as an echoed choice starts with it: a text prompt as sent, token ids as the text
+    the answer brought back (its scored pieces, when the prompt was scored)."""
+    if isinstance(prompt, str):
+        return prompt
+    return c.prompt_text if c.prompt_text is not None else "".join(c.prompt_pieces or ())
+
+
+def completion_choice(index: int, c: Completion, prompt: str | list[int], plan: CompletionsPlan) -> dict[str, Any]:
+    """One ``/v1/completions`` choice; with ``echo`` its text and logprobs start with the prompt's."""
+    echoed = echo_text(c, prompt) if plan.echo else ""
     choice: dict[str, Any] = {"index": index, "text": echoed + c.text, "finish_reason": FINISH_REASON[c.finish_reason]}
-    if body.logprobs is not None:
-        choice["logprobs"] = (echo_logprobs(c, body.logprobs) if body.echo
-                              else completion_logprobs(c.logprobs, body.logprobs))
-    if body.prompt_logprobs is not None:
+    if plan.logprobs is not None:
+        choice["logprobs"] = (echo_logprobs(c, plan.logprobs) if plan.echo
+                              else completion_logprobs(c.logprobs, plan.logprobs))
+    if plan.prompt_logprobs is not None:
         choice["prompt_logprobs"] = vllm_prompt_logprobs(c)
     return choice
 
 
-def completion_body(rid: str, model: str, body: CompletionRequest, prompts: list[str | list[int]],
-                    generated: list[Completion]) -> dict[str, Any]:
-    """The body of ``generated`` (``body.n_generated`` per prompt, in order): the ``n`` best of
-    each prompt's with ``best_of``, numbered ``prompt * n + choice`` as OpenAI does. ``prompts``:
-    what each choice echoes (token-id prompts already as text unless their prompt was scored)."""
-    n, n_gen = body.n, body.n_generated
-    done = [c for p in range(len(prompts)) for c in (
+def completion_reply(plan: CompletionsPlan, generated: list[Completion]) -> dict[str, Any]:
+    """The body of ``generated`` (``n_generated`` per prompt, in order): the ``n`` best of each
+    prompt's with ``best_of``, numbered ``prompt * n + choice`` as OpenAI does."""
+    n, n_gen = plan.n, plan.n_generated
+    done = [c for p in range(len(plan.prompts)) for c in (
         best_of(generated[p * n_gen:(p + 1) * n_gen], n) if n_gen > n else generated[p * n_gen:(p + 1) * n_gen])]
-    choices = [completion_choice(i, c, prompts[i // n], body) for i, c in enumerate(done)]
+    choices = [completion_choice(i, c, plan.prompts[i // n], plan) for i, c in enumerate(done)]
     # The openai package types token_logprobs as floats, but with echo the API's first one is
     # null (its client parses that leniently): validate the rest, then put the echo logprobs back.
-    lifted = [choice.pop("logprobs", None) if body.echo else None for choice in choices]
-    out = OACompletion.model_validate({**envelope(rid, "text_completion", model), "choices": choices,
-                                       "usage": usage(generated)}).model_dump(exclude_none=True)
+    lifted = [choice.pop("logprobs", None) if plan.echo else None for choice in choices]
+    out = OACompletion.model_validate({**envelope(plan.id, "text_completion", plan.model, plan.created),
+                                       "choices": choices, "usage": usage(generated)}).model_dump(exclude_none=True)
     for choice, logprobs in zip(out["choices"], lifted):
         if logprobs is not None:
             choice["logprobs"] = logprobs
     return out
 
 
-def chat_body(rid: str, model: str, done: list[Completion]) -> dict[str, Any]:
-    return ChatCompletion.model_validate({
-        **envelope(rid, "chat.completion", model),
-        "choices": [{"index": i, "message": chat_message(c), "finish_reason": FINISH_REASON[c.finish_reason],
-                     "logprobs": chat_logprobs(c.logprobs)} for i, c in enumerate(done)],
-        "usage": usage(done)}).model_dump(exclude_none=True)
+def model_object(name: str, loaded: bool) -> dict[str, Any]:
+    """A ``/v1/models`` entry (``loaded``: llama-server's extra)."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "llamactor", "loaded": loaded}

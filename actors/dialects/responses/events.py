@@ -1,4 +1,4 @@
-"""The Responses API's server-sent events (``stream: true``), on uvicorn's event loop.
+"""The Responses API's events (``stream: true``), over the merged pieces of its one choice (pure).
 
 One answer is a sequence of output items, each opened (``output_item.added``), written and
 closed (``output_item.done``) before the next: a reasoning item while the model thinks, a
@@ -7,39 +7,24 @@ closes, as the chat stream does). The order of events is the one OpenAI sends an
 SDK's ``responses.stream()`` accumulator checks: ``response.created`` first, one ``response.id``
 throughout, ``content_part.added`` before any delta, ``output_item.done`` with the identity of its
 ``added``, then ``response.completed`` or ``response.incomplete``. Each frame has an ``event:``
-line (OpenAI's SDK ignores it; other clients route on it) and ``sequence_number`` counts from 0.
-
-When the client disconnects Starlette cancels the generator; closing the piece iterator then
-cancels the request. An engine failure after the 200 is a ``response.failed`` event.
+line (OpenAI's SDK ignores it; other clients route on it: the transport writes it) and
+``sequence_number`` counts from 0. A failure after the first event is a ``response.failed`` event
+holding the output items closed so far (``ResponseEvents.failed``); there is no ``[DONE]``.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
-from fastapi.responses import StreamingResponse
+from llamactor.base.completion import ChoiceUpdate, Piece
+from llamactor.base.tools import ToolCall
+from llamactor.dialects.answer import AnswerSplitter, Parts
+from llamactor.dialects.errors import ErrorInfo
+from llamactor.dialects.responses.output import (Item, call_item, message_item, new_id, reasoning_item, status_of,
+                                                 text_part, usage)
+from llamactor.dialects.responses.plan import ResponsesPlan
 
-from llamactor.base.completion import Completion
-from llamactor.base.errors import LlamactorError
-from llamactor.base.logging import get_logger
-from llamactor.base.reasoning import ReasoningSplitter
-from llamactor.base.tools import ToolCall, Tools, ToolCallStream
-from llamactor.handles.streams import AsyncTextStream
-from llamactor.http.responses_output import (
-    Item,
-    Shell,
-    call_item,
-    message_item,
-    new_id,
-    reasoning_item,
-    status_of,
-    text_part,
-    usage,
-)
-
-log = get_logger("llamactor.http")
 Event = dict[str, Any]
 
 
@@ -122,61 +107,45 @@ class StreamedOutput:
         return events
 
 
-async def response_events(stream: AsyncTextStream, shell: Shell, tools: Tools | None,
-                          observe: Callable[[Completion], None],
-                          finished: Callable[[dict[str, Any]], None]) -> AsyncIterator[Event]:
-    """The events of one streamed response. ``tools``: parse the answer for calls (None: all text).
-    ``finished``: called with the final response object (to store it) before the last event."""
-    yield {"type": "response.created", "response": shell.response("in_progress", [])}
-    yield {"type": "response.in_progress", "response": shell.response("in_progress", [])}
-    out, splitter = StreamedOutput(), ReasoningSplitter()
-    parser = ToolCallStream(tools) if tools is not None else None
+class ResponseEvents:
+    """The numbered events of one streamed response. ``finished``: called with the final response
+    object (to store it) before the last event."""
 
-    def feed(reasoning: str, content: str) -> list[Event]:
-        events = out.reasoning(reasoning)
-        content, calls = parser.feed(content) if parser is not None and content else (content, [])
-        events += out.message(content)
-        for call in calls:
-            events += out.call(call)
+    def __init__(self, plan: ResponsesPlan, finished: Callable[[dict[str, Any]], object]) -> None:
+        self.plan, self.finished = plan, finished
+        self.out = StreamedOutput()
+        self._seq = 0
+
+    async def events(self, updates: AsyncIterator[ChoiceUpdate]) -> AsyncGenerator[Event, None]:
+        shell = self.plan.shell
+        yield self._numbered({"type": "response.created", "response": shell.response("in_progress", [])})
+        yield self._numbered({"type": "response.in_progress", "response": shell.response("in_progress", [])})
+        splitter = AnswerSplitter(self.plan.request.parsed_tools)
+        async for _, item in updates:
+            if isinstance(item, Piece):
+                for event in self._write(splitter.feed(item.text)):
+                    yield self._numbered(event)
+                continue
+            status = status_of(item)
+            for event in self._write(splitter.finish()) + self.out.finish(status):
+                yield self._numbered(event)
+            final = shell.response(status, self.out.items, usage(item))
+            self.finished(final)
+            yield self._numbered({"type": f"response.{status}", "response": final})
+
+    def failed(self, e: BaseException) -> list[Event]:
+        """The ``response.failed`` event a failure after the first event becomes."""
+        error = ErrorInfo.of(e)
+        return [self._numbered({"type": "response.failed", "response": self.plan.shell.response(
+            "failed", self.out.items, error={"code": "server_error", "message": error.message})})]
+
+    def _write(self, parts: Parts) -> list[Event]:
+        events = self.out.reasoning(parts.reasoning) + self.out.message(parts.content)
+        for call in parts.calls:
+            events += self.out.call(call)
         return events
 
-    pieces = stream.pieces()
-    try:
-        async for piece in pieces:
-            for event in feed(*splitter.feed(piece.text)):
-                yield event
-        completion = stream.completion
-    except LlamactorError as e:  # the 200 is sent: the failure can only be an event
-        log.warning("responses_stream_failed", response_id=shell.id, error=str(e))
-        yield {"type": "response.failed", "response": shell.response(
-            "failed", out.items, error={"code": "server_error", "message": str(e)})}
-        return
-    finally:
-        await pieces.aclose()  # now, not when collected: leaving early cancels the request
-    events = feed(*splitter.finish())
-    if parser is not None:
-        events += out.message(parser.finish())
-    observe(completion)
-    status = status_of(completion)
-    for event in events + out.finish(status):
-        yield event
-    final = shell.response(status, out.items, usage(completion))
-    finished(final)
-    yield {"type": f"response.{status}", "response": final}
-
-
-def sse_events(events: AsyncIterator[Event]) -> StreamingResponse:
-    """``event: <type>`` / ``data: <json>`` frames, numbered; no ``[DONE]`` (OpenAI sends none)."""
-    async def body() -> AsyncIterator[str]:
-        seq = 0
-        try:
-            async for event in events:
-                event["sequence_number"] = seq
-                seq += 1
-                yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-        except Exception as e:  # noqa: BLE001 - a bug here: the 200 is sent, say so in-band
-            log.error("responses_stream_error", error=repr(e))
-            error = {"type": "error", "code": "server_error", "message": "internal server error", "param": None,
-                     "sequence_number": seq}
-            yield f"event: error\ndata: {json.dumps(error)}\n\n"
-    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    def _numbered(self, event: Event) -> Event:
+        event["sequence_number"] = self._seq
+        self._seq += 1
+        return event

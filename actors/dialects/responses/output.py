@@ -1,5 +1,4 @@
-"""The Responses API's response object and output items (pure; any thread, in practice uvicorn's
-event loop). Shapes follow the ``openai`` SDK's ``Response`` model, every field present (strict
+"""The Responses API's response object and output items (pure). Shapes follow the ``openai`` SDK's ``Response`` model, every field present (strict
 clients in other languages need them), nothing the SDK would misread (no message ``phase``).
 """
 
@@ -11,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from llamactor.base.completion import Completion
-from llamactor.base.reasoning import split_reasoning
 from llamactor.base.tools import ToolCall
-from llamactor.http.responses_schema import ResponsesRequest
+from llamactor.dialects.answer import split_answer
+from llamactor.dialects.responses.schema import ResponsesRequest
 
 Item = dict[str, Any]
 INCOMPLETE = ("length", "context_full")  # the answer was cut: by max_output_tokens, or by the context
@@ -52,12 +51,12 @@ def call_item(item_id: str, call: ToolCall, status: str, arguments: str | None =
 def output_items(c: Completion) -> list[Item]:
     """A finished answer's items: its reasoning, its text (the message; left out when the answer
     is only tool calls), its calls."""
-    reasoning, text = split_reasoning(c.text)
+    answer = split_answer(c)
     status = status_of(c)
-    items = [reasoning_item(new_id("rs"), reasoning, "completed")] if reasoning else []
-    if text or not c.tool_calls:
-        items.append(message_item(new_id("msg"), text, status))
-    return items + [call_item(new_id("fc"), call, "completed") for call in c.tool_calls]
+    items = [reasoning_item(new_id("rs"), answer.reasoning, "completed")] if answer.reasoning else []
+    if answer.content or not answer.calls:
+        items.append(message_item(new_id("msg"), answer.content, status))
+    return items + [call_item(new_id("fc"), call, "completed") for call in answer.calls]
 
 
 def usage(c: Completion) -> dict[str, Any]:
@@ -101,3 +100,8 @@ class Shell:
             "safety_identifier": b.safety_identifier, "top_logprobs": b.top_logprobs,
             "max_tool_calls": b.max_tool_calls,
         }
+
+
+def response_reply(shell: Shell, c: Completion) -> dict[str, Any]:
+    """The response object of a finished answer (a route's, a batch line's)."""
+    return shell.response(status_of(c), output_items(c), usage(c))

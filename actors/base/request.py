@@ -1,0 +1,219 @@
+"""The typed requests every front end builds: ``GenerationRequest`` and ``EmbeddingRequest``.
+
+The Python API's arguments, an HTTP dialect's body and a batch line all become one of these,
+built and validated once, on the caller's thread, before anything is queued: a bad value is an
+``InvalidRequestError`` here and nowhere later. A generation request carries its sampling
+parameters already resolved against the model's defaults (``SamplingParams``, its grammar
+compiled), its tools (their grammar compiled once), its priority, and what its answer must carry
+back (the prompt as text, a clamped ``max_tokens``). ``Client.submit(request)`` turns it into one
+``Generate`` message per choice. Pure: no actor, no I/O.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llamactor.base.config import SamplingParams
+from llamactor.base.errors import InvalidRequestError
+from llamactor.base.grammar import Grammar
+from llamactor.base.messages import MAX_EMBEDDING_INPUTS, POOLINGS, Generate, ReplyChannel
+from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
+from llamactor.base.tools import Tools
+
+MAX_CHOICES = 64  # choices of one prompt per request (the API's n; HTTP caps n and best_of at 16)
+Prompt = str | Sequence[int]
+Messages = Sequence[Mapping[str, Any]]
+EmbedInputs = str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]]
+Continuation = str | tuple[int, ...]
+
+
+def new_request_id() -> str:
+    return f"req-{uuid.uuid4().hex[:16]}"
+
+
+def choice_request_id(request_id: str, index: int, n: int) -> str:
+    """The id of choice ``index`` of ``n``: the request's own id when ``n`` is 1."""
+    return request_id if n == 1 else f"{request_id}-{index}"
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """``n`` choices of one prompt: exactly one of ``text`` (raw completion), ``token_ids`` or
+    ``messages`` (a chat, rendered by the model's chat format). Build it with ``build`` (or
+    ``Client.request``), which resolves loose API arguments; the constructor only checks."""
+
+    params: SamplingParams  # resolved against the model's defaults; with a seed, choice i uses seed + i
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    n: int = 1
+    tools: Tools | None = None  # a chat's tools: rendered into its prompt, calls parsed from its answers
+    priority: int = DEFAULT_PRIORITY  # lower runs first (llamactor.scheduling.policy)
+    chat_template_kwargs: Mapping[str, Any] | None = None  # a chat's extra template variables
+    # Scoring (lm-eval's loglikelihood): choice i scores continuations[i] after the prompt.
+    continuations: tuple[Continuation, ...] = ()
+    request_id: str | None = None  # None: a fresh one per submission
+    echo_prompt: bool = False  # the answer carries the prompt as text (``Completion.prompt_text``)
+    # A max_tokens the context cannot hold after the prompt is cut to the room left (Anthropic's
+    # upper-bound reading) instead of refused; ``Completion.clamped_max_tokens`` says so.
+    clamp_max_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        if sum(x is not None for x in (self.text, self.messages, self.token_ids)) != 1:
+            raise InvalidRequestError("a request needs exactly one of a prompt (text or token ids) or messages")
+        if self.token_ids is not None and not self.token_ids:
+            raise InvalidRequestError("prompt must not be empty")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_CHOICES:
+            raise InvalidRequestError(f"n must be an integer in [1, {MAX_CHOICES}], got {self.n!r}")
+        if self.messages is None and (self.tools is not None or self.chat_template_kwargs is not None):
+            raise InvalidRequestError("tools and chat_template_kwargs need a chat (messages), not a raw prompt")
+        if self.continuations and (self.messages is not None or self.params.prompt_logprobs is None
+                                   or len(self.continuations) != self.n):
+            raise InvalidRequestError("scored continuations need a raw prompt, prompt_logprobs, and one choice each")
+
+    @classmethod
+    def build(cls, defaults: SamplingParams, *, prompt: Prompt | None = None, messages: Messages | None = None,
+              n: int = 1, request_id: str | None = None, priority: Any = DEFAULT_PRIORITY, tools: Any = None,
+              tool_choice: Any = None, parallel_tool_calls: bool | None = None, json_schema: Any = None,
+              grammar: Grammar | str | None = None, echo: bool = False,
+              chat_template_kwargs: Mapping[str, Any] | None = None, continuations: Sequence[Prompt] = (),
+              echo_prompt: bool = False, clamp_max_tokens: bool = False, **sampling: Any) -> GenerationRequest:
+        """The one place loose arguments become a request: ``prompt`` (text or token ids) or
+        ``messages``; ``json_schema`` / ``grammar`` compiled; OpenAI-style ``tools`` /
+        ``tool_choice`` (or a ``Tools``) checked and, for a required or named choice, turned into
+        the grammar; ``echo`` (OpenAI's legacy name) into ``prompt_logprobs``; every other name a
+        ``SamplingParams`` field applied over ``defaults``."""
+        chat = messages is not None
+        fields = {"messages": messages_tuple(messages)} if chat else prompt_fields(prompt)
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
+            raise InvalidRequestError("chat_template_kwargs must be a mapping of template variables")
+        constraint = _constraint(json_schema, grammar)
+        parsed_tools = _tools(tools, tool_choice, parallel_tool_calls, chat)
+        if parsed_tools is not None and (tool_grammar := parsed_tools.grammar()) is not None:
+            if constraint is not None:
+                raise InvalidRequestError("a required or named tool_choice cannot be combined with json_schema or grammar")
+            constraint = tool_grammar
+        sampling = _echo_options(sampling) if echo else sampling
+        params = defaults.replace(**sampling, **({"grammar": constraint} if constraint is not None else {}))
+        return cls(params=params, n=n, tools=parsed_tools, priority=parse_priority(priority),
+                   chat_template_kwargs=dict(chat_template_kwargs) if chat_template_kwargs else None,
+                   continuations=tuple(continuation_field(c) for c in continuations), request_id=request_id,
+                   echo_prompt=echo_prompt, clamp_max_tokens=clamp_max_tokens, **fields)
+
+    @property
+    def parsed_tools(self) -> Tools | None:
+        """The tools when answers are parsed for calls (not ``tool_choice: none``)."""
+        return self.tools if self.tools is not None and self.tools.parses else None
+
+    def generate_messages(self, request_id: str, replies: Sequence[ReplyChannel], submitted_at: float) -> list[Generate]:
+        """One ``Generate`` per choice: choice ``i`` is ``<request_id>-<i>`` (the id itself when
+        ``n`` is 1), seeded ``seed + i``, scoring ``continuations[i]``."""
+        seed = self.params.seed
+        return [Generate(request_id=choice_request_id(request_id, i, self.n), reply=reply, submitted_at=submitted_at,
+                         priority=self.priority, tools=self.tools, text=self.text, messages=self.messages,
+                         token_ids=self.token_ids,
+                         params=self.params.replace(seed=seed + i) if seed is not None and i else self.params,
+                         chat_template_kwargs=dict(self.chat_template_kwargs) if self.chat_template_kwargs else None,
+                         continuation=self.continuations[i] if self.continuations else None,
+                         echo_prompt=self.echo_prompt, clamp_max_tokens=self.clamp_max_tokens)
+                for i, reply in enumerate(replies)]
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingRequest:
+    """Inputs to embed (texts or token-id lists), how to pool and shape their vectors."""
+
+    inputs: tuple[str | tuple[int, ...], ...]
+    pooling: str | None = None  # "mean" | "cls" | "last"; None: the GGUF's, else mean
+    normalize: bool = True  # L2
+    dimensions: int | None = None  # keep the first components, then renormalize
+    truncate: bool = False  # an input longer than one embedding step is cut (Ollama) instead of refused
+    request_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.inputs) <= MAX_EMBEDDING_INPUTS:
+            raise InvalidRequestError(f"embed takes 1 to {MAX_EMBEDDING_INPUTS} inputs, got {len(self.inputs)}")
+        if not all(isinstance(x, str) or (isinstance(x, tuple) and all(isinstance(t, int) for t in x))
+                   for x in self.inputs):
+            raise InvalidRequestError("each input must be a string or a list of token ids")
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise InvalidRequestError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+        if self.dimensions is not None and (not isinstance(self.dimensions, int) or self.dimensions < 1):
+            raise InvalidRequestError(f"dimensions must be a positive integer, got {self.dimensions!r}")
+
+    @classmethod
+    def build(cls, inputs: EmbedInputs, **options: Any) -> EmbeddingRequest:
+        """``inputs``: a string, a list of strings, a list of token ids, or a list of such lists."""
+        return cls(embed_inputs(inputs), **options)
+
+
+# -- loose arguments -------------------------------------------------------------------------
+
+def prompt_fields(prompt: Prompt | None) -> dict[str, Any]:
+    if isinstance(prompt, str):
+        return {"text": prompt}
+    if isinstance(prompt, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not prompt:
+            raise InvalidRequestError("prompt must not be empty")
+        return {"token_ids": tuple(prompt)}
+    raise InvalidRequestError("prompt must be a string or a sequence of token ids")
+
+
+def messages_tuple(messages: Messages | None) -> tuple[dict[str, Any], ...]:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise InvalidRequestError("messages must be a list of {'role': ..., 'content': ...} dicts")
+    return tuple(dict(m) if isinstance(m, Mapping) else m for m in messages)
+
+
+def continuation_field(c: Prompt) -> Continuation:
+    if isinstance(c, str):
+        if not c:
+            raise InvalidRequestError("a continuation must not be empty")
+        return c
+    return prompt_fields(c)["token_ids"]  # type: ignore[no-any-return]
+
+
+def embed_inputs(inputs: EmbedInputs) -> tuple[str | tuple[int, ...], ...]:
+    if isinstance(inputs, str):
+        return (inputs,)
+    if isinstance(inputs, Sequence) and inputs and all(isinstance(t, int) for t in inputs):
+        return (tuple(inputs),)  # type: ignore[arg-type]
+    if not isinstance(inputs, Sequence) or not inputs:
+        raise InvalidRequestError("embed takes a string, a list of strings, token ids, or lists of token ids")
+    # anything else (a number, a dict) is refused by EmbeddingRequest with a clear message
+    return tuple(x if isinstance(x, str) else tuple(x) if isinstance(x, Sequence) else x  # type: ignore[misc, arg-type]
+                 for x in inputs)
+
+
+def _constraint(json_schema: Any, grammar: Grammar | str | None) -> Grammar | None:
+    """``json_schema=`` (a dict, JSON text, pydantic model class or ``Grammar``) or ``grammar=``
+    (a ``Grammar`` or GBNF / Lark text), compiled."""
+    if json_schema is not None and grammar is not None:
+        raise InvalidRequestError("pass json_schema= or grammar=, not both")
+    if json_schema is not None:
+        return json_schema if isinstance(json_schema, Grammar) else Grammar.json_schema(json_schema)
+    return Grammar.coerce(grammar) if grammar is not None else None
+
+
+def _tools(tools: Any, tool_choice: Any, parallel_tool_calls: bool | None, chat: bool) -> Tools | None:
+    """OpenAI's ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` (or a ``Tools``) checked."""
+    if tools is None or (isinstance(tools, Sequence) and not tools):
+        if tool_choice not in (None, "none"):
+            raise InvalidRequestError("tool_choice needs tools")
+        return None
+    if not chat:
+        raise InvalidRequestError("tools need a chat (messages), not a raw prompt")
+    return tools if isinstance(tools, Tools) else Tools.from_openai(tools, tool_choice, parallel_tool_calls)
+
+
+def _echo_options(sampling: dict[str, Any]) -> dict[str, Any]:
+    """``echo=True`` with ``logprobs``: the prompt's logprobs too, with as many alternatives per
+    token as the generated tokens get."""
+    logprobs = sampling.get("logprobs")
+    if not logprobs and not sampling.get("top_logprobs"):
+        raise InvalidRequestError("echo=True reports the prompt's log-probabilities: pass logprobs=k as well")
+    n_top = logprobs if isinstance(logprobs, int) and not isinstance(logprobs, bool) else 0
+    return {"prompt_logprobs": max(n_top, sampling.get("top_logprobs") or 0), **sampling}

@@ -1,0 +1,82 @@
+"""The app's middleware (uvicorn's event loop): the API key, the request id and log line, the
+request counter, and JSON bodies whatever their Content-Type. Body size: ``body_limit``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from email.message import Message
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from llamactor.base.logging import get_logger
+from llamactor.dialects.errors import ErrorInfo
+from llamactor.http.body_limit import ASGIApp, Receive, Scope, Send
+from llamactor.http.errors import error_response
+from llamactor.http.state import ServerState
+
+log = get_logger("llamactor.http")
+# answered without the API key: probes, scrapers, and "/" (Ollama's heartbeat: "Ollama is running")
+OPEN_PATHS = ("/health", "/metrics", "/")
+
+
+async def guard_and_log(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    """Refuse a missing or wrong key before routing; give the request its id; count and log it.
+    Our own id is always unique (it keys the request inside the actors); a client's
+    X-Request-Id is echoed back and logged beside it, never trusted to be unique."""
+    state: ServerState = request.app.state.server
+    start = time.perf_counter()
+    rid = uuid.uuid4().hex[:16]
+    client_rid = request.headers.get("x-request-id")
+    request.state.request_id = rid
+    response = refuse_unauthorized(request, state) or await call_next(request)
+    response.headers["x-request-id"] = client_rid or rid
+    state.metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+    log.info("http_request", method=request.method, path=request.url.path, status=response.status_code,
+             request_id=rid, client_request_id=client_rid, ms=round((time.perf_counter() - start) * 1000, 1))
+    return response
+
+
+def refuse_unauthorized(request: Request, state: ServerState) -> Response | None:
+    """A 401 for a missing or wrong API key, given as ``Authorization: Bearer`` (OpenAI, Ollama
+    clients) or ``x-api-key`` (Anthropic's); compared in constant time, never logged."""
+    if not state.api_key or request.url.path in OPEN_PATHS:
+        return None
+    key = state.api_key.encode()
+    bearer = hmac.compare_digest(request.headers.get("authorization", "").encode(), b"Bearer " + key)
+    if hmac.compare_digest(request.headers.get("x-api-key", "").encode(), key) | bearer:  # both compared, always
+        return None
+    return error_response(request.url.path, ErrorInfo(
+        401, "missing or wrong API key (Authorization: Bearer ... or x-api-key)", "authentication_error",
+        "invalid_api_key"))
+
+
+class JsonBodies:
+    """Reads a request body as JSON whatever its Content-Type says, as Ollama, llama-server and
+    OpenAI do: LiteLLM's Ollama providers send none, and ``curl -d`` (Ollama's own documented
+    examples) sends ``application/x-www-form-urlencoded``. Multipart uploads (the Files API) keep theirs."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD", "OPTIONS"):
+            headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
+            declared = dict(scope.get("headers") or []).get(b"content-type")
+            if not _keeps(declared):
+                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
+def _keeps(content_type: bytes | None) -> bool:
+    """Whether a declared Content-Type is kept: JSON itself, or a multipart form."""
+    if not content_type:
+        return False
+    message = Message()
+    message["content-type"] = content_type.decode("latin-1")
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "multipart" or subtype == "json" or subtype.endswith("+json")

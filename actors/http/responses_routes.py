@@ -1,0 +1,69 @@
+"""OpenAI's Responses API routes: ``POST /responses`` (streamed or not), ``GET`` and ``DELETE
+/responses/{id}``, under ``/v1`` and at the root (uvicorn's event loop).
+
+A request is translated statelessly onto the chat path (``llamactor.dialects.responses``), as
+llama-server does. Finished responses are kept (unless ``store: false``) in the app's bounded
+in-memory store (``responses_store``), so that ``previous_response_id`` continues a conversation:
+the whole conversation is sent again, which the prefix cache makes a cache hit
+(``usage.input_tokens_details.cached_tokens``). An unknown id is a 404 in OpenAI's error shape
+(code ``previous_response_not_found``, param ``previous_response_id``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from llamactor.dialects.responses.events import ResponseEvents
+from llamactor.dialects.responses.output import response_reply
+from llamactor.dialects.responses.plan import DIALECT, ResponsesPlan, input_messages, plan_response
+from llamactor.dialects.responses.schema import ResponsesRequest
+from llamactor.http.framing import NAMED_SSE, stream_response
+from llamactor.http.request_path import answer, open_stream, planned, warn_ignored
+from llamactor.http.responses_store import ResponseNotFoundError, ResponseStore, UnknownResponseError
+from llamactor.http.state import State
+
+router = APIRouter()
+
+
+@router.post("/responses", response_model=None)
+async def create(body: ResponsesRequest, request: Request, state: State) -> Any:
+    earlier: tuple[dict[str, Any], ...] = ()
+    if body.previous_response_id is not None:
+        previous = state.responses.get(body.previous_response_id)
+        if previous is None:
+            raise ResponseNotFoundError(body.previous_response_id)
+        earlier = previous.messages
+    call = await planned(state, request, body.model, DIALECT, lambda ctx: plan_response(body, ctx, earlier))
+    p = call.plan
+    warn_ignored(DIALECT, p.ignored, p.shell.id)
+    if body.stream:
+        updates = await open_stream(call.llm, p.requests, call.observe)
+        stream = ResponseEvents(p, lambda response: keep(state.responses, p, response))
+        return stream_response(stream.events(updates), NAMED_SSE, stream.failed, updates)
+    [c] = await answer(request, call.llm, p.requests, call.observe)
+    return keep(state.responses, p, response_reply(p.shell, c))
+
+
+def keep(store: ResponseStore, plan: ResponsesPlan, response: dict[str, Any]) -> dict[str, Any]:
+    """Store a finished response with its conversation, unless asked not to (OpenAI's default: stored)."""
+    if plan.shell.body.store is not False:
+        store.put(response, plan.history + input_messages(response["output"]))
+    return response
+
+
+@router.get("/responses/{response_id}", response_model=None)
+async def retrieve(response_id: str, state: State) -> Any:
+    stored = state.responses.get(response_id)
+    if stored is None:
+        raise UnknownResponseError(response_id)
+    return stored.response
+
+
+@router.delete("/responses/{response_id}", response_model=None)
+async def delete(response_id: str, state: State) -> Any:
+    if not state.responses.delete(response_id):
+        raise UnknownResponseError(response_id)
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
