@@ -190,3 +190,12 @@ def test_fields_accepted_but_not_honoured_are_named_in_a_warning_and_requests_ar
                                and line.get("dialect") == "anthropic"
                                and line.get("fields") == ["service_tier", "speed"])  # (metadata changes nothing)
     assert metric(httpx.get(f"{daemon.url}/metrics", timeout=30).text, GENERATED) > 0
+
+
+def test_sampled_tool_uses_have_closed_inputs_even_when_the_schema_leaves_them_open(
+        client: anthropic.Anthropic) -> None:
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for _ in range(4):  # sampled (temperature 1): an extra key would come back now and then without the fix
+        m = client.messages.create(model=MODEL_ID, max_tokens=64, messages=ask, tools=[WEATHER], extra_body={"temperature": 1.0},
+                                   tool_choice={"type": "tool", "name": "get_weather"})
+        assert m.content[-1].type == "tool_use" and set(m.content[-1].input) == {"city"}, m.content[-1].input

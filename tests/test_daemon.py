@@ -266,3 +266,12 @@ def test_a_non_streaming_client_that_disconnects_cancels_its_request(daemon: Dae
     assert daemon.wait_for_log(lambda e: e.get("event") == "request_finished" and e["request_id"] == f"cmpl-{rid}")
     finished = next(e for e in daemon.events("request_finished") if e["request_id"] == f"cmpl-{rid}")
     assert finished["finish_reason"] == "cancelled" and finished["n_gen"] < 3000
+
+
+def test_a_streamed_completion_sends_its_usage_in_a_last_chunk_of_its_own_as_openai_does(daemon: Daemon) -> None:
+    client = daemon.client()
+    ask = dict(model=MODEL_ID, prompt="Once upon a time", max_tokens=4, stream=True, extra_body={"ignore_eos": True})
+    chunks = list(client.completions.create(**ask, stream_options={"include_usage": True}))  # type: ignore[call-overload]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+    assert chunks[-2].choices[0].finish_reason == "length" and all(c.usage is None for c in chunks[:-1])
+    assert all(c.usage is None for c in client.completions.create(**ask))  # type: ignore[call-overload]

@@ -189,3 +189,21 @@ def test_a_json_schema_without_strict_closes_its_objects(daemon: Daemon) -> None
         messages=[{"role": "user", "content": "A person as JSON with many extra fields."}])
     person = json.loads(answer.choices[0].message.content)
     assert set(person) == {"name", "age"} and abs(person["age"]) <= 10**16
+
+
+OPEN_WEATHER = {"type": "function", "function": {  # its object not closed: additionalProperties left out
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                                          "required": ["city"]}}}
+
+
+def get_weather(city: str) -> str:
+    return f"sunny in {city}"
+
+
+def test_sampled_forced_tool_calls_have_closed_arguments_the_function_can_take(daemon: Daemon) -> None:
+    chat = _client(daemon).chat.completions.create(model=MODEL_ID, messages=ASK_WEATHER, tools=[OPEN_WEATHER],
+                                                   tool_choice="required", n=6, seed=1, max_tokens=64)
+    calls = [(choice.message.tool_calls or [])[0] for choice in chat.choices]
+    assert len(calls) == 6
+    for call in calls:  # an extra key ({"city": ..., "type": "object"}) would be a TypeError here
+        assert get_weather(**json.loads(call.function.arguments)).startswith("sunny in")

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import subprocess
 from collections.abc import Iterator
 
 import httpx
@@ -212,3 +213,25 @@ def test_a_prompt_over_the_context_is_a_400_before_the_stream(client: ollama.Cli
         for _ in client.chat(model="chat", messages=too_long, stream=True):
             pass
     assert caught.value.status_code == 400 and "context" in caught.value.error
+
+
+def test_litellms_ollama_providers_which_send_no_content_type_get_answers(daemon: Daemon) -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # its cost map would come from the internet
+    import litellm
+
+    for provider in ("ollama", "ollama_chat"):  # /api/generate and /api/chat, each body sent without a Content-Type
+        answer = litellm.completion(model=f"{provider}/chat", api_base=daemon.url, messages=HI, max_tokens=8,
+                                    temperature=0)
+        # (what a base model writes after LiteLLM's own "### User:" prompt may be empty: the count says it ran)
+        assert 0 < answer.usage.completion_tokens <= 8 and answer.choices[0].finish_reason in ("stop", "length")
+    pieces = list(litellm.completion(model="ollama_chat/chat", api_base=daemon.url, messages=HI, max_tokens=8,
+                                     temperature=0, stream=True))
+    assert pieces[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_ollamas_documented_curl_example_with_a_form_content_type_is_read_as_json(daemon: Daemon) -> None:
+    body = json.dumps({"model": "chat", "prompt": "Why is the sky blue?", "stream": False, "options": GREEDY})
+    out = subprocess.run(["curl", "-s", "-d", body, f"{daemon.url}/api/generate"], capture_output=True, text=True,
+                         timeout=60, check=True)  # curl -d: Content-Type application/x-www-form-urlencoded
+    answer = json.loads(out.stdout)
+    assert answer["done"] and answer["response"] and answer["eval_count"] <= 8

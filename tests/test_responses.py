@@ -178,3 +178,14 @@ def test_the_raw_stream_names_each_event_and_sends_no_done_marker(daemon: Daemon
         event, data = frame.split("\n")
         assert event == f"event: {json.loads(data.removeprefix('data: '))['type']}"
     assert "[DONE]" not in frames[-1]
+
+
+def test_sampled_function_calls_have_closed_arguments_even_when_the_schema_leaves_them_open(
+        client: openai.OpenAI) -> None:
+    open_weather = {**WEATHER, "strict": False, "parameters": {k: v for k, v in WEATHER["parameters"].items()  # type: ignore[union-attr]
+                                                                 if k != "additionalProperties"}}
+    for seed in range(1, 5):
+        called = client.responses.create(model=MODEL_ID, input="What is the weather in Paris?", tools=[open_weather],
+                                         tool_choice=CALL_WEATHER, extra_body={"seed": seed}, max_output_tokens=64)
+        [call] = [o for o in called.output if o.type == "function_call"]
+        assert set(json.loads(call.arguments)) == {"city"}, call.arguments
