@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
+# Nothing the tests run phones home (the daemons they start inherit these): Ray's usage stats,
+# Hugging Face's hub, LiteLLM's cost map.
+for _name, _value in (("RAY_USAGE_STATS_ENABLED", "0"), ("HF_HUB_OFFLINE", "1"), ("LITELLM_LOCAL_MODEL_COST_MAP", "True")):
+    os.environ.setdefault(_name, _value)
+
+import numpy as np  # noqa: E402 - after the environment above, which importing these may read
 import pykka
 import pytest
 

@@ -216,8 +216,7 @@ def test_a_prompt_over_the_context_is_a_400_before_the_stream(client: ollama.Cli
 
 
 def test_litellms_ollama_providers_which_send_no_content_type_get_answers(daemon: Daemon) -> None:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # its cost map would come from the internet
-    import litellm
+    import litellm  # (conftest keeps its cost map off the internet)
 
     for provider in ("ollama", "ollama_chat"):  # /api/generate and /api/chat, each body sent without a Content-Type
         answer = litellm.completion(model=f"{provider}/chat", api_base=daemon.url, messages=HI, max_tokens=8,
