@@ -25,11 +25,13 @@ from llamactor.base.errors import (
     LlamactorError,
     ModelLoadError,
     ModelNotFoundError,
+    PermissionDeniedError,
     QueueFullError,
+    RateLimitError,
 )
 
 __all__ = [
     "LLM", "start", "Client", "Router", "Replicas", "ModelSpec", "Completion", "Embeddings", "Tokenized", "Timings", "Usage", "Config", "SamplingParams", "Grammar",
-    "LlamactorError", "InvalidRequestError", "QueueFullError", "ContextFullError", "ContextExceededError", "CancelledError",
+    "LlamactorError", "InvalidRequestError", "QueueFullError", "RateLimitError", "PermissionDeniedError", "ContextFullError", "ContextExceededError", "CancelledError",
     "BatcherRestartedError", "BatcherUnavailableError", "EngineError", "ModelLoadError", "ModelNotFoundError",
 ]

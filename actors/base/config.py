@@ -15,6 +15,7 @@ from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import Grammar
 from llamactor.base.chat_template import ChatTemplateError, check_template_syntax
 from llamactor.base.priority import check_policy
+from llamactor.base.tenants import Tenant
 
 
 # Sequences one llama context may hold: llama.cpp's LLAMA_MAX_SEQ (256) halved, because the
@@ -175,6 +176,9 @@ class Config:
     embedding_n_batch: int = 512  # tokens one embedding step packs, and the longest embedding input
     embedding_n_seq_max: int = 64  # inputs one embedding step packs
     embedding_time_share: float = 0.10  # of decode time embedding steps get while generation also waits
+    # Tenants with their own weight, limits or cache scope (``Tenant`` or dicts of its fields);
+    # a request naming another tenant gets the defaults (weight 1, no limits, its own cache scope).
+    tenants: tuple[Tenant, ...] = ()
 
     def __post_init__(self) -> None:
         _require(1 <= self.n_parallel <= MAX_SEQUENCES - 2,
@@ -226,6 +230,9 @@ class Config:
         _require(self.cache_dir is None or self.cache_dir != "", "cache_dir must not be empty (None: off)")
         _require(self.prefix_cache_cells is None or self.prefix_cache_cells >= 0,
                  f"prefix_cache_cells must be >= 0 or None, got {self.prefix_cache_cells}")
+        tenants = tuple(t if isinstance(t, Tenant) else Tenant.from_mapping(t, "tenants") for t in self.tenants)
+        object.__setattr__(self, "tenants", tenants)
+        _require(len({t.name for t in tenants}) == len(tenants), "tenants must have distinct names")
 
     @property
     def seq_ids(self) -> int:

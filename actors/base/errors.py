@@ -47,6 +47,26 @@ class QueueFullError(LlamactorError):
     code = "queue_full"
 
 
+class PermissionDeniedError(LlamactorError):
+    """The caller's key may not do this (an admin's operation)."""
+
+    http_status = 403
+    code = "permission_denied"
+
+
+class RateLimitError(LlamactorError):
+    """The tenant is over its requests or tokens per minute; retry after ``retry_after`` seconds.
+    ``headers``: what it has left, as OpenAI's ``x-ratelimit-*`` headers say it."""
+
+    http_status = 429
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: int, headers: dict[str, str]) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.headers = headers
+
+
 class ContextFullError(LlamactorError):
     """This sequence cannot fit in the shared KV cache even alone (every other running sequence
     preempted, cached prefixes evicted), or llama.cpp found no room for it although the scheduler

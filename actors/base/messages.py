@@ -18,6 +18,7 @@ from llamactor.base.completion import Completion, Embeddings, Piece, Tokenized, 
 from llamactor.base.config import SamplingParams
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.priority import DEFAULT_PRIORITY
+from llamactor.base.tenants import DEFAULT, Tenant
 from llamactor.base.tools import Tools
 
 
@@ -119,6 +120,7 @@ class Generate:
     continuation: str | tuple[int, ...] | None = None
     echo_prompt: bool = False  # the Completion carries the prompt as text (``prompt_text``)
     clamp_max_tokens: bool = False  # max_tokens beyond the context's room is cut to it, not refused
+    tenant: Tenant = DEFAULT  # whose: the caches it may hit (its scope), its fair share
 
 
 POOLINGS = ("mean", "cls", "last")
@@ -139,6 +141,7 @@ class Embed:
     normalize: bool = True
     dimensions: int | None = None  # keep the first ``dimensions`` components (then renormalize)
     truncate: bool = False  # an input longer than one embedding step is cut to it instead of refused
+    tenant: Tenant = DEFAULT
 
 
 @dataclass(frozen=True, slots=True)

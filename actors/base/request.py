@@ -11,6 +11,7 @@ back (the prompt as text, a clamped ``max_tokens``). ``Client.submit(request)`` 
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import Grammar
 from llamactor.base.messages import MAX_EMBEDDING_INPUTS, POOLINGS, Generate, ReplyChannel
 from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
+from llamactor.base.tenants import DEFAULT, Tenant
 from llamactor.base.tools import Tools
 
 MAX_CHOICES = 64  # choices of one prompt per request (the API's n; HTTP caps n and best_of at 16)
@@ -60,6 +62,9 @@ class GenerationRequest:
     # A max_tokens the context cannot hold after the prompt is cut to the room left (Anthropic's
     # upper-bound reading) instead of refused; ``Completion.clamped_max_tokens`` says so.
     clamp_max_tokens: bool = False
+    # Whose request: its cache scope, fair share, limits (the server derives it from the key;
+    # in-process, the caller names it). Set with ``for_tenant``, which applies its priority ceiling.
+    tenant: Tenant = DEFAULT
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.text, self.messages, self.token_ids)) != 1:
@@ -80,7 +85,8 @@ class GenerationRequest:
               tool_choice: Any = None, parallel_tool_calls: bool | None = None, json_schema: Any = None,
               grammar: Grammar | str | None = None, echo: bool = False,
               chat_template_kwargs: Mapping[str, Any] | None = None, continuations: Sequence[Prompt] = (),
-              echo_prompt: bool = False, clamp_max_tokens: bool = False, **sampling: Any) -> GenerationRequest:
+              echo_prompt: bool = False, clamp_max_tokens: bool = False, tenant: Tenant = DEFAULT,
+              **sampling: Any) -> GenerationRequest:
         """The one place loose arguments become a request: ``prompt`` (text or token ids) or
         ``messages``; ``json_schema`` / ``grammar`` compiled; OpenAI-style ``tools`` /
         ``tool_choice`` (or a ``Tools``) checked and, for a required or named choice, turned into
@@ -101,7 +107,11 @@ class GenerationRequest:
         return cls(params=params, n=n, tools=parsed_tools, priority=parse_priority(priority),
                    chat_template_kwargs=dict(chat_template_kwargs) if chat_template_kwargs else None,
                    continuations=tuple(continuation_field(c) for c in continuations), request_id=request_id,
-                   echo_prompt=echo_prompt, clamp_max_tokens=clamp_max_tokens, **fields)
+                   echo_prompt=echo_prompt, clamp_max_tokens=clamp_max_tokens, **fields).for_tenant(tenant)
+
+    def for_tenant(self, tenant: Tenant) -> GenerationRequest:
+        """This request made by ``tenant``: its priority no more urgent than the tenant's ceiling."""
+        return dataclasses.replace(self, tenant=tenant, priority=tenant.priority(self.priority))
 
     @property
     def parsed_tools(self) -> Tools | None:
@@ -118,7 +128,7 @@ class GenerationRequest:
                          params=self.params.replace(seed=seed + i) if seed is not None and i else self.params,
                          chat_template_kwargs=dict(self.chat_template_kwargs) if self.chat_template_kwargs else None,
                          continuation=self.continuations[i] if self.continuations else None,
-                         echo_prompt=self.echo_prompt, clamp_max_tokens=self.clamp_max_tokens)
+                         echo_prompt=self.echo_prompt, clamp_max_tokens=self.clamp_max_tokens, tenant=self.tenant)
                 for i, reply in enumerate(replies)]
 
 
@@ -132,6 +142,7 @@ class EmbeddingRequest:
     dimensions: int | None = None  # keep the first components, then renormalize
     truncate: bool = False  # an input longer than one embedding step is cut (Ollama) instead of refused
     request_id: str | None = None
+    tenant: Tenant = DEFAULT
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.inputs) <= MAX_EMBEDDING_INPUTS:

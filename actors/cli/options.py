@@ -101,7 +101,9 @@ SAMPLING_TWEAKS: dict[str, Tweak] = {
 }
 # Not options: test hooks, the nested SamplingParams itself, and per-request values that have no
 # meaning as a process-wide default or no command-line form (they stay API / HTTP fields).
-HIDDEN = frozenset({"watchdog_test_hang", "sampling", "logprobs", "top_logprobs", "prompt_logprobs", "grammar", "logit_bias"})
+# Tenants come from the daemon's keys file (--keys), or from Config in-process.
+HIDDEN = frozenset({"watchdog_test_hang", "sampling", "logprobs", "top_logprobs", "prompt_logprobs", "grammar", "logit_bias",
+                    "tenants"})
 
 
 def _base_type(annotation: Any) -> tuple[Any, bool]:
