@@ -124,7 +124,7 @@ class BatcherActor(pykka.ThreadingActor):
 
     def _prefill_pinned(self, tokens: list[int]) -> None:
         """Compute a system prompt's KV on a fresh seq_id and pin it in the index."""
-        seq_id, _ = self.index.allocate()
+        seq_id, _ = self.index.allocate(None)  # the operator's: every tenant's requests attach it
         self.engine.prefill(seq_id, tokens)
         self.index.extend(seq_id, tokens, 0.0)
         self.index.pin(seq_id)
@@ -142,8 +142,9 @@ class BatcherActor(pykka.ThreadingActor):
             return
         try:
             for seq_id, pinned in list(self.index.entries.items()):
-                if not pinned:
-                    self.tiers.save(self.engine, seq_id, self.index.tokens(seq_id))
+                scope = self.index.scopes[seq_id]
+                if not pinned and scope is not None:
+                    self.tiers.save(self.engine, seq_id, scope, self.index.tokens(seq_id))
         except Exception as e:  # a context in a bad state: what was saved stays, the rest is lost
             log.warning("cache_tier_offer_failed", generation=self.generation, error=repr(e))
 
@@ -301,8 +302,8 @@ class BatcherActor(pykka.ThreadingActor):
             elif op.src >= 0:
                 self.engine.seq_cp(op.src, op.seq_id, 0, op.p0)
             else:
-                if op.save and self.tiers is not None:
-                    self.tiers.save(self.engine, op.seq_id, op.save)
+                if op.save and op.scope is not None and self.tiers is not None:
+                    self.tiers.save(self.engine, op.seq_id, op.scope, op.save)
                 self.engine.seq_rm(op.seq_id, op.p0, -1)
         return failed
 

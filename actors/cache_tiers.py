@@ -35,7 +35,7 @@ class CacheTiers:
 
     def __init__(self, ram_bytes: int, disk: DiskTier | None = None) -> None:
         self.ram = TierIndex(ram_bytes)
-        self.states: dict[str, tuple[tuple[int, ...], SeqState]] = {}  # key -> (tokens, state)
+        self.states: dict[str, tuple[str, tuple[int, ...], SeqState]] = {}  # key -> (scope, tokens, state)
         self.lock = threading.Lock()
         self.disk = disk
         self.persistent = disk is not None  # entries outlive the process
@@ -62,29 +62,30 @@ class CacheTiers:
 
     # -- batcher thread -----------------------------------------------------------------------
 
-    def lookup(self, tokens: list[int]) -> TierMatch:
-        """The entry sharing the longest prefix with ``tokens`` (a hit counts as a use); a file
-        that matches longer than RAM is loaded into RAM first."""
+    def lookup(self, scope: str, tokens: list[int]) -> TierMatch:
+        """The entry of cache scope ``scope`` sharing the longest prefix with ``tokens`` (a hit
+        counts as a use); a file that matches longer than RAM is loaded into RAM first."""
         with self.lock:
-            match = self.ram.lookup(tokens)
+            match = self.ram.lookup(scope, tokens)
             if self.disk is not None:
-                on_disk = self.disk.lookup(tokens)
+                on_disk = self.disk.lookup(scope, tokens)
                 if on_disk.key is not None and on_disk.n_tokens > match.n_tokens:
                     entry_tokens = self.disk.index.entry(on_disk.key).tokens
                     state = self.disk.load(on_disk.key)
                     if state is not None:
-                        key = self._add(entry_tokens, state)
+                        key = self._add(scope, entry_tokens, state)
                         if key in self.ram:
                             match = TierMatch(on_disk.n_tokens, key, state.n_tokens)
             if match.key is not None:
                 self.ram.touch(match.key)
             return match if match.key is not None else NO_MATCH
 
-    def save(self, engine: Engine, seq_id: int, tokens: Sequence[int]) -> None:
-        """Copy the KV of ``seq_id`` (holding exactly ``tokens``) into RAM, unless an entry
-        already starts with those tokens. A failure is logged and costs only the entry."""
+    def save(self, engine: Engine, seq_id: int, scope: str, tokens: Sequence[int]) -> None:
+        """Copy the KV of ``seq_id`` (holding exactly ``tokens``, of cache scope ``scope``) into
+        RAM, unless an entry of that scope already starts with those tokens. A failure is logged
+        and costs only the entry."""
         with self.lock:
-            covering = self.ram.covers(tokens)
+            covering = self.ram.covers(scope, tokens)
             if covering is not None:
                 self.ram.touch(covering)
                 return
@@ -94,7 +95,7 @@ class CacheTiers:
             except RuntimeError as e:
                 log.warning("cache_tier_save_failed", seq_id=seq_id, n_tokens=len(tokens), error=str(e))
                 return
-            self._add(tuple(tokens), state)
+            self._add(scope, tuple(tokens), state)
             self.counters["saved"] += 1
             self.counters["saved_tokens"] += len(tokens)
             self.counters["save_ms"] += (time.perf_counter() - t0) * 1000
@@ -105,16 +106,16 @@ class CacheTiers:
         with self.lock:
             held = self.states.get(op.key)
             t0 = time.perf_counter()
-            ok = held is not None and engine.restore_seq(op.seq_id, held[1], op.scratch_id)
+            ok = held is not None and engine.restore_seq(op.seq_id, held[2], op.scratch_id)
             if not ok:
                 self.counters["restore_failed"] += 1
                 if held is not None:
-                    log.warning("cache_tier_restore_failed", key=op.key, n_tokens=held[1].n_tokens)
+                    log.warning("cache_tier_restore_failed", key=op.key, n_tokens=held[2].n_tokens)
                     self.ram.remove(op.key)
                     del self.states[op.key]
                 return False
             assert held is not None
-            if op.n_keep < held[1].n_tokens:
+            if op.n_keep < held[2].n_tokens:
                 engine.seq_rm(op.seq_id, op.n_keep, -1)
             self.counters["restored"] += 1
             self.counters["restored_tokens"] += op.n_keep
@@ -137,22 +138,23 @@ class CacheTiers:
                 self._write(*self.states[key])
             log.info("cache_tier_persisted", entries=len(chosen), ms=round((time.perf_counter() - t0) * 1000, 1))
 
-    def _add(self, tokens: tuple[int, ...], state: SeqState) -> str:
+    def _add(self, scope: str, tokens: tuple[int, ...], state: SeqState) -> str:
         """Hold ``state`` in RAM; entries pushed out over the budget go to disk."""
         key = f"r{next(self._keys)}"
-        self.states[key] = (tokens, state)
-        for gone in self.ram.add(key, tokens, state.nbytes):
-            gone_tokens, gone_state = self.states.pop(gone)
+        self.states[key] = (scope, tokens, state)
+        for gone in self.ram.add(key, scope, tokens, state.nbytes):
+            gone_scope, gone_tokens, gone_state = self.states.pop(gone)
             self.counters["dropped"] += 1
-            if gone != key and tokens[:len(gone_tokens)] != gone_tokens:  # not merely extended by the new one
-                self._write(gone_tokens, gone_state)
+            extended = gone_scope == scope and tokens[:len(gone_tokens)] == gone_tokens
+            if gone != key and not extended:  # not merely extended by the new one
+                self._write(gone_scope, gone_tokens, gone_state)
         return key
 
-    def _write(self, tokens: tuple[int, ...], state: SeqState) -> None:
+    def _write(self, scope: str, tokens: tuple[int, ...], state: SeqState) -> None:
         if self.disk is None:
             return
         try:
-            self.disk.put(tokens, state)
+            self.disk.put(scope, tokens, state)
         except OSError as e:  # a full or read-only disk costs the entry, never the request
             log.warning("disk_tier_write_failed", error=str(e), n_tokens=len(tokens))
 

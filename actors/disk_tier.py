@@ -1,8 +1,8 @@
 """The disk tier of the prefix cache: sequence states in files under ``cache_dir``, found again
 by token prefix after a restart.
 
-One file per entry: a fixed magic, a JSON header (what makes the KV valid, the tokens, the
-payload's layout and SHA-256), then the payload (``SeqState``'s bytes). A file counts only when
+One file per entry: a fixed magic, a JSON header (what makes the KV valid, the cache scope it
+belongs to, the tokens, the payload's layout and SHA-256), then the payload (``SeqState``'s bytes). A file counts only when
 its header's ``validity`` equals this context's: the model file (size, mtime, a hash of its first
 MiB), the context and KV settings, the llama.cpp build, the file format. A file that is
 truncated, corrupt, unreadable or made for another model or settings is removed when it is found
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from llamactor.base.logging import get_logger
+from llamactor.base.tenants import DEFAULT_TENANT
 from llamactor.native.kv_state import SeqState
 from llamactor.scheduling.tier_index import TierIndex, TierMatch
 
@@ -54,8 +55,8 @@ class DiskTier:
 
     # -- finding entries -----------------------------------------------------------------------
 
-    def lookup(self, tokens: Sequence[int]) -> TierMatch:
-        return self.index.lookup(tokens)
+    def lookup(self, scope: str, tokens: Sequence[int]) -> TierMatch:
+        return self.index.lookup(scope, tokens)
 
     def load(self, key: str) -> SeqState | None:
         """The entry's state, or None (and the file removed) when it does not check out."""
@@ -81,9 +82,10 @@ class DiskTier:
 
     # -- writing entries -----------------------------------------------------------------------
 
-    def put(self, tokens: Sequence[int], state: SeqState) -> None:
-        """Write an entry (unless one already starts with these tokens), then keep within budget."""
-        covering = self.index.covers(tokens)
+    def put(self, scope: str, tokens: Sequence[int], state: SeqState) -> None:
+        """Write an entry of cache scope ``scope`` (unless one of its scope already starts with
+        these tokens), then keep within budget."""
+        covering = self.index.covers(scope, tokens)
         if covering is not None:
             self.index.touch(covering)
             os.utime(self.dir / covering)
@@ -92,9 +94,11 @@ class DiskTier:
         digest = hashlib.sha256()
         for part in payload:
             digest.update(part)
-        header = json.dumps({"validity": self.validity, "n_tokens": state.n_tokens, "tokens": list(tokens),
-                             "lengths": [len(p) for p in payload], "payload_sha256": digest.hexdigest()}).encode()
-        key = f"{self.prefix}-{hashlib.sha256(struct.pack(f'{len(tokens)}i', *tokens)).hexdigest()[:24]}{SUFFIX}"
+        header = json.dumps({"validity": self.validity, "scope": scope, "n_tokens": state.n_tokens,
+                             "tokens": list(tokens), "lengths": [len(p) for p in payload],
+                             "payload_sha256": digest.hexdigest()}).encode()
+        name = hashlib.sha256(scope.encode() + b"\x00" + struct.pack(f"{len(tokens)}i", *tokens)).hexdigest()[:24]
+        key = f"{self.prefix}-{name}{SUFFIX}"
         path, tmp = self.dir / key, self.dir / (key + ".tmp")
         with open(tmp, "wb") as f:
             f.write(MAGIC + struct.pack("<I", len(header)) + header)
@@ -106,7 +110,7 @@ class DiskTier:
         _fsync_dir(self.dir)
         if key in self.index:  # the same tokens written again (an entry that came back and left)
             self.index.remove(key)
-        for gone in self.index.add(key, tokens, path.stat().st_size):
+        for gone in self.index.add(key, scope, tokens, path.stat().st_size):
             self.counters["removed_lru"] += 1
             (self.dir / gone).unlink(missing_ok=True)
         self.counters["written"] += 1
@@ -132,12 +136,14 @@ class DiskTier:
                     raise ValueError("made for another model, context or llama.cpp build")
                 if path.stat().st_size != offset + sum(header["lengths"]):
                     raise ValueError("truncated")
-                found.append((path.stat().st_mtime_ns, path.name, header["tokens"], path.stat().st_size))
+                # a file written before tenants existed is the default tenant's (everyone's then)
+                scope = str(header.get("scope", DEFAULT_TENANT))
+                found.append((path.stat().st_mtime_ns, path.name, scope, header["tokens"], path.stat().st_size))
             except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
                 self._remove_invalid(path, str(e))
-        for _, name, tokens, size in sorted(found):
-            if self.index.covers(tokens) is None:
-                for gone in self.index.add(name, tokens, size):
+        for _, name, scope, tokens, size in sorted(found):
+            if self.index.covers(scope, tokens) is None:
+                for gone in self.index.add(name, scope, tokens, size):
                     self.counters["removed_lru"] += 1
                     (self.dir / gone).unlink(missing_ok=True)
             else:

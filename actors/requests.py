@@ -234,7 +234,8 @@ def finish_request(seq: Sequence, reason: str, error: LlamactorError | None = No
         if calls:
             completion = dataclasses.replace(completion, text=content, raw_text=text, tool_calls=calls,
                                              finish_reason="tool_calls")
-    log.info("request_finished", request_id=req.request_id, n_prompt=seq.n_prompt, n_cached=seq.n_cached,
+    log.info("request_finished", request_id=req.request_id, tenant=req.tenant.name, n_prompt=seq.n_prompt,
+             n_cached=seq.n_cached,
              n_gen=n_gen, ttft_ms=completion.timings.ttft_ms, ms=completion.timings.total_ms,
              finish_reason=completion.finish_reason,
              priority=req.priority, n_preempted=seq.n_preempted, n_resumed=seq.n_resumed)

@@ -23,10 +23,10 @@ def state(n_tokens: int, fill: int, size: int = 1000) -> SeqState:
 
 def test_an_entry_written_is_found_by_prefix_after_reopening_with_the_same_bytes(tmp_path: Path) -> None:
     tier = DiskTier(str(tmp_path), 1 << 20, VALIDITY)
-    tier.put([1, 2, 3, 4], state(4, 7))
+    tier.put("t", [1, 2, 3, 4], state(4, 7))
     assert [p.suffix for p in tmp_path.iterdir()] == [".kv"]  # no temporary file left behind
     reopened = DiskTier(str(tmp_path), 1 << 20, VALIDITY)
-    match = reopened.lookup([1, 2, 3, 9])
+    match = reopened.lookup("t", [1, 2, 3, 9])
     assert match.n_tokens == 3 and match.n_entry == 4 and match.key is not None
     assert reopened.load(match.key) == state(4, 7)
 
@@ -34,8 +34,8 @@ def test_an_entry_written_is_found_by_prefix_after_reopening_with_the_same_bytes
 def test_truncated_corrupt_foreign_and_half_written_files_are_ignored_and_removed(tmp_path: Path) -> None:
     tier = DiskTier(str(tmp_path), 1 << 20, VALIDITY)
     for i, tokens in enumerate([[1, 2], [3, 4], [5, 6], [7, 8]]):
-        tier.put(tokens, state(2, 10 * i))
-    files = {tier.lookup(t).key: t for t in ([1, 2], [3, 4], [5, 6], [7, 8])}
+        tier.put("t", tokens, state(2, 10 * i))
+    files = {tier.lookup("t", t).key: t for t in ([1, 2], [3, 4], [5, 6], [7, 8])}
     by_tokens = {tuple(t): tmp_path / str(k) for k, t in files.items()}
     with open(by_tokens[(1, 2)], "r+b") as f:  # truncated
         f.truncate(os.path.getsize(by_tokens[(1, 2)]) - 10)
@@ -47,22 +47,22 @@ def test_truncated_corrupt_foreign_and_half_written_files_are_ignored_and_remove
     (tmp_path / "notes.txt").write_text("not ours")
 
     reopened = DiskTier(str(tmp_path), 1 << 20, VALIDITY)
-    assert reopened.lookup([1, 2]).n_tokens == 0 and reopened.lookup([5, 6]).n_tokens == 0  # removed at start
+    assert reopened.lookup("t", [1, 2]).n_tokens == 0 and reopened.lookup("t", [5, 6]).n_tokens == 0  # removed at start
     assert not by_tokens[(1, 2)].exists() and not by_tokens[(5, 6)].exists()
     assert not (tmp_path / "x.kv.tmp").exists() and (tmp_path / "notes.txt").exists()
-    corrupt = reopened.lookup([3, 4])  # its header is fine: found, then refused on load
+    corrupt = reopened.lookup("t", [3, 4])  # its header is fine: found, then refused on load
     assert corrupt.key is not None and reopened.load(corrupt.key) is None
-    assert not by_tokens[(3, 4)].exists() and reopened.lookup([3, 4]).n_tokens == 0
-    assert reopened.load(reopened.lookup([7, 8]).key or "") == state(2, 30)
+    assert not by_tokens[(3, 4)].exists() and reopened.lookup("t", [3, 4]).n_tokens == 0
+    assert reopened.load(reopened.lookup("t", [7, 8]).key or "") == state(2, 30)
 
     foreign = DiskTier(str(tmp_path), 1 << 20, {**VALIDITY, "n_ctx": 8192})  # other settings
-    assert foreign.lookup([7, 8]).n_tokens == 0 and not by_tokens[(7, 8)].exists()
+    assert foreign.lookup("t", [7, 8]).n_tokens == 0 and not by_tokens[(7, 8)].exists()
 
 
 def test_the_directory_keeps_within_its_budget_least_recently_used_first(tmp_path: Path) -> None:
     tier = DiskTier(str(tmp_path), 4000, VALIDITY)
     for i in range(3):
-        tier.put([i, i], state(2, i))  # ~1.8 kB each: two fit
-    assert tier.lookup([0, 0]).n_tokens == 0 and tier.lookup([2, 2]).n_tokens == 2
+        tier.put("t", [i, i], state(2, i))  # ~1.8 kB each: two fit
+    assert tier.lookup("t", [0, 0]).n_tokens == 0 and tier.lookup("t", [2, 2]).n_tokens == 2
     assert len(list(tmp_path.iterdir())) == 2
     assert tier.stats()["removed_lru"] == 1 and tier.stats()["bytes"] <= 4000

@@ -48,11 +48,12 @@ class CellModel:
         return len({c for cells in self.cells.values() for c in cells})
 
 
-def admit(index: PrefixIndex, model: CellModel, tokens: list[int], now: float, *, compute: bool = True) -> int:
+def admit(index: PrefixIndex, model: CellModel, tokens: list[int], now: float, *, compute: bool = True,
+          scope: str = "default") -> int:
     """What the scheduler does: allocate, look up, attach, then compute the rest of the prompt."""
-    seq_id, ops = index.allocate()
+    seq_id, ops = index.allocate(scope)
     model.apply(ops)
-    match = index.lookup(tokens)
+    match = index.lookup(tokens, scope=scope)
     model.apply(index.attach(seq_id, match, now))
     if compute:
         index.extend(seq_id, tokens[match.n_tokens:], now)
@@ -163,8 +164,9 @@ def test_random_operations_keep_the_index_equal_to_the_cells_llama_cpp_would_hol
     rng = random.Random(seed)
     n_ids = rng.randint(3, 8)
     index, model = PrefixIndex(n_seq_ids=n_ids, n_cells=10_000), CellModel()
-    pinned = admit(index, model, [rng.randint(0, 2) for _ in range(rng.randint(1, 4))], 0.0)
+    pinned = admit(index, model, [rng.randint(0, 2) for _ in range(rng.randint(1, 4))], 0.0, scope=None)  # type: ignore[arg-type]
     index.pin(pinned)
+    scopes: dict[int, str] = {}  # two tenants share the engine: each sees its own sequences and the pinned one
     running: set[int] = set()
     now = 0.0
 
@@ -175,11 +177,13 @@ def test_random_operations_keep_the_index_equal_to_the_cells_llama_cpp_would_hol
         now += 1.0
         action = rng.random()
         if action < 0.35 and len(running) < n_ids - 2:
-            query = random_tokens()
+            query, scope = random_tokens(), rng.choice("ab")
             expected = max((sum(1 for _ in itertools.takewhile(lambda p: p[0] == p[1], zip(model.tokens(s), query)))
-                            for s in model.cells), default=0)
-            assert index.lookup(query).n_tokens == expected
-            running.add(admit(index, model, query, now))
+                            for s in model.cells if s == pinned or scopes.get(s) == scope), default=0)
+            assert index.lookup(query, scope=scope).n_tokens == expected
+            seq_id = admit(index, model, query, now, scope=scope)
+            running.add(seq_id)
+            scopes[seq_id] = scope
         elif action < 0.6 and running:
             seq_id = rng.choice(sorted(running))
             tokens = random_tokens()
@@ -200,3 +204,18 @@ def test_random_operations_keep_the_index_equal_to_the_cells_llama_cpp_would_hol
             assert {s: model.tokens(s) for s in running} == before  # running sequences lose nothing
         assert_consistent(index, model)
         assert pinned in index.entries and model.tokens(pinned) == index.tokens(pinned)
+
+
+def test_a_scope_never_sees_another_scopes_prefixes_but_every_scope_sees_the_pinned_one() -> None:
+    index, model = PrefixIndex(n_seq_ids=6, n_cells=100, offer_evicted=True), CellModel()
+    system = admit(index, model, [9, 9], 0.0, scope=None)  # type: ignore[arg-type]
+    index.pin(system)
+    alice = admit(index, model, [9, 9, 1, 2, 3, 4], 1.0, scope="alice")
+    index.finish(alice, 2.0, keep=True)
+    assert index.lookup([9, 9, 1, 2, 3, 5], scope="alice") == Match(5, alice)
+    assert index.lookup([9, 9, 1, 2, 3, 5], scope="bob") == Match(2, system)  # the system prompt alone
+    bob = admit(index, model, [9, 9, 1, 2, 3, 5], 3.0, scope="bob")
+    assert index.cells_used == 2 + 4 + 4  # bob computed his own copy of what alice has
+    index.finish(bob, 4.0, keep=True)
+    assert index.lookup([9, 9, 1, 2, 3, 5], scope="bob") == Match(6, bob)
+    assert {op.scope for op in index.evict(100)} == {"alice", "bob"}  # what goes to a lower tier stays scoped

@@ -138,12 +138,12 @@ def test_the_score_cache_answers_only_what_matches_and_has_enough_alternatives()
     done = ScoreState(start=1, n_prompt=6, n_top=2)
     for p in range(5):
         done.record(p, PromptScore(-p, 1, (p, p + 1), (-0.1, -0.2)))
-    cache.put([1, 2, 3, 4, 5, 6], done)
+    cache.put("t", [1, 2, 3, 4, 5, 6], done)
     wants_more = ScoreState(start=1, n_prompt=6, n_top=3)
-    assert cache.fill([1, 2, 3, 4, 5, 6], wants_more) == 0
+    assert cache.fill("t", [1, 2, 3, 4, 5, 6], wants_more) == 0
     diverges = ScoreState(start=1, n_prompt=6, n_top=1)
     # positions 1..3 are valid (their tokens and all before agree); position 4's token differs
-    assert cache.fill([1, 2, 3, 4, 9, 9], diverges) == 3 and diverges.next_row == 3
+    assert cache.fill("t", [1, 2, 3, 4, 9, 9], diverges) == 3 and diverges.next_row == 3
     assert diverges.entries[3] == PromptScore(-2, 1, (2,), (-0.1,))
 
 
@@ -153,10 +153,10 @@ def test_the_score_cache_forgets_the_least_recently_used_prompts_beyond_its_size
         state = ScoreState(start=1, n_prompt=5, n_top=0)
         for p in range(4):
             state.record(p, PromptScore(-1.0, 1, (), ()))
-        cache.put([first, 7, 7, 7, 7], state)
+        cache.put("t", [first, 7, 7, 7, 7], state)
     assert len(cache) == 2
-    assert cache.fill([1, 7, 7, 7, 7], ScoreState(start=1, n_prompt=5, n_top=0)) == 0
-    assert cache.fill([3, 7, 7, 7, 7], ScoreState(start=1, n_prompt=5, n_top=0)) == 4
+    assert cache.fill("t", [1, 7, 7, 7, 7], ScoreState(start=1, n_prompt=5, n_top=0)) == 0
+    assert cache.fill("t", [3, 7, 7, 7, 7], ScoreState(start=1, n_prompt=5, n_top=0)) == 4
 
 
 def test_beside_other_callers_work_scoring_adds_only_its_share_to_a_step() -> None:

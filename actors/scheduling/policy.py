@@ -69,6 +69,8 @@ class Policy:
             return sorted(items, key=lambda s: (-cached[id(s)], *self.urgency(s, now)))
         return sorted(items, key=lambda s: self.urgency(s, now))
 
-    def preemption_victim(self, running: Iterable[S], now: float) -> S:
-        """The running sequence to preempt first: the least urgent (lowest priority, then newest)."""
-        return max(running, key=lambda s: self.urgency(s, now))
+    def preemption_victim(self, running: Iterable[S], now: float,
+                          served: Callable[[S], tuple[float, ...]] | None = None) -> S:
+        """The running sequence to preempt first: the least urgent (lowest priority, then newest)
+        -- of the most ``served`` (a fairness rank: the most served tenant's, first)."""
+        return max(running, key=lambda s: ((served(s) if served else ()), self.urgency(s, now)))

@@ -10,7 +10,9 @@ own own different cells: the tree may hold sibling nodes with equal tokens.
 
 Tracked sequences are either *running* (the scheduler's) or *entries*: finished requests whose
 KV stays as a cached prefix, and pinned entries (the configured system prompt) that are never
-evicted. The index also owns the pool of seq_ids. What it decides about the KV cache (drop an
+evicted. Every sequence has a cache *scope* (its tenant's): a lookup sees only the sequences of
+its own scope and the pinned entries, so one tenant never attaches -- nor learns, by how fast its
+prompt runs -- another's prefix; the operator's system prompt stays shared by all. The index also owns the pool of seq_ids. What it decides about the KV cache (drop an
 entry, trim its tail) it returns as ``KvOp`` values for the batcher to apply to the engine, in
 order, before the step that follows.
 """
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+
+from llamactor.base.tenants import DEFAULT_TENANT
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +36,7 @@ class KvOp:
     p0: int = 0
     src: int = -1
     save: tuple[int, ...] = ()
+    scope: str | None = None  # the evicted entry's cache scope (with ``save``)
 
     def __post_init__(self) -> None:
         if self.seq_id < 0 or self.p0 < 0 or (self.src >= 0 and self.p0 == 0):
@@ -76,6 +81,7 @@ class PrefixIndex:
         self.offer_evicted = offer_evicted  # evicting KvOps carry the entry's tokens (a lower tier keeps them)
         self.root = Node([], 0, None)
         self.leaf: dict[int, Node] = {}  # every tracked seq_id -> the node its KV ends in
+        self.scopes: dict[int, str | None] = {}  # every tracked seq_id -> its cache scope (None: shared)
         self.entries: dict[int, bool] = {}  # cached seq_ids -> pinned
         self.free_ids: list[int] = list(range(n_seq_ids - 1, -1, -1))  # popped from the end: 0 first
         self.cells_used = 0
@@ -83,15 +89,18 @@ class PrefixIndex:
 
     # -- questions ----------------------------------------------------------------------------
 
-    def lookup(self, tokens: Sequence[int], *, pinned_only: bool = False) -> Match:
-        """The longest prefix of ``tokens`` that has KV cells, and a sequence that holds it
-        (``pinned_only``: held by a pinned entry)."""
+    def lookup(self, tokens: Sequence[int], *, scope: str = DEFAULT_TENANT, pinned_only: bool = False) -> Match:
+        """The longest prefix of ``tokens`` that has KV cells, and a sequence that holds it, among
+        the sequences of ``scope`` and the pinned entries (``pinned_only``: those alone)."""
+        def visible(s: int) -> bool:
+            return bool(self.entries.get(s)) or (not pinned_only and self.scopes.get(s) == scope)
+
         best_n, best_node = 0, self.root
         stack = [self.root]
         while stack:
             node = stack.pop()
             for child in node.children:
-                if pinned_only and not any(self.entries.get(s) for s in child.seq_ids):
+                if not any(visible(s) for s in child.seq_ids):
                     continue
                 if child.start < len(tokens) and child.tokens[0] == tokens[child.start]:
                     n = child.start + common_prefix_len(child.tokens, tokens[child.start:child.end])
@@ -99,8 +108,7 @@ class PrefixIndex:
                         best_n, best_node = n, child
                     if n == child.end:
                         stack.append(child)
-        holders = [s for s in best_node.seq_ids if self.entries.get(s)] if pinned_only else best_node.seq_ids
-        return Match(best_n, min(holders) if best_n else -1)
+        return Match(best_n, min(s for s in best_node.seq_ids if visible(s)) if best_n else -1)
 
     def length(self, seq_id: int) -> int:
         """How many cells ``seq_id`` holds (its positions are 0 .. length - 1)."""
@@ -124,8 +132,9 @@ class PrefixIndex:
 
     # -- sequences ----------------------------------------------------------------------------
 
-    def allocate(self) -> tuple[int, list[KvOp]]:
-        """A free seq_id, dropping the least useful entry if none is free (``IndexError``: none can be)."""
+    def allocate(self, scope: str | None = DEFAULT_TENANT) -> tuple[int, list[KvOp]]:
+        """A free seq_id for a sequence of ``scope`` (None: shared, as a pinned system prompt is),
+        dropping the least useful entry if none is free (``IndexError``: none can be)."""
         ops: list[KvOp] = []
         if not self.free_ids:
             victim = self._redundant_entry()
@@ -133,12 +142,13 @@ class PrefixIndex:
                 victim = self._lru_entry(any_owner=True)
                 if victim is None:
                     raise IndexError("every seq_id is running or pinned")
-                save = self._offered(victim)
-                ops.append(KvOp(self._drop(victim).seq_id, save=save))
+                save, saved_scope = self._offered(victim)
+                ops.append(KvOp(self._drop(victim).seq_id, save=save, scope=saved_scope))
             else:
                 ops.append(self._drop(victim))  # covered by another sequence: nothing to save
         seq_id = self.free_ids.pop()
         self.leaf[seq_id] = self.root
+        self.scopes[seq_id] = scope
         return seq_id, ops
 
     def attach(self, seq_id: int, match: Match, now: float) -> list[KvOp]:
@@ -209,17 +219,17 @@ class PrefixIndex:
             if victim is None:
                 break
             own = self._own_tail(victim)
-            save = self._offered(victim)
+            save, scope = self._offered(victim)
             if own > n_cells:
                 keep = self.leaf[victim].end - n_cells
                 self._truncate(victim, keep)
-                ops.append(KvOp(victim, keep, save=save))
+                ops.append(KvOp(victim, keep, save=save, scope=scope))
                 self.counters["evicted_cells"] += n_cells
                 break
             n_cells -= own
             self.counters["evicted_cells"] += own
             self.counters["evicted_entries"] += 1
-            ops.append(KvOp(self._drop(victim).seq_id, save=save))
+            ops.append(KvOp(self._drop(victim).seq_id, save=save, scope=scope))
         return ops
 
     def restored(self, seq_id: int, tokens: Sequence[int], now: float) -> None:
@@ -266,12 +276,14 @@ class PrefixIndex:
             if not node.seq_ids:
                 self._remove_node(node)
         del self.leaf[seq_id]
+        del self.scopes[seq_id]
         self.entries.pop(seq_id, None)
         self.free_ids.append(seq_id)
         return KvOp(seq_id)
 
-    def _offered(self, seq_id: int) -> tuple[int, ...]:
-        return tuple(self.tokens(seq_id)) if self.offer_evicted else ()
+    def _offered(self, seq_id: int) -> tuple[tuple[int, ...], str | None]:
+        """What an evicting ``KvOp`` of ``seq_id`` carries to the lower tier: its tokens and scope."""
+        return (tuple(self.tokens(seq_id)), self.scopes[seq_id]) if self.offer_evicted else ((), None)
 
     def _remove_node(self, node: Node) -> None:
         assert node.parent is not None and not node.children

@@ -101,6 +101,7 @@ def fit_chunk(state: ScoreState, n_past: int, n: int, rows_left: int, units_left
 
 @dataclass(slots=True)
 class _Entry:
+    scope: str  # whose: only prompts of the same cache scope read it
     tokens: np.ndarray  # int32, the prompt
     scores: list[PromptScore | None]  # by position; 1..known all set
     known: int
@@ -108,7 +109,8 @@ class _Entry:
 
 
 class ScoreCache:
-    """Scores of recent prompts, looked up by longest common prefix; LRU, bounded in positions."""
+    """Scores of recent prompts, looked up by longest common prefix within a cache scope; LRU,
+    bounded in positions."""
 
     def __init__(self, max_positions: int = 65536) -> None:
         self.max_positions = max_positions
@@ -120,13 +122,13 @@ class ScoreCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, tokens: Sequence[int], state: ScoreState) -> None:
+    def put(self, scope: str, tokens: Sequence[int], state: ScoreState) -> None:
         """Remember what ``state`` knows of positions ``1..K`` (nothing if position 1 is unknown)."""
         known = state.known_from_one()
         state.published = True
         if known == 0 or known + 1 > self.max_positions:
             return
-        self._entries[self._next_key] = _Entry(np.asarray(tokens[:known + 1], dtype=np.int32),
+        self._entries[self._next_key] = _Entry(scope, np.asarray(tokens[:known + 1], dtype=np.int32),
                                                list(state.entries[:known + 1]), known, state.n_top)
         self._next_key += 1
         self._n_positions += known
@@ -134,7 +136,7 @@ class ScoreCache:
             _, old = self._entries.popitem(last=False)
             self._n_positions -= old.known
 
-    def fill(self, tokens: Sequence[int], state: ScoreState) -> int:
+    def fill(self, scope: str, tokens: Sequence[int], state: ScoreState) -> int:
         """Copy known entries into ``state`` from ``state.next_row + 1`` on, as far as one cached
         prompt agrees with ``tokens``; return how many positions were filled."""
         want = state.next_row + 1  # the first position whose entry is missing
@@ -143,7 +145,7 @@ class ScoreCache:
         query = np.asarray(tokens, dtype=np.int32)
         best_key, best_q = -1, want - 1
         for key, entry in self._entries.items():
-            if entry.n_top < state.n_top:
+            if entry.n_top < state.n_top or entry.scope != scope:
                 continue
             n = min(len(entry.tokens), len(query))
             differ = np.flatnonzero(entry.tokens[:n] != query[:n])

@@ -8,6 +8,10 @@ has KV for, and packs one step's token budget (``n_batch``): one decode token pe
 sequence first, then prompt chunks by urgency, so a long prompt is prefilled over several steps
 instead of stalling the others.
 
+Fairness (``FairShare``): between tenants, and between a tenant's classes of work, the least
+served goes first -- admitted first, its prompt chunks packed first, preempted last -- and each
+tenant's ``max_running`` caps its sequences; within a class, the policy's order holds.
+
 KV room: a request is admitted only when its uncomputed tokens fit in what is free or held by
 cached prefixes, after what the running sequences still have to compute. When a step's tokens
 need more cells than are free, least recently used cached prefixes are evicted first; if that is
@@ -19,16 +23,18 @@ fails.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 
 from llamactor.base.errors import QueueFullError
+from llamactor.scheduling.fairness import GENERATE, PREEMPT_LEAD, SCORE, FairShare
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, Match, PrefixIndex, common_prefix_len
 from llamactor.scheduling.prompt_scores import ROW_COST, ScoreCache, fit_chunk
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
 from llamactor.scheduling.tier_index import RestoreOp, TierMatch, restore_pays
 
-TierLookup = Callable[[list[int]], TierMatch]  # a lower cache tier's longest match for some tokens
+TierLookup = Callable[[str, list[int]], TierMatch]  # a lower cache tier's longest match (scope, tokens)
 
 __all__ = ["Chunk", "Scheduler", "Sequence", "StepPlan"]
 
@@ -74,6 +80,13 @@ class Scheduler:
         self.pending: list[Sequence] = []  # in arrival order; the policy orders them at admission
         self.running: list[Sequence] = []
         self.n_preemptions = 0
+        self.fair = FairShare()
+
+    @property
+    def scoring_slots(self) -> int:
+        """Sequences prompt scoring may hold while generation waits for one: its share of the
+        sequences, as of the compute (``score_share``; all of them when nothing else waits)."""
+        return max(1, int(self.n_parallel * min(1.0, self.score_share)))
 
     @property
     def n_free(self) -> int:
@@ -86,6 +99,7 @@ class Scheduler:
         if waiting_for_a_sequence >= self.max_queue:
             raise QueueFullError(f"{waiting_for_a_sequence} requests already wait for a free sequence "
                                  f"(max_queue={self.max_queue})")
+        self.fair.activate(seq, [*self.pending, *self.running])
         self.pending.append(seq)
 
     def flush_deadline(self) -> float | None:
@@ -104,6 +118,7 @@ class Scheduler:
         """Admit what may start now, pack this step's token budget, make KV room for it."""
         plan = StepPlan()
         if self.flush_due(now):
+            self._preempt_for_fairness(plan, now)
             self._admit_pending(plan, now)
         self._pack(plan, now)
         self._make_room(plan, now)
@@ -114,11 +129,12 @@ class Scheduler:
         seq = chunk.seq
         self.index.extend(seq.seq_id, seq.token_ids[seq.n_past:seq.n_past + chunk.n_tokens], now)
         seq.n_past += chunk.n_tokens
+        self.fair.charge(seq, chunk.n_tokens)  # service as it is given: prompt chunks and decodes
 
     def prompt_scored(self, seq: Sequence) -> None:
         """The batcher recorded rows of ``seq``'s prompt: once all are in, other prompts may use them."""
         if seq.scoring is not None and seq.scoring.done and not seq.scoring.published:
-            self.score_cache.put(seq.token_ids, seq.scoring)
+            self.score_cache.put(seq.scope, seq.token_ids, seq.scoring)
 
     def finish(self, seq: Sequence, now: float, *, kv_lost: bool = False) -> list[KvOp]:
         """Forget ``seq`` wherever it is. A running one's KV becomes a cached entry (or is freed);
@@ -129,8 +145,9 @@ class Scheduler:
         if seq not in self.running:
             return []
         self.running.remove(seq)
+        self.fair.forget_idle([*self.pending, *self.running])
         if seq.scoring is not None and not seq.scoring.published:
-            self.score_cache.put(seq.token_ids, seq.scoring)
+            self.score_cache.put(seq.scope, seq.token_ids, seq.scoring)
         if kv_lost:
             self.index.release(seq.seq_id)
             return []
@@ -148,27 +165,27 @@ class Scheduler:
         if self.n_free == 0:
             return  # every step while sequences run: no ordering, no lookups
         room = self._room_for_newcomers()
-        for seq in self.policy.order_waiting(self.pending, now, lambda s: self._lookup(self._reusable(s)).n_tokens):
+        for seq in self._admission_order(now):
             if self.n_free == 0:
                 break
             if seq.scoring is not None:
-                self.score_cache.fill(seq.token_ids, seq.scoring)
+                self.score_cache.fill(seq.scope, seq.token_ids, seq.scoring)
             reusable = self._reusable(seq)
-            match = self._lookup(reusable)
-            if self._worth_waiting(reusable, match) or self._worth_waiting_for_scores(seq):
+            match = self._lookup(seq, reusable)
+            if self._worth_waiting(seq, reusable, match) or self._worth_waiting_for_scores(seq):
                 continue
             needed = len(seq.token_ids) - match.n_tokens
             if needed > room - match.n_tokens and self.running:
                 break  # the most urgent waits for room; admitting others past it could starve it
             room -= needed
-            seq_id, ops = self.index.allocate()
-            restore = self._plan_restore(seq_id, reusable, match, ops, now)
+            seq_id, ops = self.index.allocate(seq.scope)
+            restore = self._plan_restore(seq, seq_id, reusable, match, ops, now)
             if restore is not None:
                 plan.kv_ops += ops + [restore]
                 n_hit = restore.n_keep
             else:
                 if ops:  # an entry was dropped to free the seq_id (or make room): it may have been the match
-                    match = self._lookup(reusable)
+                    match = self._lookup(seq, reusable)
                 plan.kv_ops += ops + self.index.attach(seq_id, match, now)
                 n_hit = match.n_tokens
             seq.seq_id, seq.n_past = seq_id, n_hit
@@ -178,6 +195,57 @@ class Scheduler:
             self.running.append(seq)
             plan.admitted.append(seq)
 
+    def _preempt_for_fairness(self, plan: StepPlan, now: float) -> None:
+        """Every sequence is taken and what fairness would admit next waits behind work served
+        more: preempt one sequence of that work (the most served one's least urgent), so the
+        waiting work gets a sequence next step rather than when a whole answer ends. Waiting work
+        counts as behind when its tenant has nothing running (and another, served as much or
+        more, runs several), when it is generation and scoring holds more than its share of the
+        sequences (``scoring_slots``), or when it is ``PREEMPT_LEAD`` weighted tokens behind. The preempted sequence
+        keeps its KV as a cached prefix and resumes from it (so not without the prefix cache)."""
+        if self.n_free > 0 or not self.keep_finished or not self.pending:
+            return
+        head = next(self._admission_order(now), None)
+        if head is None:
+            return
+        running = Counter(s.tenant for s in self.running)
+        scoring = [s for s in self.running if s.work_class == SCORE]
+        if running[head.tenant] == 0:  # (not for work that is itself ahead of them)
+            ahead = [s for s in self.running if running[s.tenant] >= 2 and self.fair.lead(s, head) >= 0]
+        elif head.work_class == GENERATE and len(scoring) > self.scoring_slots:
+            ahead = scoring  # scoring holds more than its share of the sequences while generation waits
+        else:
+            ahead = [s for s in self.running if self.fair.lead(s, head) > PREEMPT_LEAD]
+        if ahead:
+            victim = self.policy.preemption_victim(ahead, now, self.fair.rank)
+            plan.kv_ops += self._preempt(victim, now)
+            plan.preempted.append(victim)
+
+    def _admission_order(self, now: float) -> Iterator[Sequence]:
+        """The waiting sequences fairly: each time, the head (in the policy's order) of the least
+        served tenant's least served class, among the tenants below their ``max_running`` (equal
+        counters -- a tenant just arrived is lifted to the least -- go to the one running fewer).
+        A generator: what is admitted meanwhile changes the counters and the running counts."""
+        ordered = self.policy.order_waiting(self.pending, now, lambda s: self._lookup(s, self._reusable(s)).n_tokens)
+        flows: dict[tuple[str, str], list[Sequence]] = {}
+        for seq in ordered:
+            flows.setdefault((seq.tenant, seq.work_class), []).append(seq)
+        place = {id(s): i for i, s in enumerate(ordered)}
+        generation_waits = any(s.work_class == GENERATE for s in self.pending)
+        while flows:
+            running = Counter(s.tenant for s in self.running)
+            n_scoring = sum(1 for s in self.running if s.work_class == SCORE)
+            heads = [q[0] for q in flows.values() if (q[0].max_running is None or running[q[0].tenant] < q[0].max_running)
+                     and not (q[0].work_class == SCORE and generation_waits and n_scoring >= self.scoring_slots)]
+            if not heads:
+                return
+            seq = min(heads, key=lambda s: (self.fair.rank(s), running[s.tenant], place[id(s)]))
+            flow = flows[(seq.tenant, seq.work_class)]
+            flow.pop(0)
+            if not flow:
+                del flows[(seq.tenant, seq.work_class)]
+            yield seq
+
     @staticmethod
     def _reusable(seq: Sequence) -> list[int]:
         """The tokens whose KV may be attached from the cache: all but the last known one (computed
@@ -186,13 +254,13 @@ class Scheduler:
         if seq.scoring is not None and not seq.scoring.done:
             end = min(end, seq.scoring.next_row)
         return seq.token_ids[:end]
-    def _plan_restore(self, seq_id: int, reusable: list[int], match: Match, ops: list[KvOp],
+    def _plan_restore(self, seq: Sequence, seq_id: int, reusable: list[int], match: Match, ops: list[KvOp],
                       now: float) -> RestoreOp | None:
         """Restore the lower tier's entry into ``seq_id`` when it pays; ``ops`` gets what must
         happen before (cached prefixes evicted for its cells, an entry dropped for a scratch id)."""
         if self.tier is None:
             return None
-        found = self.tier(reusable)
+        found = self.tier(seq.scope, reusable)
         if found.key is None or not restore_pays(found.n_tokens - match.n_tokens, found.n_entry):
             return None
         free = self.index.n_cells - self.index.cells_used
@@ -225,15 +293,16 @@ class Scheduler:
         free = self.index.n_cells - self.index.cells_used
         return free + self.index.cache_cells() - sum(s.n_unprocessed for s in self.running)
 
-    def _lookup(self, tokens: list[int]) -> Match:
-        return self.index.lookup(tokens, pinned_only=not self.keep_finished)
+    def _lookup(self, seq: Sequence, tokens: list[int]) -> Match:
+        return self.index.lookup(tokens, scope=seq.scope, pinned_only=not self.keep_finished)
 
-    def _worth_waiting(self, reusable: list[int], match: Match) -> bool:
-        """A running sequence still prefilling will soon hold more of ``reusable`` than the cache."""
+    def _worth_waiting(self, seq: Sequence, reusable: list[int], match: Match) -> bool:
+        """A running sequence of its scope still prefilling will soon hold more of ``reusable``
+        than the cache."""
         if not self.keep_finished or match.n_tokens >= len(reusable):
             return False
         for other in self.running:
-            if other.n_past < other.n_prompt:
+            if other.n_past < other.n_prompt and other.scope == seq.scope:
                 shared = min(common_prefix_len(reusable, other.token_ids), other.n_prompt)
                 gain = shared - match.n_tokens
                 if gain > 0 and (gain >= self.share_min_tokens or shared == len(reusable)):
@@ -247,7 +316,8 @@ class Scheduler:
         if seq.scoring is None or seq.scoring.done or not self.keep_finished:
             return False
         for other in self.running:
-            if other.scoring is not None and not other.scoring.done and other.scoring.can_fill(seq.scoring):
+            if other.scoring is not None and not other.scoring.done and other.scope == seq.scope \
+                    and other.scoring.can_fill(seq.scoring):
                 known_then = min(common_prefix_len(seq.token_ids, other.token_ids), other.n_prompt) - 1
                 if known_then - seq.scoring.next_row >= SCORE_SHARE_MIN_ROWS:
                     return True
@@ -267,14 +337,14 @@ class Scheduler:
                 budget -= 1
             else:
                 (prefilling if seq.scoring is None else scoring).append(seq)
-        for seq in sorted(prefilling, key=lambda s: self.policy.urgency(s, now)):
+        for seq in sorted(prefilling, key=lambda s: (self.fair.rank(s), self.policy.urgency(s, now))):
             if budget <= 0:
                 break
             n = min(seq.n_unprocessed, budget)
             plan.chunks.append(Chunk(seq, n))
             budget -= n
         rows, units = self.score_rows, self._scoring_units(plan)
-        for seq in sorted(scoring, key=lambda s: self.policy.urgency(s, now)):
+        for seq in sorted(scoring, key=lambda s: (self.fair.rank(s), self.policy.urgency(s, now))):
             if budget <= 0:
                 break
             assert seq.scoring is not None
@@ -298,7 +368,7 @@ class Scheduler:
             plan.kv_ops += self.index.evict(shortfall)
             if self._shortfall(plan) <= 0:
                 return
-            victim = self.policy.preemption_victim(self.running, now)
+            victim = self.policy.preemption_victim(self.running, now, self.fair.rank)
             plan.chunks = [c for c in plan.chunks if c.seq is not victim]
             if len(self.running) == 1:
                 plan.failed.append(victim)  # it cannot fit even alone; the batcher ends it

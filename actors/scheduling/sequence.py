@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamactor.base.messages import Generate
+from llamactor.scheduling.fairness import GENERATE, SCORE
 from llamactor.scheduling.prefix_index import KvOp
 from llamactor.scheduling.prompt_scores import ScoreState
 from llamactor.scheduling.tier_index import RestoreOp
@@ -47,6 +48,28 @@ class Sequence:
     @property
     def submitted_at(self) -> float:
         return self.request.submitted_at
+
+    @property
+    def tenant(self) -> str:
+        return self.request.tenant.name
+
+    @property
+    def scope(self) -> str:
+        """The cache scope of its tenant: the cached prefixes, lower tiers and scores it may use."""
+        return self.request.tenant.scope
+
+    @property
+    def weight(self) -> float:
+        return self.request.tenant.weight
+
+    @property
+    def max_running(self) -> int | None:
+        return self.request.tenant.max_running
+
+    @property
+    def work_class(self) -> str:
+        """Which class of its tenant's work it is, for fairness: prompt scoring or generation."""
+        return SCORE if self.scoring is not None else GENERATE
 
     @property
     def n_generated(self) -> int:

@@ -1,10 +1,12 @@
 """The index of a lower cache tier (host RAM, disk): token sequences -> keys, LRU, a byte budget.
 
+Each entry belongs to a cache scope (a tenant's): a lookup sees only its own scope's entries.
+
 Pure bookkeeping (no threads, no I/O, no llama calls); the tier that owns the bytes keeps it.
 An entry is the KV of one whole token sequence, restorable and then trimmable to any prefix, so
 the best entry for a prompt is the one sharing the longest common prefix with it. The entries are
-kept sorted as tuples: the one with the longest common prefix with a query is a neighbour of the
-query's place in that order, so a lookup costs a bisection and two comparisons. An entry that is
+kept sorted as (scope, tokens) tuples: the one with the longest common prefix with a query is a
+neighbour of the query's place in that order, so a lookup costs a bisection and two comparisons. An entry that is
 a prefix of another is redundant (the longer one serves everything it would) and goes.
 
 Also the rule that says when restoring an entry beats recomputing: ``restore_pays``.
@@ -50,6 +52,7 @@ NO_MATCH = TierMatch(0)
 @dataclass(frozen=True, slots=True)
 class TierEntry:
     key: str
+    scope: str
     tokens: tuple[int, ...]
     nbytes: int
 
@@ -63,7 +66,7 @@ class TierIndex:
             raise ValueError("the budget must be >= 0")
         self.budget_bytes = budget_bytes
         self.bytes_used = 0
-        self._sorted: list[tuple[tuple[int, ...], str]] = []
+        self._sorted: list[tuple[str, tuple[int, ...], str]] = []  # (scope, tokens, key)
         self._lru: OrderedDict[str, TierEntry] = OrderedDict()  # least recently used first
 
     def __len__(self) -> int:
@@ -75,37 +78,39 @@ class TierIndex:
     def entry(self, key: str) -> TierEntry:
         return self._lru[key]
 
-    def lookup(self, tokens: Sequence[int]) -> TierMatch:
-        """The entry sharing the longest common prefix with ``tokens``."""
+    def lookup(self, scope: str, tokens: Sequence[int]) -> TierMatch:
+        """The entry of ``scope`` sharing the longest common prefix with ``tokens``."""
         query = tuple(tokens)
-        i = bisect.bisect_left(self._sorted, (query, ""))
+        i = bisect.bisect_left(self._sorted, (scope, query, ""))
         best = NO_MATCH
         for j in (i - 1, i):
-            if 0 <= j < len(self._sorted):
-                entry_tokens, key = self._sorted[j]
+            if 0 <= j < len(self._sorted) and self._sorted[j][0] == scope:
+                _, entry_tokens, key = self._sorted[j]
                 n = common_prefix_len(entry_tokens, query)
                 if n > best.n_tokens:
                     best = TierMatch(n, key, len(entry_tokens))
         return best
 
-    def covers(self, tokens: Sequence[int]) -> str | None:
-        """The key of an entry that starts with all of ``tokens`` (saving them again is useless)."""
-        match = self.lookup(tokens)
+    def covers(self, scope: str, tokens: Sequence[int]) -> str | None:
+        """The key of an entry of ``scope`` that starts with all of ``tokens`` (saving them again
+        is useless)."""
+        match = self.lookup(scope, tokens)
         return match.key if match.n_tokens == len(tokens) and tokens else None
 
     def touch(self, key: str) -> None:
         self._lru.move_to_end(key)
 
-    def add(self, key: str, tokens: Sequence[int], nbytes: int) -> list[str]:
-        """Index a new entry as the most recently used; returns the keys that leave: entries it
-        makes redundant, then least recently used ones over the budget (itself, if it alone is)."""
-        entry = TierEntry(key, tuple(tokens), nbytes)
+    def add(self, key: str, scope: str, tokens: Sequence[int], nbytes: int) -> list[str]:
+        """Index a new entry as the most recently used; returns the keys that leave: entries of its
+        scope it makes redundant, then least recently used ones over the budget (itself, if it
+        alone is)."""
+        entry = TierEntry(key, scope, tuple(tokens), nbytes)
         if not entry.tokens or key in self._lru:
             raise ValueError(f"cannot index {key!r}: empty or already there")
-        gone = [e.key for e in self._lru.values() if entry.tokens[:len(e.tokens)] == e.tokens]
+        gone = [e.key for e in self._lru.values() if e.scope == scope and entry.tokens[:len(e.tokens)] == e.tokens]
         for k in gone:
             self.remove(k)
-        bisect.insort(self._sorted, (entry.tokens, key))
+        bisect.insort(self._sorted, (scope, entry.tokens, key))
         self._lru[key] = entry
         self.bytes_used += nbytes
         while self.bytes_used > self.budget_bytes:
@@ -115,7 +120,7 @@ class TierIndex:
 
     def remove(self, key: str) -> TierEntry:
         entry = self._lru.pop(key)
-        del self._sorted[bisect.bisect_left(self._sorted, (entry.tokens, key))]
+        del self._sorted[bisect.bisect_left(self._sorted, (entry.scope, entry.tokens, key))]
         self.bytes_used -= entry.nbytes
         return entry
 
