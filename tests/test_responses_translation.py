@@ -188,8 +188,9 @@ def test_an_engine_failure_after_the_first_event_ends_the_stream_with_response_f
 def test_the_store_forgets_the_least_recently_used_response_first() -> None:
     store = ResponseStore(capacity=2)
     for rid in ("resp_a", "resp_b"):
-        store.put({"id": rid}, [{"role": "user", "content": rid}])
-    assert store.get("resp_a") is not None  # used: now the most recent
-    store.put({"id": "resp_c"}, [])
-    assert store.get("resp_b") is None and store.get("resp_a") is not None and len(store) == 2
-    assert store.delete("resp_a") and not store.delete("resp_a")
+        store.put("t", {"id": rid}, [{"role": "user", "content": rid}])
+    assert store.get("t", "resp_a") is not None  # used: now the most recent
+    store.put("t", {"id": "resp_c"}, [])
+    assert store.get("t", "resp_b") is None and store.get("t", "resp_a") is not None and len(store) == 2
+    assert store.get("u", "resp_a") is None and not store.delete("u", "resp_a")  # another tenant's: not found
+    assert store.delete("t", "resp_a") and not store.delete("t", "resp_a")

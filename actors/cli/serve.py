@@ -71,6 +71,9 @@ def model_specs(values: tuple[str, ...], toml_models: list[Any], options: dict[s
 @option("--port", envvar="LLAMACTOR_PORT", type=int, default=8000, show_default=True)
 @option("--uds", envvar="LLAMACTOR_UDS", default=None, help="Listen on this Unix socket instead.")
 @option("--api-key", envvar="LLAMACTOR_API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
+@option("--keys", "keys", envvar="LLAMACTOR_KEYS_FILE", type=click.Path(exists=True, dir_okay=False), default=None,
+        help="A TOML file of [[keys]] tables: each key's tenant, fair-share weight, limits, cache scope "
+             "(reloaded on SIGHUP).")
 @option("--drain-timeout", "drain_timeout_s", envvar="LLAMACTOR_DRAIN_TIMEOUT", type=float, default=30.0,
         show_default=True, help="Seconds SIGTERM waits for in-flight requests.")
 @option("--max-body-bytes", envvar="LLAMACTOR_MAX_BODY_BYTES", type=int, default=4 * 1024 * 1024, show_default=True)
@@ -91,8 +94,8 @@ def model_specs(values: tuple[str, ...], toml_models: list[Any], options: dict[s
               help="Run the replicas as Ray Serve deployment replicas (pip install 'llamactor[ray]'; RAY_ADDRESS).")
 @functools.partial(engine_options, model_option=MODELS_OPTION)
 @sampling_options
-def serve(host: str, port: int, uds: str | None, api_key: str | None, drain_timeout_s: float, max_body_bytes: int,
-          model_name: str | None, replicas: int, routing_policy: str, max_loaded: int | None,
+def serve(host: str, port: int, uds: str | None, api_key: str | None, keys: str | None, drain_timeout_s: float,
+          max_body_bytes: int, model_name: str | None, replicas: int, routing_policy: str, max_loaded: int | None,
           idle_unload_s: float | None, data_dir: str | None, use_ray: bool, model: tuple[str, ...], **opts: Any) -> None:
     """The HTTP daemon: OpenAI (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
     /v1/models, /v1/files, /v1/batches), Anthropic (/v1/messages), Ollama (/api/*), tokenizer endpoints, /health, /metrics.
@@ -102,6 +105,11 @@ def serve(host: str, port: int, uds: str | None, api_key: str | None, drain_time
         specs = model_specs(model, ctx.meta.get(TOML_MODELS, []), tree_options(opts), model_name=model_name,
                             replicas=replicas, policy=routing_policy, idle_unload_s=idle_unload_s,
                             toml_path=ctx.meta.get(TOML_PATH))
+        key_table = None
+        if keys:
+            from llamactor.http.keys_file import load_keys
+
+            key_table = load_keys(keys)  # a wrong file fails here, before the socket opens
     except LlamactorError as e:
         print(f"llamactor serve: {e}", file=sys.stderr)
         sys.exit(1)
@@ -110,9 +118,10 @@ def serve(host: str, port: int, uds: str | None, api_key: str | None, drain_time
         # a local Ray instance started by this process inherits its environment.
         os.environ["LLAMACTOR_LOG_FORMAT"], os.environ["LLAMACTOR_LOG_LEVEL"] = opts["log_format"], opts["log_level"]
         from llamactor.rayserve.app import serve_on_ray
-        sys.exit(serve_on_ray(specs, host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes))
+        sys.exit(serve_on_ray(specs, host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes,
+                              keys=key_table))
     from llamactor.http.daemon import serve as run_daemon
 
     sys.exit(run_daemon(host=host, port=port, uds=uds, api_key=api_key, drain_timeout_s=drain_timeout_s,
                         max_body_bytes=max_body_bytes, models=specs, max_loaded=max_loaded,
-                        data_dir=data_dir))
+                        data_dir=data_dir, keys_file=keys))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llamactor.base.errors import LlamactorError
+from llamactor.base.errors import LlamactorError, RateLimitError
 
 Dialect = Literal["openai", "anthropic", "ollama"]
 
@@ -41,6 +41,7 @@ class ErrorInfo:
     type: str
     code: str | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    retry_headers: dict[str, str] = field(default_factory=dict)  # a 429's Retry-After and x-ratelimit-*
 
     @classmethod
     def of(cls, e: BaseException) -> ErrorInfo:
@@ -48,7 +49,8 @@ class ErrorInfo:
         if not isinstance(e, LlamactorError):
             return cls(500, "internal server error", "server_error")
         status = e.http_status if e.http_status < 500 or e.http_status == 503 else 500
-        return cls(status, str(e), e.code, e.code, dict(e.details))
+        retry = {"Retry-After": str(e.retry_after), **e.headers} if isinstance(e, RateLimitError) else {}
+        return cls(status, str(e), e.code, e.code, dict(e.details), retry)
 
     def body(self, dialect: Dialect) -> dict[str, object]:
         """The error object of ``dialect``."""
@@ -62,5 +64,7 @@ class ErrorInfo:
 
     @property
     def headers(self) -> dict[str, str] | None:
-        """A 429 says when to come back."""
-        return {"Retry-After": "1"} if self.status == 429 else None
+        """A 429 says when to come back (a tenant's quota: and what it has left)."""
+        if self.status != 429:
+            return None
+        return self.retry_headers or {"Retry-After": "1"}

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from llamactor.base.completion import Completion, Embeddings, Score, Tokenized
@@ -27,7 +28,9 @@ from llamactor.base.messages import Embed, Generate, ReplyChannel, Request, Toke
 from llamactor.base.priority import DEFAULT_PRIORITY
 from llamactor.base.request import (EmbedInputs, EmbeddingRequest, GenerationRequest, Messages, Prompt,
                                     choice_request_id, messages_tuple, new_request_id)
+from llamactor.base.tenants import Tenant, tenant_named
 from llamactor.base.tools import Tools
+from llamactor.handles.limits import Limiter, embedding_estimate, generation_estimate
 from llamactor.handles.streams import AsyncTextStream, TextStream, mapped_future
 
 T = TypeVar("T")  # what a future resolves to: a Completion or Embeddings
@@ -39,6 +42,13 @@ class Client:
     and ``cancel``; ``send_n`` when the ``n`` choices of one prompt need to stay together."""
 
     config: Config
+
+    @functools.cached_property
+    def limiter(self) -> Limiter | None:
+        """The requests and tokens per minute of ``config.tenants`` that have them, enforced on
+        this handle's submissions (``RateLimitError``); None when no tenant has a limit."""
+        limited = any(t.requests_per_minute or t.tokens_per_minute for t in self.config.tenants)
+        return Limiter() if limited else None
 
     def send(self, msg: Request) -> Future[Any]:
         """Deliver ``msg``; its answer goes to ``msg.reply``, whose future this returns."""
@@ -55,15 +65,19 @@ class Client:
     # -- the core verbs ---------------------------------------------------------------------
     # Sampling options (``max_tokens``, ``temperature``, ``stop`` ...; see ``SamplingParams``),
     # ``priority`` ("high", "normal" (default), "low" or an int, lower first; a waiting request
-    # gains ``Config.priority_aging_per_s`` levels per second), ``json_schema=`` (dict or pydantic
+    # gains ``Config.priority_aging_per_s`` levels per second), ``tenant`` (whose request: its
+    # cache scope and fair share, ``Config.tenants``), ``json_schema=`` (dict or pydantic
     # model class: ``Completion.parsed``) or ``grammar=`` (GBNF / Lark text, or ``Grammar.regex``
     # ...), ``tools`` / ``tool_choice``, ``logit_bias={id: bias}``: see ``GenerationRequest.build``.
 
     def request(self, prompt: Prompt | None = None, *, messages: Messages | None = None,
-                **options: Any) -> GenerationRequest:
+                tenant: str | Tenant | None = None, **options: Any) -> GenerationRequest:
         """A request for this model (its defaults under ``options``), checked now: raw ``prompt``
-        (text or token ids) or chat ``messages``, ``n`` choices (default 1) and the options above."""
-        return GenerationRequest.build(self.config.sampling, prompt=prompt, messages=messages, **options)
+        (text or token ids) or chat ``messages``, ``n`` choices (default 1) and the options above;
+        ``tenant``: whose (a name in ``Config.tenants`` gets its weight, limits and cache scope;
+        any other name the defaults; None: the default tenant)."""
+        return GenerationRequest.build(self.config.sampling, prompt=prompt, messages=messages,
+                                       tenant=tenant_named(tenant, self.config.tenants), **options)
 
     @overload
     def submit(self, prompt: GenerationRequest) -> list[Future[Completion]]: ...
@@ -216,12 +230,16 @@ class Client:
 
     def submit_embed(self, inputs: EmbedInputs | EmbeddingRequest, **options: Any) -> Future[Embeddings]:
         """Queue ``inputs`` for embedding; they are packed with other callers' inputs by tokens."""
-        r = inputs if isinstance(inputs, EmbeddingRequest) else EmbeddingRequest.build(inputs, **options)
-        if r is inputs:
+        if isinstance(inputs, EmbeddingRequest):
             _alone(None, options)
-        return self.send(Embed(request_id=r.request_id or new_request_id(), inputs=r.inputs, reply=ReplyChannel(),
-                               submitted_at=time.perf_counter(), pooling=r.pooling, normalize=r.normalize,
-                               dimensions=r.dimensions, truncate=r.truncate))
+            r = inputs
+        else:
+            tenant = tenant_named(options.pop("tenant", None), self.config.tenants)
+            r = EmbeddingRequest.build(inputs, tenant=tenant, **options)
+        msg = Embed(request_id=r.request_id or new_request_id(), inputs=r.inputs, reply=ReplyChannel(),
+                    submitted_at=time.perf_counter(), pooling=r.pooling, normalize=r.normalize,
+                    dimensions=r.dimensions, truncate=r.truncate, tenant=r.tenant)
+        return self._limited(r.tenant, embedding_estimate(r), lambda: [self.send(msg)])[0]
 
     def embed(self, inputs: EmbedInputs | EmbeddingRequest, *, timeout: float | None = None,
               **options: Any) -> Embeddings:
@@ -267,8 +285,20 @@ class Client:
         """The one path of every generation: the request's ``n`` messages, sent together.
 
         Submitted together, the batcher admits them together: the first computes the prompt, the
-        others wait one step and attach its KV (see Scheduler)."""
-        return self.send_n(request.generate_messages(request_id, replies, time.perf_counter()))
+        others wait one step and attach its KV (see Scheduler). A tenant over its rate limit is
+        refused here (``RateLimitError``), before anything is queued."""
+        return self._limited(request.tenant, generation_estimate(request), lambda: self.send_n(
+            request.generate_messages(request_id, replies, time.perf_counter())))
+
+    def _limited(self, tenant: Tenant, tokens: int, send: Callable[[], list[Future[T]]]) -> list[Future[T]]:
+        """``send()``, within the tenant's rate limits: reserved before, settled once done."""
+        limiter = self.limiter
+        if limiter is None:
+            return send()
+        reservation = limiter.reserve(tenant, tokens)
+        futures = send()
+        limiter.settle_when_done(reservation, futures)
+        return futures
 
     def _wait(self, future: Future[T], timeout: float | None) -> T:
         try:

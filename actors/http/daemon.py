@@ -24,7 +24,9 @@ import uvicorn
 
 import llamactor
 from llamactor.base.logging import get_logger
+from llamactor.base.tenants import tenant_named
 from llamactor.serving.model_specs import ModelSpec
+from llamactor.http.keys_file import load_keys, reload_on_sighup
 from llamactor.http.server import create_app
 from llamactor.http.state import ServerState
 from llamactor.jobs.service import JobService
@@ -39,11 +41,17 @@ def model_id_for(path: str) -> str:
 
 def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_timeout_s: float,
           max_body_bytes: int, models: list[ModelSpec], max_loaded: int | None = None,
-          data_dir: str | None = None) -> int:
+          data_dir: str | None = None, keys_file: str | None = None) -> int:
     """Run until signalled; return the process exit status. ``data_dir`` holds the batch jobs
-    (default: the user's data folder, ``platformdirs.user_data_dir("llamactor")``)."""
-    state = ServerState([m.name for m in models], api_key, max_body_bytes)
+    (default: the user's data folder, ``platformdirs.user_data_dir("llamactor")``); ``keys_file``
+    the tenants' keys, read again on SIGHUP."""
+    keys = load_keys(keys_file) if keys_file else None  # a wrong file: the caller's one-line reason
+    state = ServerState([m.name for m in models], api_key, max_body_bytes, keys)
+    if keys_file:
+        reload_on_sighup(state, keys_file, api_key)
     state.jobs = open_jobs(data_dir)
+    if state.jobs is not None:  # a job runs as its owner, with the owner's weight and cache scope
+        state.jobs.tenant = lambda name: tenant_named(name, state.keys.tenants)
     app = create_app(state)
     config = uvicorn.Config(app, host=host, port=port, uds=uds, log_config=None, access_log=False,
                             timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)), lifespan="off")

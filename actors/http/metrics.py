@@ -111,18 +111,36 @@ class Metrics:
                               buckets=LATENCY_BUCKETS, registry=self.registry)
         self.latency = Histogram("llamactor_request_latency_seconds", "Submit to last token", by,
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
+        # Per tenant (the tenants of the keys file: a bounded set; "default" without one)
+        self.tenant_requests = Counter("llamactor_tenant_requests", "Requests finished, by tenant", ["tenant"],
+                                       registry=self.registry)
+        self.tenant_prompt_tokens = Counter("llamactor_tenant_prompt_tokens", "Prompt tokens, by tenant", ["tenant"],
+                                            registry=self.registry)
+        self.tenant_generated_tokens = Counter("llamactor_tenant_generated_tokens", "Tokens generated, by tenant",
+                                               ["tenant"], registry=self.registry)
+        self.tenant_refused = Counter("llamactor_tenant_rate_limited", "Requests answered 429 (quota or full "
+                                      "queue), by tenant", ["tenant"], registry=self.registry)
+        self.tenant_ttft = Histogram("llamactor_tenant_time_to_first_token_seconds", "Submit to first token, by tenant",
+                                     ["tenant"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(_BatcherCollector(stats))
 
-    def observer(self, model: str, dialect: str) -> Callable[[Completion], None]:
-        """What counts each finished completion of ``model`` asked for in ``dialect``."""
+    def observer(self, model: str, dialect: str, tenant: str) -> Callable[[Completion], None]:
+        """What counts each finished completion of ``model`` asked for in ``dialect`` by ``tenant``."""
         prompt, generated = self.prompt_tokens.labels(model, dialect), self.generated_tokens.labels(model, dialect)
         ttft, latency = self.ttft.labels(model, dialect), self.latency.labels(model, dialect)
+        counts = (self.tenant_requests.labels(tenant), self.tenant_prompt_tokens.labels(tenant),
+                  self.tenant_generated_tokens.labels(tenant), self.tenant_ttft.labels(tenant))
 
         def observe(completion: Completion) -> None:
             prompt.inc(completion.usage.prompt_tokens)
             generated.inc(completion.usage.completion_tokens)
             ttft.observe(completion.timings.ttft_ms / 1000)
             latency.observe(completion.timings.total_ms / 1000)
+            requests, tenant_prompt, tenant_generated, tenant_ttft = counts
+            requests.inc()
+            tenant_prompt.inc(completion.usage.prompt_tokens)
+            tenant_generated.inc(completion.usage.completion_tokens)
+            tenant_ttft.observe(completion.timings.ttft_ms / 1000)
         return observe
 
     def render(self) -> bytes:

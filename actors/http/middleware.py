@@ -1,10 +1,10 @@
-"""The app's middleware (uvicorn's event loop): the API key, the request id and log line, the
-request counter, and JSON bodies whatever their Content-Type. Body size: ``body_limit``.
+"""The app's middleware (uvicorn's event loop): the API key and the tenant it names, the request
+id and log line, the request counter, and JSON bodies whatever their Content-Type. Body size:
+``body_limit``.
 """
 
 from __future__ import annotations
 
-import hmac
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -17,42 +17,59 @@ from llamactor.base.logging import get_logger
 from llamactor.dialects.errors import ErrorInfo
 from llamactor.http.body_limit import ASGIApp, Receive, Scope, Send
 from llamactor.http.errors import error_response
+from llamactor.base.tenants import Tenant
 from llamactor.http.state import ServerState
 
 log = get_logger("llamactor.http")
-# answered without the API key: probes, scrapers, and "/" (Ollama's heartbeat: "Ollama is running")
-OPEN_PATHS = ("/health", "/metrics", "/")
+# answered without the API key: probes, and "/" (Ollama's heartbeat: "Ollama is running"); /health
+# says more to an admin. /metrics too, unless tenants' keys are configured (then: admins only).
+OPEN_PATHS = ("/health", "/")
+SCRAPED_PATH = "/metrics"
 
 
 async def guard_and_log(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    """Refuse a missing or wrong key before routing; give the request its id; count and log it.
-    Our own id is always unique (it keys the request inside the actors); a client's
+    """Refuse a missing or wrong key before routing; give the request its id and tenant; count
+    and log it. Our own id is always unique (it keys the request inside the actors); a client's
     X-Request-Id is echoed back and logged beside it, never trusted to be unique."""
     state: ServerState = request.app.state.server
     start = time.perf_counter()
     rid = uuid.uuid4().hex[:16]
     client_rid = request.headers.get("x-request-id")
     request.state.request_id = rid
-    response = refuse_unauthorized(request, state) or await call_next(request)
+    tenant = request.state.tenant = find_tenant(request, state)
+    response = refuse(request, state, tenant) or await call_next(request)
     response.headers["x-request-id"] = client_rid or rid
+    if (limits := getattr(request.state, "rate_limits", None)) is not None:  # what the tenant has left
+        response.headers.update(limits.headers())
     state.metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+    if response.status_code == 429 and tenant is not None:
+        state.metrics.tenant_refused.labels(tenant.name).inc()
     log.info("http_request", method=request.method, path=request.url.path, status=response.status_code,
-             request_id=rid, client_request_id=client_rid, ms=round((time.perf_counter() - start) * 1000, 1))
+             request_id=rid, client_request_id=client_rid, tenant=tenant.name if tenant else None,
+             ms=round((time.perf_counter() - start) * 1000, 1))
     return response
 
 
-def refuse_unauthorized(request: Request, state: ServerState) -> Response | None:
-    """A 401 for a missing or wrong API key, given as ``Authorization: Bearer`` (OpenAI, Ollama
-    clients) or ``x-api-key`` (Anthropic's); compared in constant time, never logged."""
-    if not state.api_key or request.url.path in OPEN_PATHS:
-        return None
-    key = state.api_key.encode()
-    bearer = hmac.compare_digest(request.headers.get("authorization", "").encode(), b"Bearer " + key)
-    if hmac.compare_digest(request.headers.get("x-api-key", "").encode(), key) | bearer:  # both compared, always
-        return None
-    return error_response(request.url.path, ErrorInfo(
-        401, "missing or wrong API key (Authorization: Bearer ... or x-api-key)", "authentication_error",
-        "invalid_api_key"))
+def find_tenant(request: Request, state: ServerState) -> Tenant | None:
+    """The tenant of the key given as ``Authorization: Bearer`` (OpenAI, Ollama clients) or
+    ``x-api-key`` (Anthropic's), None if neither names one. Both are looked up, every key
+    compared in constant time (``KeyTable``); a key is never logged."""
+    bearer = request.headers.get("authorization", "")
+    by_bearer = state.keys.find(bearer[7:] if bearer[:7].lower() == "bearer " else None)
+    by_header = state.keys.find(request.headers.get("x-api-key"))
+    return by_header or by_bearer
+
+
+def refuse(request: Request, state: ServerState, tenant: Tenant | None) -> Response | None:
+    """A 401 for a missing or unknown key; a 403 for a non-admin on an admin's path."""
+    path = request.url.path
+    if tenant is None and path not in OPEN_PATHS and (path != SCRAPED_PATH or state.tenant_keys):
+        return error_response(path, ErrorInfo(401, "missing or wrong API key (Authorization: Bearer ... or "
+                                                   "x-api-key)", "authentication_error", "invalid_api_key"))
+    if path == SCRAPED_PATH and state.tenant_keys and not (tenant and tenant.admin):
+        return error_response(path, ErrorInfo(403, "metrics are for admin keys", "permission_error",
+                                              "permission_denied"))
+    return None
 
 
 class JsonBodies:

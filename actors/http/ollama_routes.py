@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 
-from llamactor.base.errors import BatcherUnavailableError, InvalidRequestError, ModelNotFoundError
+from llamactor.base.errors import BatcherUnavailableError, InvalidRequestError, ModelNotFoundError, PermissionDeniedError
 from llamactor.base.logging import get_logger
 from llamactor.dialects.ollama import embed as ollama_embed
 from llamactor.dialects.ollama.models import tagged
@@ -28,7 +28,7 @@ from llamactor.dialects.ollama.schema import (ChatRequest, EmbeddingsRequest, Em
 from llamactor.handles.model import ModelClient
 from llamactor.http.framing import NDJSON
 from llamactor.http.request_path import Planned, answer, context, embed, load, stream
-from llamactor.http.state import ServerState, State
+from llamactor.http.state import ServerState, State, tenant_of
 
 log = get_logger("llamactor.http")
 UNLOAD_DRAIN_S = 30.0  # keep_alive 0: requests in flight on the model get this long to finish
@@ -48,9 +48,11 @@ def lookup(state: ServerState, name: str) -> ModelClient:
         raise ModelNotFoundError(f"model '{name}' not found (this server serves {served})") from None
 
 
-async def loaded(state: ServerState, body: ModelRequest | EmbedRequest | EmbeddingsRequest) -> tuple[ModelClient, int]:
+async def loaded(state: ServerState, request: Request,
+                 body: ModelRequest | EmbedRequest | EmbeddingsRequest) -> tuple[ModelClient, int]:
     """The model, loaded; with the nanoseconds that took (Ollama's load_duration)."""
-    keep_alive_s(body.keep_alive)  # a bad duration: 400 before anything happens
+    if keep_alive_s(body.keep_alive) == 0:  # (a bad duration: 400 before anything happens)
+        may_unload(state, request)  # the answer will unload it
     llm = lookup(state, body.model)
     started = time.perf_counter()
     await load(llm)
@@ -76,12 +78,20 @@ def unload_after(keep_alive: float | str | None, llm: ModelClient) -> Background
     return BackgroundTask(unload, llm) if keep_alive_s(keep_alive) == 0 else None
 
 
-async def load_or_unload(state: ServerState, body: ModelRequest, kind: str) -> JSONResponse:
+def may_unload(state: ServerState, request: Request) -> None:
+    """With tenants' keys, unloading a model (``keep_alive`` 0) is for admins: it stops everyone's work."""
+    tenant = tenant_of(request)
+    if state.tenant_keys and not tenant.admin:
+        raise PermissionDeniedError("unloading a model (keep_alive 0) is for admin keys")
+
+
+async def load_or_unload(state: ServerState, request: Request, body: ModelRequest, kind: str) -> JSONResponse:
     """An empty prompt: load the model, or unload it (keep_alive 0); one object, even when streamed."""
     if keep_alive_s(body.keep_alive) == 0:
+        may_unload(state, request)
         await unload(lookup(state, body.model))
         return JSONResponse(loaded_reply(body.model, kind, "unload"))
-    await loaded(state, body)
+    await loaded(state, request, body)
     return JSONResponse(loaded_reply(body.model, kind, "load"))
 
 
@@ -90,13 +100,14 @@ async def reply(request: Request, state: ServerState, body: ModelRequest, plan: 
     """Stream (a refusal is a 4xx before the 200), or answer whole; no plan (nothing to say):
     load or unload the model."""
     if plan is None:
-        return await load_or_unload(state, body, kind)
-    llm, load_ns = await loaded(state, body)
-    call = Planned(llm, plan, state.metrics.observer(llm.name, DIALECT))
+        return await load_or_unload(state, request, body, kind)
+    llm, load_ns = await loaded(state, request, body)
+    call = Planned.of(state, request, llm, plan, DIALECT)
     after = unload_after(body.keep_alive, llm)
     if plan.streamed:
-        return await stream(call, lambda p, updates: answer_lines(p, updates, load_ns), NDJSON, stream_error, after)
-    [c] = await answer(request, llm, plan.requests, call.observe)
+        return await stream(request, call, lambda p, updates: answer_lines(p, updates, load_ns), NDJSON,
+                            stream_error, after)
+    [c] = await answer(request, call)
     return JSONResponse(whole_answer(plan, c, load_ns), background=after)
 
 
@@ -116,17 +127,17 @@ async def generate(body: GenerateRequest, request: Request, state: State) -> Res
 
 @router.post("/api/embed", response_model=None)
 async def embed_route(body: EmbedRequest, request: Request, state: State) -> JSONResponse:
-    llm, load_ns = await loaded(state, body)
+    llm, load_ns = await loaded(state, request, body)
     embedding = ollama_embed.plan_embed(body, context(request, llm))
-    result = await embed(request, llm, embedding) if embedding is not None else None
+    result = await embed(state, request, llm, embedding) if embedding is not None else None
     return JSONResponse(ollama_embed.embed_reply(body, result, load_ns), background=unload_after(body.keep_alive, llm))
 
 
 @router.post("/api/embeddings", response_model=None)
 async def embeddings(body: EmbeddingsRequest, request: Request, state: State) -> JSONResponse:
     """The legacy route: one prompt, one vector, not normalized."""
-    llm, _ = await loaded(state, body)
+    llm, _ = await loaded(state, request, body)
     embedding = ollama_embed.plan_embeddings(body, context(request, llm))
-    result = await embed(request, llm, embedding) if embedding is not None else None
+    result = await embed(state, request, llm, embedding) if embedding is not None else None
     return JSONResponse(ollama_embed.embeddings_reply(result), background=unload_after(body.keep_alive, llm))
 

@@ -1,6 +1,7 @@
-"""``/health`` and ``/metrics``: what probes and scrapers read, answered without the API key
-(uvicorn's event loop). Published stats never wait for an actor; under Ray Serve they are
-remote calls, so both read them off the loop.
+"""``/health`` and ``/metrics``: what probes and scrapers read (uvicorn's event loop). Without
+tenants' keys both are open; with them, ``/metrics`` is for admin keys (the middleware) and
+``/health`` tells anyone else only its status. Published stats never wait for an actor; under
+Ray Serve they are remote calls, so both read them off the loop.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from llamactor.http.state import State, model_status
@@ -17,7 +18,7 @@ router = APIRouter()
 
 
 @router.get("/health")
-async def health(state: State) -> JSONResponse:
+async def health(request: Request, state: State) -> JSONResponse:
     """Ready when every loaded replica is (a model that is not loaded loads on its first request)."""
     if state.router is None:
         return JSONResponse({"status": "loading"}, status_code=503)
@@ -30,6 +31,9 @@ async def health(state: State) -> JSONResponse:
         entry["status"] = model_status({r["status"] for r in entry["replicas"]})
     ready = not state.draining and all(m["status"] in ("ready", "degraded", "unloaded") for m in models.values())
     status = "draining" if state.draining else "ready" if ready else "unavailable"
+    tenant = request.state.tenant
+    if state.tenant_keys and not (tenant is not None and tenant.admin):  # liveness alone: supervisors need no key
+        return JSONResponse({"status": status}, status_code=200 if ready else 503)
     return JSONResponse({"status": status, "running": sum(r.get("running") or 0 for _, _, r in replicas),
                          "pending": sum(r.get("pending") or 0 for _, _, r in replicas), "models": models},
                         status_code=200 if ready else 503)

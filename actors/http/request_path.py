@@ -3,7 +3,8 @@ event loop).
 
 ``planned``: find the model (its name and defaults are the plan's context), plan the body with
 them -- every 400 of the body itself, before anything loads -- and load the model off the loop if
-needed. Then either ``answer`` -- submit the requests' choices, await them while watching for a
+needed. The requests go out as the tenant's whose key the request carried (never a value of the
+body: the plans know nothing of it), under its priority ceiling. Then either ``answer`` -- submit the requests' choices, await them while watching for a
 disconnect (which cancels them) -- or ``stream``: start every choice and wait until each is
 accepted by the batcher before the 200, so that a refusal is the dialect's own 4xx, then frame
 the dialect's events over their merged pieces. Finished completions are counted in the metrics.
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable, Sequence
+import dataclasses
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -26,10 +28,12 @@ from llamactor.base.errors import BatcherUnavailableError, CancelledError
 from llamactor.base.logging import get_logger
 from llamactor.base.request import EmbeddingRequest, GenerationRequest
 from llamactor.dialects.context import RequestContext
+from llamactor.handles.limits import Limiter, embedding_estimate, generation_estimate
 from llamactor.handles.model import ModelClient
 from llamactor.handles.streams import AsyncTextStream, merged
 from llamactor.http.framing import Framing, OnError, stream_response
-from llamactor.http.state import ServerState
+from llamactor.base.tenants import Tenant
+from llamactor.http.state import ServerState, tenant_of
 
 log = get_logger("llamactor.http")
 Observe = Callable[[Completion], None]
@@ -50,6 +54,30 @@ class Planned(Generic[P]):
     llm: ModelClient
     plan: P
     observe: Observe  # counts a finished completion in the metrics
+    tenant: Tenant
+    limiter: Limiter
+
+    @classmethod
+    def of(cls, state: ServerState, request: Request, llm: ModelClient, plan: P, dialect: str) -> Planned[P]:
+        tenant = tenant_of(request)
+        return cls(llm, plan, state.metrics.observer(llm.name, dialect, tenant.name), tenant, state.limiter)
+
+    @property
+    def requests(self) -> list[GenerationRequest]:
+        """The plan's requests, as its tenant's."""
+        return [r.for_tenant(self.tenant) for r in self.plan.requests]
+
+    def submit(self, request: Request, submit: Callable[[GenerationRequest], list[Any]]) -> list[Any]:
+        """Each request's futures (or streams), within the tenant's rate limits: a 429 before
+        anything is queued; what it has left goes out in the response's ``x-ratelimit-*`` headers."""
+        out: list[Any] = []
+        for r in self.requests:
+            reservation = self.limiter.reserve(self.tenant, generation_estimate(r))
+            started = submit(r)
+            self.limiter.settle_when_done(reservation, [getattr(s, "future", s) for s in started])
+            request.state.rate_limits = reservation.limits
+            out += started
+        return out
 
 
 async def planned(state: ServerState, request: Request, model: str | None, dialect: str,
@@ -57,13 +85,14 @@ async def planned(state: ServerState, request: Request, model: str | None, diale
     llm = find_model(state, model)
     plan = make_plan(context(request, llm))
     await load(llm)
-    return Planned(llm, plan, state.metrics.observer(llm.name, dialect))
+    return Planned.of(state, request, llm, plan, dialect)
 
 
-async def stream(call: Planned[P], make_events: Callable[[P, AsyncGenerator[ChoiceUpdate, None]], Any],
-                 framing: Framing, on_error: OnError, background: BackgroundTask | None = None) -> StreamingResponse:
+async def stream(request: Request, call: Planned[P],
+                 make_events: Callable[[P, AsyncGenerator[ChoiceUpdate, None]], Any], framing: Framing,
+                 on_error: OnError, background: BackgroundTask | None = None) -> StreamingResponse:
     """The dialect's events over the plan's streamed choices (accepted before this returns)."""
-    updates = await open_stream(call.llm, call.plan.requests, call.observe)
+    updates = await open_stream(request, call)
     return stream_response(make_events(call.plan, updates), framing, on_error, updates, background)
 
 
@@ -72,8 +101,8 @@ async def respond(request: Request, call: Planned[P], streamed: bool,
                   on_error: OnError, reply: Callable[[P, list[Completion]], Any]) -> Any:
     """The plan's answer: its events streamed, or its reply once every choice is done."""
     if streamed:
-        return await stream(call, make_events, framing, on_error)
-    return reply(call.plan, await answer(request, call.llm, call.plan.requests, call.observe))
+        return await stream(request, call, make_events, framing, on_error)
+    return reply(call.plan, await answer(request, call))
 
 
 def warn_ignored(dialect: str, fields: list[str], request_id: str) -> None:
@@ -106,35 +135,38 @@ def context(request: Request, llm: ModelClient) -> RequestContext:
     return RequestContext(request.state.request_id, llm.name, llm.config.sampling)
 
 
-async def answer(request: Request, llm: ModelClient, requests: Sequence[GenerationRequest],
-                 observe: Observe) -> list[Completion]:
+async def answer(request: Request, call: Planned[P]) -> list[Completion]:
     """Every choice of every request, in order (cancelled if the client disconnects first)."""
-    done: list[Completion] = await gather(request, [f for r in requests for f in llm.submit(r)])
+    done: list[Completion] = await gather(request, call.submit(request, call.llm.submit))
     for c in done:
-        observe(c)
+        call.observe(c)
     return done
 
 
-async def embed(request: Request, llm: ModelClient, embedding: EmbeddingRequest) -> Embeddings:
-    (result,) = await gather(request, [llm.submit_embed(embedding)])
+async def embed(state: ServerState, request: Request, llm: ModelClient, embedding: EmbeddingRequest) -> Embeddings:
+    """The embeddings of the tenant's request, within its rate limits."""
+    tenant_embedding = dataclasses.replace(embedding, tenant=tenant_of(request))
+    reservation = state.limiter.reserve(tenant_embedding.tenant, embedding_estimate(tenant_embedding))
+    future = llm.submit_embed(tenant_embedding)
+    state.limiter.settle_when_done(reservation, [future])
+    request.state.rate_limits = reservation.limits
+    (result,) = await gather(request, [future])
     return result  # type: ignore[no-any-return]
 
 
-async def open_stream(llm: ModelClient, requests: Sequence[GenerationRequest],
-                      observe: Observe) -> AsyncGenerator[ChoiceUpdate, None]:
+async def open_stream(request: Request, call: Planned[P]) -> AsyncGenerator[ChoiceUpdate, None]:
     """Start the requests' streams; before the 200: every choice accepted by the batcher, or the
     first refusal raised (its 4xx, as without ``stream``) and the other choices cancelled. Then
     their pieces, merged (choice ``k`` of all the requests' choices in order)."""
     streams: list[AsyncTextStream] = []
     try:
-        for r in requests:
-            streams += llm.stream_async(r)
+        streams += call.submit(request, call.llm.stream_async)
         await asyncio.gather(*(s.queued() for s in streams))
     except BaseException:
         for s in streams:
             s.cancel()
         raise
-    return _observed(streams, observe)
+    return _observed(streams, call.observe)
 
 
 async def _observed(streams: list[AsyncTextStream], observe: Observe) -> AsyncGenerator[ChoiceUpdate, None]:

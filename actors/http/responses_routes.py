@@ -20,9 +20,9 @@ from llamactor.dialects.responses.output import response_reply
 from llamactor.dialects.responses.plan import DIALECT, ResponsesPlan, input_messages, plan_response
 from llamactor.dialects.responses.schema import ResponsesRequest
 from llamactor.http.framing import NAMED_SSE, stream_response
-from llamactor.http.request_path import answer, open_stream, planned, warn_ignored
+from llamactor.http.request_path import Planned, answer, open_stream, planned, warn_ignored
 from llamactor.http.responses_store import ResponseNotFoundError, ResponseStore, UnknownResponseError
-from llamactor.http.state import State
+from llamactor.http.state import State, tenant_of
 
 router = APIRouter()
 
@@ -30,8 +30,8 @@ router = APIRouter()
 @router.post("/responses", response_model=None)
 async def create(body: ResponsesRequest, request: Request, state: State) -> Any:
     earlier: tuple[dict[str, Any], ...] = ()
-    if body.previous_response_id is not None:
-        previous = state.responses.get(body.previous_response_id)
+    if body.previous_response_id is not None:  # only the tenant's own: another's is not found
+        previous = state.responses.get(tenant_of(request).name, body.previous_response_id)
         if previous is None:
             raise ResponseNotFoundError(body.previous_response_id)
         earlier = previous.messages
@@ -39,31 +39,32 @@ async def create(body: ResponsesRequest, request: Request, state: State) -> Any:
     p = call.plan
     warn_ignored(DIALECT, p.ignored, p.shell.id)
     if body.stream:
-        updates = await open_stream(call.llm, p.requests, call.observe)
-        stream = ResponseEvents(p, lambda response: keep(state.responses, p, response))
+        updates = await open_stream(request, call)
+        stream = ResponseEvents(p, lambda response: keep(state.responses, call, response))
         return stream_response(stream.events(updates), NAMED_SSE, stream.failed, updates)
-    [c] = await answer(request, call.llm, p.requests, call.observe)
-    return keep(state.responses, p, response_reply(p.shell, c))
+    [c] = await answer(request, call)
+    return keep(state.responses, call, response_reply(p.shell, c))
 
 
-def keep(store: ResponseStore, plan: ResponsesPlan, response: dict[str, Any]) -> dict[str, Any]:
-    """Store a finished response with its conversation, unless asked not to (OpenAI's default: stored)."""
-    if plan.shell.body.store is not False:
-        store.put(response, plan.history + input_messages(response["output"]))
+def keep(store: ResponseStore, call: Planned[ResponsesPlan], response: dict[str, Any]) -> dict[str, Any]:
+    """Store a finished response with its conversation as its tenant's, unless asked not to
+    (OpenAI's default: stored)."""
+    if call.plan.shell.body.store is not False:
+        store.put(call.tenant.name, response, call.plan.history + input_messages(response["output"]))
     return response
 
 
 @router.get("/responses/{response_id}", response_model=None)
-async def retrieve(response_id: str, state: State) -> Any:
-    stored = state.responses.get(response_id)
+async def retrieve(response_id: str, request: Request, state: State) -> Any:
+    stored = state.responses.get(tenant_of(request).name, response_id)
     if stored is None:
         raise UnknownResponseError(response_id)
     return stored.response
 
 
 @router.delete("/responses/{response_id}", response_model=None)
-async def delete(response_id: str, state: State) -> Any:
-    if not state.responses.delete(response_id):
+async def delete(response_id: str, request: Request, state: State) -> Any:
+    if not state.responses.delete(tenant_of(request).name, response_id):
         raise UnknownResponseError(response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 

@@ -1,8 +1,8 @@
 """Finished responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}``: a bounded
 in-memory LRU (one per app, in its ``ServerState``).
 
-Used only on uvicorn's event loop (handlers and stream generators), so it needs no lock. Each
-entry holds the whole conversation up to and including that response as chat messages (without
+Used only on uvicorn's event loop (handlers and stream generators), so it needs no lock. Entries
+belong to the tenant that made them: another tenant's id is not found (404). Each entry holds the whole conversation up to and including that response as chat messages (without
 ``instructions``, which OpenAI does not carry over): a follow-up sends all of it again, and the
 prefix cache makes that cheap. Entries of one conversation share their message dicts (a turn's
 list only copies references), so a chain of n turns costs n lists of pointers, not n copies of
@@ -54,22 +54,23 @@ class Stored:
 class ResponseStore:
     def __init__(self, capacity: int = CAPACITY) -> None:
         self.capacity = capacity
-        self._entries: OrderedDict[str, Stored] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str], Stored] = OrderedDict()  # (tenant, id) -> entry
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, response_id: str) -> Stored | None:
-        entry = self._entries.get(response_id)
+    def get(self, tenant: str, response_id: str) -> Stored | None:
+        entry = self._entries.get((tenant, response_id))
         if entry is not None:
-            self._entries.move_to_end(response_id)  # a conversation still going on stays
+            self._entries.move_to_end((tenant, response_id))  # a conversation still going on stays
         return entry
 
-    def put(self, response: dict[str, Any], messages: Sequence[dict[str, Any]]) -> None:
-        self._entries[response["id"]] = Stored(tuple(messages), response)
-        self._entries.move_to_end(response["id"])
+    def put(self, tenant: str, response: dict[str, Any], messages: Sequence[dict[str, Any]]) -> None:
+        key = (tenant, response["id"])
+        self._entries[key] = Stored(tuple(messages), response)
+        self._entries.move_to_end(key)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
 
-    def delete(self, response_id: str) -> bool:
-        return self._entries.pop(response_id, None) is not None
+    def delete(self, tenant: str, response_id: str) -> bool:
+        return self._entries.pop((tenant, response_id), None) is not None

@@ -1,5 +1,5 @@
-"""``ServerState``: what the HTTP app knows: the router once built, the model names, the API key,
-the drain flag, the metrics, the stored responses, the batch jobs. Read and written on uvicorn's
+"""``ServerState``: what the HTTP app knows: the router once built, the model names, the keys and
+their tenants, the drain flag, the metrics, the stored responses, the batch jobs. Read and written on uvicorn's
 event loop (the router is set once by the daemon's loader thread). Handlers take it as a
 dependency (``State``).
 """
@@ -10,6 +10,8 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
+from llamactor.base.tenants import KeyTable, Tenant
+from llamactor.handles.limits import Limiter
 from llamactor.handles.model import ModelClient, ModelRouter
 from llamactor.http.metrics import Metrics
 from llamactor.http.responses_store import ResponseStore
@@ -20,15 +22,20 @@ class ServerState:
     """``router`` is a ``llamactor.Router`` (under Ray Serve, ``llamactor.rayserve``'s
     ``RemoteRouter``): ``model(name)`` gives a ``ModelClient``."""
 
-    def __init__(self, model_names: list[str], api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(self, model_names: list[str], api_key: str | None, max_body_bytes: int,
+                 keys: KeyTable | None = None) -> None:
+        """``keys``: the tenants' keys (``--keys``); ``api_key`` (``--api-key``) joins them as
+        the default tenant, an admin. Neither: no key is asked for, everyone is the default tenant."""
         self.router: ModelRouter | None = None
         self.model_names = list(model_names)
-        self.api_key = api_key
+        self.tenant_keys = keys is not None  # a keys file: tenants, and /metrics for admins only
+        self.keys = with_api_key(keys or KeyTable(), api_key)
         self.max_body_bytes = max_body_bytes
         self.draining = False
         self.jobs: JobService | None = None  # batch jobs (files, batches): set by the daemon when it owns a data dir
         self.metrics = Metrics(self.replica_stats)
         self.responses = ResponseStore()  # the Responses API's previous_response_id
+        self.limiter = Limiter()  # the tenants' requests and tokens per minute (their keys say how many)
 
     def model(self, router: ModelRouter, name: str | None) -> ModelClient:
         """The model a request names. As llama-server does, a daemon serving exactly one model
@@ -51,6 +58,16 @@ class ServerState:
         if router is None:
             return []
         return [(name, i, s) for name in self.model_names for i, s in enumerate(router.model(name).replica_stats())]
+
+
+def with_api_key(keys: KeyTable, api_key: str | None) -> KeyTable:
+    """``keys`` and, if given, ``--api-key`` as the default tenant's key (an admin)."""
+    return KeyTable(keys.entries + KeyTable.single(api_key).entries) if api_key else keys
+
+
+def tenant_of(request: Request) -> Tenant:
+    """Who made the request (the middleware found it from the key)."""
+    return request.state.tenant  # type: ignore[no-any-return]
 
 
 def model_status(replica_states: set[str]) -> str:

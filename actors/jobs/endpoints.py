@@ -22,6 +22,7 @@ from llamactor.base.config import SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.priority import parse_priority
 from llamactor.base.request import GenerationRequest
+from llamactor.base.tenants import DEFAULT, Tenant
 from llamactor.dialects.context import RequestContext
 from llamactor.dialects.openai.embeddings import EmbeddingsBody, embeddings_reply, plan_embeddings
 from llamactor.dialects.openai.plan import plan_chat, plan_completions
@@ -111,13 +112,17 @@ class PendingLine:
             f.cancel()
 
 
-def start_line(client: Client, endpoint: str, body: dict[str, Any], request_id: str, model_name: str) -> PendingLine:
-    """Queue the line's requests on ``client``; ``InvalidRequestError`` (and the other typed
-    errors of ``submit``) if they are refused before queueing."""
+def start_line(client: Client, endpoint: str, body: dict[str, Any], request_id: str, model_name: str,
+               tenant: Tenant = DEFAULT) -> PendingLine:
+    """Queue the line's requests on ``client`` as ``tenant``'s (the batch's owner: its cache scope,
+    its fair share); ``InvalidRequestError`` (and the other typed errors of ``submit``) if they
+    are refused before queueing."""
     if endpoint not in PLANS:
         raise InvalidRequestError(f"unsupported batch endpoint {endpoint}")
     line = PLANS[endpoint](body, RequestContext(request_id, model_name, client.config.sampling))
     if line.embedding is not None:  # embedding steps have their own queue and time share: no priority
-        return PendingLine(request_id, [client.submit_embed(line.embedding)], line.reply)
-    futures = [f for r in line.requests for f in client.submit(dataclasses.replace(r, priority=JOB_PRIORITY))]
+        return PendingLine(request_id, [client.submit_embed(dataclasses.replace(line.embedding, tenant=tenant))],
+                           line.reply)
+    futures = [f for r in line.requests
+               for f in client.submit(dataclasses.replace(r.for_tenant(tenant), priority=JOB_PRIORITY))]
     return PendingLine(request_id, futures, line.reply)

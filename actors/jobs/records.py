@@ -1,4 +1,5 @@
-"""Pure: the lines of OpenAI's batch output and error files, and the File and Batch objects.
+"""Pure: the lines of OpenAI's batch output and error files, the File and Batch objects, and
+how long files live (OpenAI's ``expires_after`` policies).
 
 Output line: ``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null}``.
 A request that failed while running: the same with the error's status and ``{"error": ...}`` body,
@@ -10,6 +11,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from typing import Any
+
+from llamactor.base.errors import InvalidRequestError
+
+# OpenAI's bounds for ``expires_after`` / ``output_expires_after`` seconds (1 hour to 30 days), and
+# the default of every file given no policy: batch input and output files alike, so that the data
+# directory holds at most a month of files whatever its callers forget to delete.
+MIN_EXPIRY_S = 3600
+MAX_EXPIRY_S = 30 * 24 * 3600
+FILE_TTL_S = MAX_EXPIRY_S
 
 
 def line_id(batch_id: str, line_no: int) -> str:
@@ -46,7 +56,38 @@ def invalid_line(batch_id: str, line_no: int, custom_id: str | None, code: str, 
 def file_object(row: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's File object from a store row."""
     return {"id": row["id"], "object": "file", "bytes": row["bytes"], "created_at": row["created_at"],
-            "filename": row["filename"], "purpose": row["purpose"], "status": "processed", "status_details": None}
+            "expires_at": row.get("expires_at"), "filename": row["filename"], "purpose": row["purpose"],
+            "status": "processed", "status_details": None}
+
+
+def expiry_seconds(policy: dict[str, Any] | None, what: str, default: int = FILE_TTL_S) -> int:
+    """The seconds after its creation a file expires, from OpenAI's ``{"anchor": "created_at",
+    "seconds": N}`` (``what`` names the field in errors; a multipart form gives N as text)."""
+    if policy is None:
+        return default
+    if not isinstance(policy, dict) or set(policy) - {"anchor", "seconds"}:
+        raise InvalidRequestError(f"{what} must be an object with anchor and seconds")
+    if policy.get("anchor") != "created_at":
+        raise InvalidRequestError(f"{what}[anchor] must be 'created_at' (got {policy.get('anchor')!r})")
+    seconds = policy.get("seconds")
+    if isinstance(seconds, str) and seconds.strip().isdigit():
+        seconds = int(seconds)
+    if not isinstance(seconds, int) or isinstance(seconds, bool) or not MIN_EXPIRY_S <= seconds <= MAX_EXPIRY_S:
+        raise InvalidRequestError(f"{what}[seconds] must be an integer from {MIN_EXPIRY_S} to {MAX_EXPIRY_S} "
+                                  f"(got {policy.get('seconds')!r})")
+    return seconds
+
+
+def batch_object(batch_id: str, input_file_id: str, endpoint: str, completion_window: str, now: int,
+                 metadata: dict[str, str] | None, output_expires_after: dict[str, Any] | None) -> dict[str, Any]:
+    """A new Batch object, validating. ``expires_at`` is the end of its completion window (24 h);
+    ``output_expires_after`` is kept as asked, for its output and error files."""
+    return {"id": batch_id, "object": "batch", "endpoint": endpoint, "errors": None, "input_file_id": input_file_id,
+            "completion_window": completion_window, "status": "validating", "output_file_id": None,
+            "error_file_id": None, "created_at": now, "in_progress_at": None, "expires_at": now + 24 * 3600,
+            "finalizing_at": None, "completed_at": None, "failed_at": None, "expired_at": None,
+            "cancelling_at": None, "cancelled_at": None, "metadata": metadata,
+            **({"output_expires_after": output_expires_after} if output_expires_after else {})}
 
 
 def batch_usage(output_lines: Iterable[str]) -> dict[str, Any]:

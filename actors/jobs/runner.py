@@ -32,6 +32,7 @@ from llamactor.base.errors import (
     QueueFullError,
 )
 from llamactor.base.logging import get_logger
+from llamactor.base.tenants import DEFAULT, Tenant
 from llamactor.handles.client import Client
 from llamactor.handles.model import ModelClient
 from llamactor.handles.tree import LLM
@@ -99,10 +100,12 @@ class JobRunner:
                  max_in_flight: int, stop: threading.Event | None = None,
                  on_progress: Callable[[Progress], None] | None = None,
                  tokens_computed: Callable[[], int] | None = None, yield_in_flight: int | None = None,
-                 model_load: ModelLoad | None = None, watch: InteractiveWatch | None = None) -> None:
+                 model_load: ModelLoad | None = None, watch: InteractiveWatch | None = None,
+                 tenant: Tenant = DEFAULT) -> None:
         """``yield_in_flight``: the most lines in flight while others have work (default a quarter
         of ``max_in_flight``); ``model_load``: the model's running + waiting sequences and its step count (default:
-        ``sequences_on(client)``; embedding jobs are not throttled)."""
+        ``sequences_on(client)``; embedding jobs are not throttled); ``tenant``: whose job (its lines
+        run as that tenant's requests)."""
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self.yield_in_flight = max(1, min(yield_in_flight or max_in_flight // 4, max_in_flight))
@@ -110,6 +113,7 @@ class JobRunner:
         self._watch = watch or InteractiveWatch()
         self.store, self.batch_id, self.endpoint = store, batch_id, endpoint
         self.client, self.model_name, self.max_in_flight = client, model_name, max_in_flight
+        self.tenant = tenant
         self.stop = stop or threading.Event()
         self.on_progress = on_progress
         self.tokens_computed = tokens_computed
@@ -144,7 +148,7 @@ class JobRunner:
                 line_no, custom_id, body, attempt = line
                 try:
                     pending = start_line(self.client, self.endpoint, body, records.request_id(self.batch_id, line_no),
-                                         self.model_name)
+                                         self.model_name, self.tenant)
                 except RETRYABLE as e:
                     self._retry_later(todo, (line_no, custom_id, body, attempt + 1), e, wait=not in_flight)
                     break

@@ -7,19 +7,26 @@ output of the lines already done kept), or failed (an input file that is not JSO
 is committed before the next begins, so a daemon killed at any moment resumes each job where it
 stood when it starts again (``start``); cancelled and finished jobs stay as they are.
 
-Methods are called from the HTTP handlers (through ``asyncio.to_thread``) and the workers.
+Files and batches (a batch's output and error files too) belong to the tenant that made them:
+the public methods take the caller's ``tenant`` name, and another tenant's are ``NotFound`` as
+an unknown id is. Files expire (``expires_after``, default 30 days): an expired file is gone at
+once, and the sweeper thread deletes its bytes when the service starts and every
+``sweep_every_s`` after, keeping the input of a batch not finished.
+
+Methods are called from the HTTP handlers (through ``asyncio.to_thread``), the workers, and the
+sweeper.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from llamactor.base.errors import InvalidRequestError, LlamactorError
 from llamactor.base.logging import get_logger
+from llamactor.base.tenants import DEFAULT_TENANT, Tenant, tenant_named
 from llamactor.handles.model import ModelClient
 from llamactor.jobs import records
 from llamactor.jobs.endpoints import check_body
@@ -38,21 +45,31 @@ class NotFound(LookupError):
 class JobService:
     """``resolve(model_name)``: the served model a body names (``ModelNotFoundError`` if none).
     ``max_in_flight``: a job's lines in flight at once (default: three quarters of the model's
-    ``n_parallel``, leaving sequences free for interactive requests)."""
+    ``n_parallel``, leaving sequences free for interactive requests). ``sweep_every_s``: how
+    often expired files are deleted."""
 
-    def __init__(self, store: JobStore, max_in_flight: int | None = None) -> None:
+    def __init__(self, store: JobStore, max_in_flight: int | None = None, sweep_every_s: float = 3600.0) -> None:
         self.store = store
         self.max_in_flight = max_in_flight
+        self.sweep_every_s = sweep_every_s
+        self._stopped = threading.Event()  # close(): the sweeper's wait ends at once
+        self._sweeper: threading.Thread | None = None
         self._resolve: Callable[[str | None], ModelClient] | None = None
         self._ready = threading.Event()
+        # A batch's owner by name -> the tenant its lines run as (the daemon: from its keys, as they
+        # stand when the job runs; else a tenant with the defaults).
+        self.tenant: Callable[[str], Tenant] = tenant_named
         self._closing = False
         self._lock = threading.Lock()
         self._workers: dict[str, tuple[threading.Thread, threading.Event]] = {}
 
     def start(self, resolve: Callable[[str | None], ModelClient]) -> None:
-        """The models are loaded: resume every unfinished job (the loader thread calls this)."""
+        """The models are loaded: resume every unfinished job, and start the sweeper (the loader
+        thread calls this)."""
         self._resolve = resolve
         self._ready.set()
+        self._sweeper = threading.Thread(target=self._sweep_until_closed, name="jobs-sweeper", daemon=True)
+        self._sweeper.start()
         for batch_id in reversed(self.store.batch_ids()):
             batch = self.store.batch(batch_id)
             if batch is not None and resumable(batch["status"]):
@@ -61,89 +78,108 @@ class JobService:
                 self._spawn(batch_id)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the workers (their jobs stay resumable) and close the store."""
+        """Stop the workers (their jobs stay resumable) and the sweeper, and close the store."""
         with self._lock:
             self._closing = True
             workers = list(self._workers.values())
         self._ready.set()
+        self._stopped.set()
         for _, stop in workers:
             stop.set()
-        for thread, _ in workers:
+        for thread in [t for t, _ in workers] + ([self._sweeper] if self._sweeper else []):
             thread.join(timeout_s)
         self.store.close()
 
+    def _sweep_until_closed(self) -> None:
+        """The sweeper thread: expired files deleted now, then every ``sweep_every_s`` until ``close``."""
+        while not self._stopped.is_set():
+            try:
+                if gone := self.store.sweep():
+                    log.info("files_expired", files=len(gone), file_ids=gone[:20])
+            except Exception as e:  # noqa: BLE001 - a failed sweep (disk full, ...) is retried at the next
+                log.error("files_sweep_failed", error=repr(e))
+            self._stopped.wait(self.sweep_every_s)
+
     # -- files ---------------------------------------------------------------------------------
 
-    def add_file(self, data: bytes, filename: str, purpose: str) -> dict[str, Any]:
+    def add_file(self, data: bytes, filename: str, purpose: str, *, tenant: str = DEFAULT_TENANT,
+                 expires_after: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A new file of ``tenant``; ``expires_after``: OpenAI's policy (default 30 days)."""
         if purpose != "batch":
             raise InvalidRequestError(f"purpose must be 'batch' (got {purpose!r}): llamactor keeps batch input files only")
-        return records.file_object(self.store.add_file(data, filename, purpose))
+        seconds = records.expiry_seconds(expires_after, "expires_after")
+        return records.file_object(self.store.add_file(data, filename, purpose, tenant=tenant, expires_after_s=seconds))
 
-    def file(self, file_id: str) -> dict[str, Any]:
-        row = self.store.file(file_id)
+    def file(self, file_id: str, *, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
+        row = self.store.file(file_id, tenant)
         if row is None:
             raise NotFound(f"No file with id {file_id!r}")
         return records.file_object(row)
 
-    def files(self, purpose: str | None = None) -> list[dict[str, Any]]:
-        return [records.file_object(r) for r in self.store.files(purpose)]
+    def files(self, purpose: str | None = None, *, tenant: str = DEFAULT_TENANT) -> list[dict[str, Any]]:
+        return [records.file_object(r) for r in self.store.files(purpose, tenant)]
 
-    def file_content(self, file_id: str) -> bytes:
-        self.file(file_id)
-        return self.store.file_path(file_id).read_bytes()
+    def file_content(self, file_id: str, *, tenant: str = DEFAULT_TENANT) -> bytes:
+        self.file(file_id, tenant=tenant)
+        try:
+            return self.store.file_path(file_id).read_bytes()
+        except FileNotFoundError:  # deleted or swept since the look above
+            raise NotFound(f"No file with id {file_id!r}") from None
 
-    def delete_file(self, file_id: str) -> dict[str, Any]:
-        if not self.store.delete_file(file_id):
+    def delete_file(self, file_id: str, *, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
+        if not self.store.delete_file(file_id, tenant):
             raise NotFound(f"No file with id {file_id!r}")
         return {"id": file_id, "object": "file", "deleted": True}
 
     # -- batches -------------------------------------------------------------------------------
 
     def create(self, input_file_id: str, endpoint: str, completion_window: str = "24h",
-               metadata: dict[str, str] | None = None) -> dict[str, Any]:
+               metadata: dict[str, str] | None = None, *, tenant: str = DEFAULT_TENANT,
+               output_expires_after: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A batch of ``tenant`` on its input file; ``output_expires_after``: its output and error
+        files' policy (default 30 days)."""
         if endpoint not in ENDPOINTS:
             raise InvalidRequestError(f"endpoint must be one of {', '.join(ENDPOINTS)} (got {endpoint!r})")
         if completion_window != "24h":
             raise InvalidRequestError("completion_window must be '24h'")
-        row = self.store.file(input_file_id)
-        if row is None or row["purpose"] != "batch":
-            raise InvalidRequestError(f"input_file_id {input_file_id!r} names no file uploaded with purpose 'batch'")
-        now = int(time.time())
+        records.expiry_seconds(output_expires_after, "output_expires_after")  # refused now, not at the end
         batch_id = f"batch_{uuid.uuid4().hex[:24]}"
-        batch: dict[str, Any] = {
-            "id": batch_id, "object": "batch", "endpoint": endpoint, "errors": None, "input_file_id": input_file_id,
-            "completion_window": completion_window, "status": "validating", "output_file_id": None,
-            "error_file_id": None, "created_at": now, "in_progress_at": None, "expires_at": now + 24 * 3600,
-            "finalizing_at": None, "completed_at": None, "failed_at": None, "expired_at": None,
-            "cancelling_at": None, "cancelled_at": None, "metadata": metadata}
-        self.store.create_batch(batch)
-        log.info("job_created", batch_id=batch_id, endpoint=endpoint, input_file_id=input_file_id)
+        batch = records.batch_object(batch_id, input_file_id, endpoint, completion_window, int(self.store.clock()),
+                                     metadata, output_expires_after)
+        try:
+            self.store.create_batch(batch, tenant)
+        except KeyError:  # none, expired, another tenant's: one answer, so that it tells nothing about others
+            raise InvalidRequestError(f"input_file_id {input_file_id!r} names no file uploaded with purpose "
+                                      "'batch'") from None
+        log.info("job_created", batch_id=batch_id, endpoint=endpoint, input_file_id=input_file_id, tenant=tenant)
         self._spawn(batch_id)
-        return self.get(batch_id)
+        return self.get(batch_id, tenant=tenant)
 
-    def get(self, batch_id: str) -> dict[str, Any]:
-        batch = self.store.batch(batch_id)
+    def get(self, batch_id: str, *, tenant: str | None = DEFAULT_TENANT) -> dict[str, Any]:
+        """The Batch object (``tenant=None``: whoever's, for the workers)."""
+        batch = self.store.batch(batch_id, tenant)
         if batch is None:
             raise NotFound(f"No batch with id {batch_id!r}")
         return batch
 
-    def list_batches(self, limit: int = 20, after: str | None = None) -> dict[str, Any]:
-        ids = self.store.batch_ids()
+    def list_batches(self, limit: int = 20, after: str | None = None, *,
+                     tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
+        ids = self.store.batch_ids(tenant=tenant)
         if after is not None:
             ids = ids[ids.index(after) + 1:] if after in ids else []
-        page = [self.get(i) for i in ids[:limit]]
+        page = [self.get(i, tenant=tenant) for i in ids[:limit]]
         return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
                 "last_id": page[-1]["id"] if page else None, "has_more": len(ids) > limit}
 
-    def cancel(self, batch_id: str) -> dict[str, Any]:
+    def cancel(self, batch_id: str, *, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
         """validating / in_progress -> cancelling; its worker cancels what is in flight and
         finalizes to cancelled. A finished batch is answered as it is."""
-        batch = self.get(batch_id)
+        batch = self.get(batch_id, tenant=tenant)
         if batch["status"] in ("validating", "in_progress"):
             try:
                 self.store.update_batch(batch_id, "cancelling")
             except ValueError:
-                return self.get(batch_id)  # it moved on meanwhile (finalizing): too late to cancel
+                return self.get(batch_id, tenant=tenant)  # it moved on meanwhile (finalizing): too late to cancel
             with self._lock:
                 worker = self._workers.get(batch_id)
             if worker is not None:
@@ -151,7 +187,7 @@ class JobService:
             else:
                 self._spawn(batch_id)
             log.info("job_cancelling", batch_id=batch_id)
-        return self.get(batch_id)
+        return self.get(batch_id, tenant=tenant)
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -178,15 +214,15 @@ class JobService:
                 self._workers.pop(batch_id, None)
 
     def _advance(self, batch_id: str, stop: threading.Event) -> None:
-        batch = self.get(batch_id)
+        batch = self.get(batch_id, tenant=None)
         if batch["status"] == "validating" and not self._validate(batch):
             return
-        batch = self.get(batch_id)
+        batch = self.get(batch_id, tenant=None)
         client = self._client(batch)
         if batch["status"] == "in_progress" and client is not None:
             max_in_flight = self.max_in_flight or max(1, client.config.n_parallel * 3 // 4)
             runner = JobRunner(self.store, batch_id, batch["endpoint"], client, client.name,
-                               max_in_flight=max_in_flight, stop=stop)
+                               max_in_flight=max_in_flight, stop=stop, tenant=self.tenant(self.store.owner(batch_id)))
             if runner.run():
                 try:
                     self.store.update_batch(batch_id, "finalizing")
@@ -196,7 +232,7 @@ class JobService:
                 return  # the daemon stops: the job resumes when it starts again
         elif batch["status"] == "in_progress":  # every line was finished before a restart
             self.store.update_batch(batch_id, "finalizing")
-        batch = self.get(batch_id)
+        batch = self.get(batch_id, tenant=None)
         if batch["status"] in ("finalizing", "cancelling"):
             self._finalize(batch)
 
@@ -216,8 +252,8 @@ class JobService:
         invalid = {ln.line_no: records.invalid_line(batch_id, ln.line_no, ln.custom_id, *ln.error)
                    for ln in planned if ln.error is not None}
         try:
-            self.store.add_lines(batch_id, planned, invalid,
-                                 status="cancelling" if self.get(batch_id)["status"] == "cancelling" else "in_progress")
+            cancelling = self.get(batch_id, tenant=None)["status"] == "cancelling"
+            self.store.add_lines(batch_id, planned, invalid, status="cancelling" if cancelling else "in_progress")
         except ValueError:
             return False
         self.store.update_batch(batch_id, model=models[0] if models else None)
@@ -252,13 +288,16 @@ class JobService:
         batch_id = batch["id"]
         stem = batch_id.removeprefix("batch_")
         fields: dict[str, Any] = {}
+        owner = self.store.owner(batch_id)  # the output is the batch's tenant's, and lives as it asked
+        seconds = records.expiry_seconds(batch.get("output_expires_after"), "output_expires_after")
         for state, key in (("done", "output_file_id"), ("failed", "error_file_id")):
             lines = list(self.store.results(batch_id, state))
             if lines:
                 data = "".join(line + "\n" for line in lines).encode()
                 kind = "output" if state == "done" else "errors"
                 fields[key] = self.store.add_file(data, f"{batch_id}_{kind}.jsonl", "batch_output",
-                                                  file_id=f"file-{stem}-{kind}")["id"]
+                                                  file_id=f"file-{stem}-{kind}", tenant=owner,
+                                                  expires_after_s=seconds)["id"]
         fields["usage"] = records.batch_usage(self.store.results(batch_id, "done"))
         final = "completed" if batch["status"] == "finalizing" else "cancelled"
         self.store.update_batch(batch_id, final, **fields)

@@ -4,11 +4,14 @@ Every line of a job has a row: pending -> running -> done / failed, with its out
 A result is committed before it counts, so a process killed at any moment (``kill -9``) loses at
 most the requests it had in flight, and a restart runs exactly the lines not done. File contents
 are written to a temporary name and renamed into place, then recorded: a file row always names
-a whole file. One lock file per store (``fcntl.flock``) keeps a second process from running the
-same jobs; the kernel releases it when its holder dies, however it dies.
+a whole file. Files and batches belong to a tenant (a ``tenant=None`` argument: any owner, for
+the service's workers and the CLI); a file past its ``expires_at`` is gone to every reader at
+once, and ``sweep`` deletes its row and bytes later. One lock file per store (``fcntl.flock``)
+keeps a second process from running the same jobs; the kernel releases it when its holder dies.
 
 Thread-safe: one connection, used under a lock, by whichever thread calls (the HTTP event loop's
-executor, a job's runner thread, the CLI's main thread). Each call is one short transaction.
+executor, a job's runner thread, the service's sweeper thread, the CLI's main thread). Each call
+is one short transaction. Timestamps come from ``clock`` (a fake one in tests).
 """
 
 from __future__ import annotations
@@ -21,17 +24,21 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from llamactor.jobs.plan import TIMESTAMP_OF, PlannedLine, RequestCounts, check_transition
+from llamactor.base.tenants import DEFAULT_TENANT
+from llamactor.jobs.plan import TERMINAL, TIMESTAMP_OF, PlannedLine, RequestCounts, check_transition
+from llamactor.jobs.records import FILE_TTL_S
 
+# New columns go at the end, and into ADDED_COLUMNS: a journal made before them gets them there.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, filename TEXT NOT NULL, purpose TEXT NOT NULL,
-                                  bytes INTEGER NOT NULL, created_at INTEGER NOT NULL);
+                                  bytes INTEGER NOT NULL, created_at INTEGER NOT NULL,
+                                  tenant TEXT NOT NULL DEFAULT 'default', expires_at INTEGER);
 CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, status TEXT NOT NULL, created_at INTEGER NOT NULL,
-                                    data TEXT NOT NULL);
+                                    data TEXT NOT NULL, tenant TEXT NOT NULL DEFAULT 'default');
 CREATE TABLE IF NOT EXISTS lines (batch_id TEXT NOT NULL, line_no INTEGER NOT NULL, rank INTEGER NOT NULL,
                                   custom_id TEXT, body TEXT, state TEXT NOT NULL, result TEXT,
                                   PRIMARY KEY (batch_id, line_no));
@@ -41,6 +48,16 @@ CREATE TABLE IF NOT EXISTS runs (batch_id TEXT NOT NULL, run_no INTEGER NOT NULL
                                  PRIMARY KEY (batch_id, run_no));
 """
 LINE_STATES = ("pending", "running", "done", "failed")
+ADDED_COLUMNS = (("files", "tenant", "TEXT NOT NULL DEFAULT 'default'"), ("files", "expires_at", "INTEGER"),
+                 ("batches", "tenant", "TEXT NOT NULL DEFAULT 'default'"))
+LIVE = "(expires_at IS NULL OR expires_at > ?)"  # a file row not expired at the time given
+# Filters by an optional argument: ``? IN (tenant, '*')`` with '*' (None) passes every row; no tenant
+# name or purpose is '*'.
+ANY = "*"
+
+
+def _any(value: str | None) -> str:
+    return ANY if value is None else value  # "" is nobody's, not everyone's
 
 
 class StoreLockedError(RuntimeError):
@@ -48,7 +65,9 @@ class StoreLockedError(RuntimeError):
 
 
 class JobStore:
-    def __init__(self, db_path: str | Path, files_dir: str | Path | None = None) -> None:
+    def __init__(self, db_path: str | Path, files_dir: str | Path | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
         self.db_path = Path(db_path)
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         self.files_dir = Path(files_dir) if files_dir is not None else None
@@ -69,6 +88,7 @@ class JobStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
         self._mutex = threading.Lock()
+        self._migrate()
 
     @classmethod
     def in_data_dir(cls, data_dir: str | Path) -> JobStore:
@@ -95,10 +115,26 @@ class JobStore:
         with self._mutex:
             return self._db.execute(sql, args).fetchall()
 
+    def _now(self) -> int:
+        return int(self.clock())
+
+    def _migrate(self) -> None:
+        """Add the columns a journal made by an older llamactor lacks, in one transaction: its rows
+        belong to the default tenant, and its files expire ``FILE_TTL_S`` after this upgrade
+        (not after their creation: an upgrade deletes nothing at once)."""
+        with self._tx() as db:
+            for table, column, declared in ADDED_COLUMNS:
+                if column not in {r["name"] for r in db.execute(f"PRAGMA table_info({table})")}:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declared}")
+                    if (table, column) == ("files", "expires_at"):
+                        db.execute("UPDATE files SET expires_at = ?", (self._now() + FILE_TTL_S,))
+
     # -- files ---------------------------------------------------------------------------------
 
-    def add_file(self, data: bytes, filename: str, purpose: str, file_id: str | None = None) -> dict[str, Any]:
-        """Write ``data`` whole (temporary name, fsync, rename), then record it; returns the row."""
+    def add_file(self, data: bytes, filename: str, purpose: str, file_id: str | None = None, *,
+                 tenant: str = DEFAULT_TENANT, expires_after_s: int | None = None) -> dict[str, Any]:
+        """Write ``data`` whole (temporary name, fsync, rename), then record it; returns the row.
+        ``expires_after_s``: its life from now (None: until deleted)."""
         file_id = file_id or f"file-{uuid.uuid4().hex[:24]}"
         path = self.file_path(file_id)
         tmp = path.with_name(path.name + ".tmp")
@@ -107,10 +143,12 @@ class JobStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        row = {"id": file_id, "filename": filename, "purpose": purpose, "bytes": len(data),
-               "created_at": int(time.time())}
+        now = self._now()
+        row = {"id": file_id, "filename": filename, "purpose": purpose, "bytes": len(data), "created_at": now,
+               "tenant": tenant, "expires_at": None if expires_after_s is None else now + expires_after_s}
         with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO files VALUES (:id, :filename, :purpose, :bytes, :created_at)", row)
+            db.execute("INSERT OR REPLACE INTO files (id, filename, purpose, bytes, created_at, tenant, expires_at) "
+                       "VALUES (:id, :filename, :purpose, :bytes, :created_at, :tenant, :expires_at)", row)
         return row
 
     def file_path(self, file_id: str) -> Path:
@@ -120,43 +158,75 @@ class JobStore:
             raise KeyError(file_id)  # never a path outside the folder
         return self.files_dir / file_id
 
-    def file(self, file_id: str) -> dict[str, Any] | None:
-        rows = self._query("SELECT * FROM files WHERE id = ?", (file_id,))
+    def file(self, file_id: str, tenant: str | None = None) -> dict[str, Any] | None:
+        """The row of a file not expired (and ``tenant``'s, if given), or None."""
+        rows = self._query(f"SELECT * FROM files WHERE id = ? AND {LIVE} AND ? IN (tenant, '*')",
+                           (file_id, self._now(), _any(tenant)))
         return dict(rows[0]) if rows else None
 
-    def files(self, purpose: str | None = None) -> list[dict[str, Any]]:
-        if purpose is None:
-            return [dict(r) for r in self._query("SELECT * FROM files ORDER BY created_at DESC, id")]
-        return [dict(r) for r in self._query("SELECT * FROM files WHERE purpose = ? ORDER BY created_at DESC, id",
-                                             (purpose,))]
+    def files(self, purpose: str | None = None, tenant: str | None = None) -> list[dict[str, Any]]:
+        """The files not expired (of ``purpose``, of ``tenant``, when given), newest first."""
+        return [dict(r) for r in self._query(
+            f"SELECT * FROM files WHERE {LIVE} AND ? IN (purpose, '*') AND ? IN (tenant, '*') "
+            "ORDER BY created_at DESC, id", (self._now(), _any(purpose), _any(tenant)))]
 
-    def delete_file(self, file_id: str) -> bool:
+    def delete_file(self, file_id: str, tenant: str | None = None) -> bool:
+        """Delete a file not expired (and ``tenant``'s, if given); False if there is none."""
         with self._tx() as db:
-            deleted = db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount > 0
+            deleted = db.execute(f"DELETE FROM files WHERE id = ? AND {LIVE} AND ? IN (tenant, '*')",
+                                 (file_id, self._now(), _any(tenant))).rowcount > 0
         if deleted:
             self.file_path(file_id).unlink(missing_ok=True)
         return deleted
 
+    def sweep(self) -> list[str]:
+        """Delete every expired file, row and bytes, but the input of a batch not finished (it
+        goes at a sweep after the batch ends); returns their ids. Rows first, in one transaction
+        with the look at the batches (``create_batch`` checks its input in one too, so no batch
+        starts on a file being swept); bytes after, as ``delete_file`` does."""
+        with self._tx() as db:
+            busy = {json.loads(r["data"]).get("input_file_id") for r in db.execute(
+                f"SELECT data FROM batches WHERE status NOT IN ({','.join('?' * len(TERMINAL))})", tuple(TERMINAL))}
+            expired = [r["id"] for r in db.execute("SELECT id FROM files WHERE expires_at <= ?", (self._now(),))
+                       if r["id"] not in busy]
+            db.executemany("DELETE FROM files WHERE id = ?", [(file_id,) for file_id in expired])
+        for file_id in expired:
+            self.file_path(file_id).unlink(missing_ok=True)
+        return expired
+
     # -- batches -------------------------------------------------------------------------------
 
-    def create_batch(self, batch: dict[str, Any]) -> None:
+    def create_batch(self, batch: dict[str, Any], tenant: str = DEFAULT_TENANT) -> None:
+        """Record a new batch of ``tenant``. Its ``input_file_id``, if any, must name a ``batch``
+        file of that tenant, not expired (``KeyError`` if not), checked in the same transaction."""
         with self._tx() as db:
-            db.execute("INSERT INTO batches VALUES (?, ?, ?, ?)",
-                       (batch["id"], batch["status"], batch["created_at"], json.dumps(batch)))
+            input_file_id = batch.get("input_file_id")
+            if input_file_id is not None and db.execute(
+                    f"SELECT 1 FROM files WHERE id = ? AND tenant = ? AND purpose = 'batch' AND {LIVE}",
+                    (input_file_id, tenant, self._now())).fetchone() is None:
+                raise KeyError(input_file_id)
+            db.execute("INSERT INTO batches (id, status, created_at, data, tenant) VALUES (?, ?, ?, ?, ?)",
+                       (batch["id"], batch["status"], batch["created_at"], json.dumps(batch), tenant))
 
-    def batch(self, batch_id: str) -> dict[str, Any] | None:
-        """The Batch object as stored, with ``request_counts`` counted from its lines."""
-        rows = self._query("SELECT data FROM batches WHERE id = ?", (batch_id,))
+    def batch(self, batch_id: str, tenant: str | None = None) -> dict[str, Any] | None:
+        """The Batch object as stored (``tenant``'s, if given), with ``request_counts`` counted
+        from its lines."""
+        rows = self._query("SELECT data FROM batches WHERE id = ? AND ? IN (tenant, '*')", (batch_id, _any(tenant)))
         if not rows:
             return None
         batch: dict[str, Any] = json.loads(rows[0]["data"])
         batch["request_counts"] = self.counts(batch_id).as_dict()
         return batch
 
-    def batch_ids(self, statuses: tuple[str, ...] | None = None) -> list[str]:
-        """Newest first."""
-        rows = self._query("SELECT id, status FROM batches ORDER BY created_at DESC, rowid DESC")
+    def batch_ids(self, statuses: tuple[str, ...] | None = None, tenant: str | None = None) -> list[str]:
+        """Newest first (``tenant``'s only, if given)."""
+        rows = self._query("SELECT id, status FROM batches WHERE ? IN (tenant, '*') ORDER BY created_at DESC, "
+                           "rowid DESC", (_any(tenant),))
         return [r["id"] for r in rows if statuses is None or r["status"] in statuses]
+
+    def owner(self, batch_id: str) -> str:
+        """The tenant a batch (one there is) belongs to."""
+        return str(self._query("SELECT tenant FROM batches WHERE id = ?", (batch_id,))[0]["tenant"])
 
     def update_batch(self, batch_id: str, status: str | None = None, **fields: Any) -> dict[str, Any]:
         """Set ``fields`` and move to ``status`` (checked against OpenAI's lifecycle; its
@@ -170,7 +240,7 @@ class JobStore:
                 check_transition(batch["status"], status)
                 batch["status"] = status
                 if status in TIMESTAMP_OF:
-                    batch[TIMESTAMP_OF[status]] = int(time.time())
+                    batch[TIMESTAMP_OF[status]] = self._now()
             batch.update(fields)
             db.execute("UPDATE batches SET status = ?, data = ? WHERE id = ?",
                        (batch["status"], json.dumps(batch), batch_id))
@@ -195,7 +265,7 @@ class JobStore:
                 if batch["status"] != status:
                     check_transition(batch["status"], status)
                     batch["status"] = status
-                    batch[TIMESTAMP_OF[status]] = int(time.time())
+                    batch[TIMESTAMP_OF[status]] = self._now()
                 db.execute("UPDATE batches SET status = ?, data = ? WHERE id = ?", (status, json.dumps(batch), batch_id))
 
     def has_lines(self, batch_id: str) -> bool:

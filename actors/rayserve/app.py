@@ -21,6 +21,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from llamactor.base.logging import get_logger
+from llamactor.base.tenants import KeyTable
 from llamactor.http.server import create_app
 from llamactor.http.state import ServerState
 from llamactor.base.logging import configure_from_env
@@ -37,9 +38,9 @@ INGRESS_MAX_ONGOING = 4096
 @serve.ingress()  # the app is built per ingress replica, after __init__ (it holds the handles)
 class Ingress:
     def __init__(self, specs: list[ModelSpec], handles: list[DeploymentHandle], api_key: str | None,
-                 max_body_bytes: int) -> None:
+                 max_body_bytes: int, keys: KeyTable | None = None) -> None:
         configure_from_env()  # this Ray worker process is ours: its entry point
-        self.state = ServerState([s.name for s in specs], api_key, max_body_bytes)
+        self.state = ServerState([s.name for s in specs], api_key, max_body_bytes, keys)
         self.state.router = RemoteRouter([RemoteReplicas(s, h) for s, h in zip(specs, handles, strict=True)])
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -62,17 +63,19 @@ def model_deployment(spec: ModelSpec) -> Any:
     return deployment.bind(spec)
 
 
-def build_app(specs: list[ModelSpec], *, api_key: str | None = None, max_body_bytes: int = 4 << 20) -> Any:
+def build_app(specs: list[ModelSpec], *, api_key: str | None = None, max_body_bytes: int = 4 << 20,
+              keys: KeyTable | None = None) -> Any:
     """The application to ``serve.run``: the ingress over one deployment per model."""
     ingress: Any = serve.deployment(Ingress, name="llamactor-ingress", max_ongoing_requests=INGRESS_MAX_ONGOING,
                                ray_actor_options={"num_cpus": 0})
-    return ingress.bind(specs, [model_deployment(s) for s in specs], api_key, max_body_bytes)
+    return ingress.bind(specs, [model_deployment(s) for s in specs], api_key, max_body_bytes, keys)
 
 
 def serve_on_ray(specs: list[ModelSpec], *, host: str, port: int, api_key: str | None,
-                 max_body_bytes: int) -> int:
+                 max_body_bytes: int, keys: KeyTable | None = None) -> int:
     """``llamactor serve --ray``: deploy, wait for SIGTERM/SIGINT, then remove the app (and stop
-    the local Ray instance if this process started it)."""
+    the local Ray instance if this process started it). ``keys``: the tenants' keys, read once
+    (a SIGHUP does not reach the ingress replicas: redeploy to change them)."""
     import ray
 
     cluster = os.environ.get("RAY_ADDRESS")
@@ -85,7 +88,7 @@ def serve_on_ray(specs: list[ModelSpec], *, host: str, port: int, api_key: str |
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": host, "port": port})
-        serve.run(build_app(specs, api_key=api_key, max_body_bytes=max_body_bytes), name=APP_NAME,
+        serve.run(build_app(specs, api_key=api_key, max_body_bytes=max_body_bytes, keys=keys), name=APP_NAME,
                   route_prefix="/")
         for spec in specs:
             log.info("model_ready", model=spec.name, replicas=spec.replicas, ray=True)

@@ -1,0 +1,78 @@
+"""``Limiter``: the tenants' requests and tokens per minute, enforced where requests are submitted
+(any caller thread: the pure ``RateLimits`` under a lock). A request is refused with
+``RateLimitError`` before anything is queued; once it ends, its real token count settles what its
+estimate reserved.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llamactor.base.completion import Completion, Embeddings
+from llamactor.base.request import EmbeddingRequest, GenerationRequest
+from llamactor.base.tenants import Tenant
+from llamactor.scheduling.rate_limits import Limits, RateLimits, estimate_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    tenant: Tenant
+    tokens: int
+    limits: Limits  # what the tenant has left after it (the x-ratelimit-* headers)
+
+
+def generation_estimate(request: GenerationRequest) -> int:
+    chars = len(request.text or "") + sum(len(str(m.get("content") or "")) for m in request.messages or ())
+    chars += sum(len(c) for c in request.continuations if isinstance(c, str))
+    ids = len(request.token_ids or ()) + sum(len(c) for c in request.continuations if not isinstance(c, str))
+    return estimate_tokens(chars, ids, request.params.max_tokens, request.n)
+
+
+def embedding_estimate(request: EmbeddingRequest) -> int:
+    return sum(len(x) // 4 + 1 if isinstance(x, str) else len(x) for x in request.inputs)
+
+
+class Limiter:
+    """Rate limits of the tenants that have them; thread-safe."""
+
+    def __init__(self) -> None:
+        self._limits = RateLimits()
+        self._lock = threading.Lock()
+
+    def reserve(self, tenant: Tenant, tokens: int) -> Reservation:
+        """``RateLimitError`` (429) over the tenant's limits, ``InvalidRequestError`` for a
+        request that could never fit them; else what it took."""
+        with self._lock:
+            return Reservation(tenant, tokens, self._limits.reserve(tenant, tokens, time.monotonic()))
+
+    def settle_when_done(self, reservation: Reservation, futures: Sequence[concurrent.futures.Future[Any]]) -> None:
+        """Once every future is done, give back the estimate and take the tokens really used."""
+        if not reservation.limits.values or not futures:
+            return
+        remaining = [len(futures)]
+        lock = threading.Lock()
+
+        def done(_: concurrent.futures.Future[Any]) -> None:
+            with lock:
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+            with self._lock:
+                self._limits.settle(reservation.tenant, reservation.tokens, used_tokens(futures), time.monotonic())
+        for future in futures:
+            future.add_done_callback(done)
+
+
+def used_tokens(futures: Sequence[concurrent.futures.Future[Any]]) -> int:
+    """The tokens the finished futures' results report (the prompt once, every choice's output);
+    a failed or cancelled one counts none."""
+    results = [f.result() for f in futures if not f.cancelled() and f.exception() is None]
+    completions = [r for r in results if isinstance(r, Completion)]
+    embedded = sum(r.prompt_tokens for r in results if isinstance(r, Embeddings))
+    prompt = max((c.usage.prompt_tokens for c in completions), default=0)
+    return embedded + prompt + sum(c.usage.completion_tokens for c in completions)
