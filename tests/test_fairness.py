@@ -71,6 +71,22 @@ def test_backlogged_tenants_are_served_tokens_in_proportion_to_their_weights(see
             assert abs(shares[name] - want) <= 0.1 * want, (weights, shares)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_sequences_freed_together_are_shared_between_tenants_and_nothing_is_preempted_back(seed: int) -> None:
+    rng = random.Random(seed)
+    s = Scheduler(n_parallel=8, n_batch=512, batch_size=8, batch_timeout_s=0.0, max_queue=10_000,
+                  index=PrefixIndex(n_seq_ids=12, n_cells=8192), keep_finished=True)
+    a, b = Tenant("a"), Tenant("b")
+    for i in range(48):  # equal answers: every 64 steps all 8 sequences end at once
+        s.add(seq(a if i % 2 == 0 else b, rng.randint(12, 18), 64, 0.0, f"r{i}", rng))
+    served, finished, now, steps = Counter[str](), [], 0.0, 0
+    while s.pending or s.running:
+        now, steps = now + 1.0, steps + 1
+        step(s, now, served, finished)
+        assert abs(sum(1 for x in s.running if x.tenant == "a") - len(s.running) / 2) <= 1
+    assert s.n_preemptions == 0 and steps == 48 * 64 // 8
+
+
 def test_a_tenant_alone_gets_every_sequence_and_its_cap_holds_when_set() -> None:
     rng = random.Random(1)
     for cap, expected in ((None, 8), (3, 3)):
@@ -120,26 +136,36 @@ def test_a_tenant_back_from_idle_gets_no_banked_credit() -> None:
     assert fair.rank(b)[0] == fair.rank(a)[0]
 
 
-def test_while_generation_waits_scoring_keeps_only_its_share_of_the_sequences() -> None:
-    rng = random.Random(4)
-    s = Scheduler(n_parallel=8, n_batch=256, batch_size=1, batch_timeout_s=0.0, max_queue=1000, score_share=0.25,
-                  index=PrefixIndex(n_seq_ids=16, n_cells=100_000))
-    tenant = Tenant("t")
+def test_after_the_engine_was_idle_two_tenants_arriving_one_after_the_other_start_even() -> None:
+    fair = FairShare()
+    first, second = Tenant("first"), Tenant("second")
+    rng = random.Random(5)
+    a, b = seq(first, 10, 1, 0.0, "a", rng), seq(second, 10, 1, 0.0, "b", rng)
+    fair.activate(b, [])
+    fair.charge(b, 5_000)  # second was served more in an earlier busy period; then all went idle
+    fair.activate(a, [])
+    fair.activate(b, [a])
+    assert fair.rank(a) == fair.rank(b) == (0.0,)
 
-    def scored(i: int) -> Sequence:
-        x = seq(tenant, 120, 0, 0.0, f"s{i}", rng)
-        x.scoring, x.prompt_only = ScoreState(start=1, n_prompt=120, n_top=0), True
-        return x
-    for i in range(40):  # scoring callers fill every sequence while nothing else waits
-        s.add(scored(i))
-    s.schedule(1.0)
-    assert sum(x.work_class == "score" for x in s.running) == 8
-    for i in range(8):
-        s.add(seq(tenant, 10, 20, 1.0, f"g{i}", rng))
-    for step_no in range(2, 12):  # one scoring sequence gives way a step, down to its share (8 x 0.25)
-        plan = s.schedule(float(step_no))
-        assert all(x.work_class == "score" for x in plan.preempted) and len(plan.preempted) <= 1
-    assert Counter(x.work_class for x in s.running) == {"score": 2, "generate": 6}
+
+def test_young_scoring_gives_its_sequences_to_waiting_generation_and_patient_scoring_keeps_its_turn() -> None:
+    rng = random.Random(4)
+    for submitted, expected in ((0.0, {"generate": 8}), (-60.0, {"score": 8})):
+        s = Scheduler(n_parallel=8, n_batch=256, batch_size=1, batch_timeout_s=0.0, max_queue=1000,
+                      index=PrefixIndex(n_seq_ids=16, n_cells=100_000))
+        tenant = Tenant("t")
+        for i in range(40):  # scoring callers fill every sequence while nothing else waits
+            x = seq(tenant, 120, 0, submitted, f"s{i}", rng)
+            x.scoring, x.prompt_only = ScoreState(start=1, n_prompt=120, n_top=0), True
+            s.add(x)
+        s.schedule(1.0)
+        assert sum(x.work_class == "score" for x in s.running) == 8
+        for i in range(8):
+            s.add(seq(tenant, 10, 20, 1.0, f"g{i}", rng))
+        for step_no in range(2, 12):  # one scoring sequence a step gives way, while it is young
+            plan = s.schedule(float(step_no))
+            assert all(x.work_class == "score" for x in plan.preempted) and len(plan.preempted) <= 1
+        assert Counter(x.work_class for x in s.running) == expected
 
 
 def test_work_fallen_far_behind_gets_a_sequence_by_preemption_even_with_one_running() -> None:

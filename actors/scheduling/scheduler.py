@@ -8,9 +8,10 @@ has KV for, and packs one step's token budget (``n_batch``): one decode token pe
 sequence first, then prompt chunks by urgency, so a long prompt is prefilled over several steps
 instead of stalling the others.
 
-Fairness (``FairShare``): between tenants, and between a tenant's classes of work, the least
-served goes first -- admitted first, its prompt chunks packed first, preempted last -- and each
-tenant's ``max_running`` caps its sequences; within a class, the policy's order holds.
+Fairness (``FairShare``, ``fair_order``): the least served tenant goes first -- admitted first,
+its prompt chunks packed first, preempted last, and preempting for when it falls far behind --
+and each tenant's ``max_running`` caps its sequences; within a flow (tenant, class of work), the
+policy's order holds.
 
 KV room: a request is admitted only when its uncomputed tokens fit in what is free or held by
 cached prefixes, after what the running sequences still have to compute. When a step's tokens
@@ -23,22 +24,22 @@ fails.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterator
 
 from llamactor.base.errors import QueueFullError
-from llamactor.scheduling.fairness import GENERATE, PREEMPT_LEAD, SCORE, FairShare
+from llamactor.scheduling.fair_order import ahead_of, fair_order
+from llamactor.scheduling.fairness import FairShare
 from llamactor.scheduling.policy import Policy
-from llamactor.scheduling.prefix_index import KvOp, Match, PrefixIndex, common_prefix_len
-from llamactor.scheduling.prompt_scores import ROW_COST, ScoreCache, fit_chunk
+from llamactor.scheduling.prefix_index import KvOp, Match, PrefixIndex
+from llamactor.scheduling.prefix_sharing import waits_for_prefix, waits_for_scores
+from llamactor.scheduling.prompt_scores import ScoreCache
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
+from llamactor.scheduling.step_packing import pack_step
 from llamactor.scheduling.tier_index import RestoreOp, TierMatch, restore_pays
 
 TierLookup = Callable[[str, list[int]], TierMatch]  # a lower cache tier's longest match (scope, tokens)
 
 __all__ = ["Chunk", "Scheduler", "Sequence", "StepPlan"]
-
-SCORE_SHARE_MIN_ROWS = 4  # a scoring prompt waits for another's rows when it would reuse this many
 
 
 class Scheduler:
@@ -81,12 +82,6 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.n_preemptions = 0
         self.fair = FairShare()
-
-    @property
-    def scoring_slots(self) -> int:
-        """Sequences prompt scoring may hold while generation waits for one: its share of the
-        sequences, as of the compute (``score_share``; all of them when nothing else waits)."""
-        return max(1, int(self.n_parallel * min(1.0, self.score_share)))
 
     @property
     def n_free(self) -> int:
@@ -172,7 +167,7 @@ class Scheduler:
                 self.score_cache.fill(seq.scope, seq.token_ids, seq.scoring)
             reusable = self._reusable(seq)
             match = self._lookup(seq, reusable)
-            if self._worth_waiting(seq, reusable, match) or self._worth_waiting_for_scores(seq):
+            if self._worth_waiting(seq, reusable, match):
                 continue
             needed = len(seq.token_ids) - match.n_tokens
             if needed > room - match.n_tokens and self.running:
@@ -197,54 +192,23 @@ class Scheduler:
 
     def _preempt_for_fairness(self, plan: StepPlan, now: float) -> None:
         """Every sequence is taken and what fairness would admit next waits behind work served
-        more: preempt one sequence of that work (the most served one's least urgent), so the
-        waiting work gets a sequence next step rather than when a whole answer ends. Waiting work
-        counts as behind when its tenant has nothing running (and another, served as much or
-        more, runs several), when it is generation and scoring holds more than its share of the
-        sequences (``scoring_slots``), or when it is ``PREEMPT_LEAD`` weighted tokens behind. The preempted sequence
-        keeps its KV as a cached prefix and resumes from it (so not without the prefix cache)."""
+        more (``fair_order.ahead_of``): preempt one sequence of that work (the most served one's
+        least urgent), so the waiting work gets a sequence next step rather than when a whole
+        answer ends. The preempted sequence keeps its KV as a cached prefix and resumes from it
+        (so not without the prefix cache)."""
         if self.n_free > 0 or not self.keep_finished or not self.pending:
             return
         head = next(self._admission_order(now), None)
-        if head is None:
-            return
-        running = Counter(s.tenant for s in self.running)
-        scoring = [s for s in self.running if s.work_class == SCORE]
-        if running[head.tenant] == 0:  # (not for work that is itself ahead of them)
-            ahead = [s for s in self.running if running[s.tenant] >= 2 and self.fair.lead(s, head) >= 0]
-        elif head.work_class == GENERATE and len(scoring) > self.scoring_slots:
-            ahead = scoring  # scoring holds more than its share of the sequences while generation waits
-        else:
-            ahead = [s for s in self.running if self.fair.lead(s, head) > PREEMPT_LEAD]
+        ahead = [] if head is None else ahead_of(head, self.running, self.fair, now)
         if ahead:
             victim = self.policy.preemption_victim(ahead, now, self.fair.rank)
             plan.kv_ops += self._preempt(victim, now)
             plan.preempted.append(victim)
 
     def _admission_order(self, now: float) -> Iterator[Sequence]:
-        """The waiting sequences fairly: each time, the head (in the policy's order) of the least
-        served tenant's least served class, among the tenants below their ``max_running`` (equal
-        counters -- a tenant just arrived is lifted to the least -- go to the one running fewer).
-        A generator: what is admitted meanwhile changes the counters and the running counts."""
+        """The waiting sequences in the policy's order, then fairly (``fair_order``)."""
         ordered = self.policy.order_waiting(self.pending, now, lambda s: self._lookup(s, self._reusable(s)).n_tokens)
-        flows: dict[tuple[str, str], list[Sequence]] = {}
-        for seq in ordered:
-            flows.setdefault((seq.tenant, seq.work_class), []).append(seq)
-        place = {id(s): i for i, s in enumerate(ordered)}
-        generation_waits = any(s.work_class == GENERATE for s in self.pending)
-        while flows:
-            running = Counter(s.tenant for s in self.running)
-            n_scoring = sum(1 for s in self.running if s.work_class == SCORE)
-            heads = [q[0] for q in flows.values() if (q[0].max_running is None or running[q[0].tenant] < q[0].max_running)
-                     and not (q[0].work_class == SCORE and generation_waits and n_scoring >= self.scoring_slots)]
-            if not heads:
-                return
-            seq = min(heads, key=lambda s: (self.fair.rank(s), running[s.tenant], place[id(s)]))
-            flow = flows[(seq.tenant, seq.work_class)]
-            flow.pop(0)
-            if not flow:
-                del flows[(seq.tenant, seq.work_class)]
-            yield seq
+        return fair_order(ordered, self.running, self.fair, now)
 
     @staticmethod
     def _reusable(seq: Sequence) -> list[int]:
@@ -297,70 +261,19 @@ class Scheduler:
         return self.index.lookup(tokens, scope=seq.scope, pinned_only=not self.keep_finished)
 
     def _worth_waiting(self, seq: Sequence, reusable: list[int], match: Match) -> bool:
-        """A running sequence of its scope still prefilling will soon hold more of ``reusable``
-        than the cache."""
-        if not self.keep_finished or match.n_tokens >= len(reusable):
-            return False
-        for other in self.running:
-            if other.n_past < other.n_prompt and other.scope == seq.scope:
-                shared = min(common_prefix_len(reusable, other.token_ids), other.n_prompt)
-                gain = shared - match.n_tokens
-                if gain > 0 and (gain >= self.share_min_tokens or shared == len(reusable)):
-                    return True
-        return False
-
-    def _worth_waiting_for_scores(self, seq: Sequence) -> bool:
-        """A scoring sequence waits while a running one computes the rows of a prefix they share:
-        those rows then come from the ScoreCache, and the KV behind them from the prefix cache
-        (lm-eval sends a question's choices as separate requests, all at once)."""
-        if seq.scoring is None or seq.scoring.done or not self.keep_finished:
-            return False
-        for other in self.running:
-            if other.scoring is not None and not other.scoring.done and other.scope == seq.scope \
-                    and other.scoring.can_fill(seq.scoring):
-                known_then = min(common_prefix_len(seq.token_ids, other.token_ids), other.n_prompt) - 1
-                if known_then - seq.scoring.next_row >= SCORE_SHARE_MIN_ROWS:
-                    return True
-        return False
+        """A running sequence will soon hold what ``seq`` shares with it (``prefix_sharing``);
+        only with the prefix cache, which is how the cells would reach ``seq``."""
+        return self.keep_finished and (
+            waits_for_prefix(seq, reusable, match.n_tokens, self.running, self.share_min_tokens)
+            or waits_for_scores(seq, self.running))
 
     # -- packing and room ---------------------------------------------------------------------
 
     def _pack(self, plan: StepPlan, now: float) -> None:
-        """One token per decoding sequence, then prompt chunks by urgency, within ``n_batch``;
-        scoring prompts last, within the row budget and, beside other work, the scoring share."""
-        budget = self.n_batch
-        prefilling: list[Sequence] = []
-        scoring: list[Sequence] = []
-        for seq in self.running:
-            if seq.n_unprocessed == 1 and (seq.scoring is None or seq.scoring.done):
-                plan.chunks.append(Chunk(seq, 1))
-                budget -= 1
-            else:
-                (prefilling if seq.scoring is None else scoring).append(seq)
-        for seq in sorted(prefilling, key=lambda s: (self.fair.rank(s), self.policy.urgency(s, now))):
-            if budget <= 0:
-                break
-            n = min(seq.n_unprocessed, budget)
-            plan.chunks.append(Chunk(seq, n))
-            budget -= n
-        rows, units = self.score_rows, self._scoring_units(plan)
-        for seq in sorted(scoring, key=lambda s: (self.fair.rank(s), self.policy.urgency(s, now))):
-            if budget <= 0:
-                break
-            assert seq.scoring is not None
-            n, lo, hi = fit_chunk(seq.scoring, seq.n_past, min(seq.n_unprocessed, budget), rows, units)
-            if n == 0:
-                continue
-            plan.chunks.append(Chunk(seq, n, lo, hi))
-            budget, rows = budget - n, rows - (hi - lo)
-            if units is not None:
-                units -= n + ROW_COST * (hi - lo)
-
-    def _scoring_units(self, plan: StepPlan) -> int | None:
-        """What scoring may add to a step beside other work (tokens + ``ROW_COST`` per row): the
-        scoring share of that work, at least one row's worth; None when there is no other work."""
-        other = sum(c.n_tokens + ROW_COST * c.samples for c in plan.chunks if c.seq.scoring is None)
-        return max(1 + ROW_COST, int(self.score_share * other)) if other else None
+        """This step's chunks (``pack_step``): prompts of the least served tenant first, then the
+        most urgent."""
+        plan.chunks += pack_step(self.running, self.n_batch, self.score_rows, self.score_share,
+                                 lambda s: (self.fair.rank(s), self.policy.urgency(s, now)))
 
     def _make_room(self, plan: StepPlan, now: float) -> None:
         """Evict cached prefixes, then preempt the least urgent, until the step's tokens fit."""
