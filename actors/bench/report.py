@@ -56,6 +56,10 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("kv q8_0: KV bytes per token, q8_0 / f16", "kv_q8.kv_bytes_ratio", "<=", 0.55),
     ("kv q8_0: tok/s at 16 streams, q8_0 / f16", "kv_q8.tok_s_ratio", ">=", 0.9),
     ("memory: daemon RSS after one request (16 seqs, 8k), llamactor / llama-server", "memory.rss_ratio", "<=", 1.2),
+    ("tenants: quiet tenant's latency beside a 48-request flood on 8 / alone", "tenants.quiet_latency_ratio",
+     "<=", 2.5),
+    ("tenants: throughput, two backlogged tenants / one", "tenants.two_tenant_throughput_ratio", ">=", 0.97),
+    ("tenants: service shares of backlogged tenants, largest error vs weights", "tenants.share_error", "<=", 0.10),
 ]
 
 

@@ -9,7 +9,7 @@ prefix cache's *multiturn* and *few_shot* (``prefix``), the scheduler's *priorit
 packed embeddings (``embeddings``), lm-eval-style prompt scoring (``scoring``), two replicas behind the
 router (``replicas``), durable batch jobs (``batch``: ``batch_jobs``), 16 streams across 3 batcher
 crashes (``resilience``), a q8_0 KV cache and the daemon's resident memory (``memory``), the cache
-tiers' *many_users* and *warm_restart* (``tiers``), and with a
+tiers' *many_users* and *warm_restart* (``tiers``), fair shares between tenants (``tenants``), and with a
 llama-server binary the *peer* leg (``peer``). The shared pieces live beside them: ``settings``
 (``BenchSettings``, re-exported here for the CLI), ``measure``, ``prompts``, ``conversations``,
 ``servers``, ``baselines``; ``report`` turns the results into the table.
@@ -33,6 +33,7 @@ from llamactor.bench import (
     scheduling,
     scoring,
     structured,
+    tenants,
     tiers,
 )
 from llamactor.bench.settings import BenchSettings
@@ -57,7 +58,8 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "batch": (3, batch_jobs.bench_batch),
         "crash_streams": (2, resilience.bench_crash_streams), "kv_q8": (2, memory.bench_kv_q8),
         "memory": (3, memory.bench_memory),
-        "many_users": (2, tiers.bench_many_users), "warm_restart": (3, tiers.bench_warm_restart)}
+        "many_users": (2, tiers.bench_many_users), "warm_restart": (3, tiers.bench_warm_restart),
+        "tenants": (tenants.n_ticks(s), tenants.bench_tenants)}
     if s.peer_server:
         found["peer"] = (2, peer.bench_peer)
     return found
