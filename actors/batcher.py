@@ -25,6 +25,7 @@ from llamactor.cache_tiers import CacheTiers
 from llamactor.embedding_steps import EmbeddingSteps
 from llamactor.scheduling.embedding_queue import EmbeddingQueue
 from llamactor.grammar_sampler import GrammarSampler
+from llamactor.graph_chains import GraphChains, sample_rows
 from llamactor.base.messages import (
     AuditKv,
     BatcherFailed,
@@ -86,7 +87,9 @@ class BatcherActor(pykka.ThreadingActor):
             self.engine = Engine(self.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
                                  n_seq_max=cfg.seq_ids, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
                                  chat_template=cfg.chat_template, kv_type=cfg.kv_type, flash_attn=cfg.flash_attn,
-                                 test_hang=cfg.watchdog_test_hang and self.generation == 1)
+                                 test_hang=cfg.watchdog_test_hang and self.generation == 1,
+                                 graph_sampling=cfg.sample_in_graph)
+            self.chains = GraphChains(self.engine)
             self.sampler = GrammarSampler(self.engine.info.n_vocab)
             self.embeddings = EmbeddingSteps(
                 EmbeddingQueue(cfg.embedding_n_batch, cfg.embedding_n_seq_max, cfg.embedding_time_share),
@@ -210,6 +213,7 @@ class BatcherActor(pykka.ThreadingActor):
                 if msg.reply.progress is not None and params.prompt_logprobs is None:
                     params = self.prompts.fit(msg, params, len(msg.reply.progress.prompt_ids), n_ctx_seq)
                     seq = resume_sequence(msg, params, self.engine.tokenizer)
+                    self.chains.give(seq, msg.reply.progress)
                     log.info("request_resumed", n_prompt=seq.n_prompt, n_generated=seq.n_generated,
                              n_resumed=seq.n_resumed)
                     if (reason := seq.state.ended(seq, n_ctx_seq)) is not None:
@@ -219,6 +223,8 @@ class BatcherActor(pykka.ThreadingActor):
                     tokens, n_context = self.prompts.prompt_tokens(msg)
                     params = self.prompts.fit(msg, params, len(tokens), n_ctx_seq)
                     seq = start_sequence(msg, tokens, n_context, params, self.engine.tokenizer)
+                assert msg.reply.progress is not None
+                self.chains.give(seq, msg.reply.progress)
                 self.scheduler.add(seq)
                 msg.reply.mark_queued()
             except LlamactorError as e:
@@ -277,6 +283,7 @@ class BatcherActor(pykka.ThreadingActor):
             seq = self.scheduler.restore_failed(seq_id)
             plan.chunks = [c for c in plan.chunks if c.seq is not seq]
         for seq in plan.preempted:
+            self.chains.release(seq, finished=False)
             log.info("request_preempted", request_id=seq.request_id, n_tokens=len(seq.token_ids),
                      n_preempted=seq.n_preempted, priority=seq.priority)
         for seq in plan.failed:
@@ -285,6 +292,7 @@ class BatcherActor(pykka.ThreadingActor):
                 f"(n_ctx={self.engine.info.n_ctx}, {self.index.pinned_cells()} cells pinned by system prompts)"))
         if not plan.chunks:
             return
+        self.chains.before_step(plan)
         t1 = time.perf_counter()
         result = self._run(plan)
         t2 = time.perf_counter()
@@ -348,7 +356,8 @@ class BatcherActor(pykka.ThreadingActor):
                 self._finish(chunk.seq, "length")
         if rows.to_sample:
             self._sample(rows.to_sample, result.logits if len(rows.sample_rows) == len(result.logits)
-                         else result.logits[rows.sample_rows], now)
+                         else result.logits[rows.sample_rows],
+                         None if result.tokens is None else result.tokens[rows.sample_rows], now)
         for chunk in plan.chunks:
             if chunk.seq.seq_id in result.failed_seq_ids:  # the index and llama.cpp disagreed on room
                 self._finish(chunk.seq, "context_full", ContextFullError(
@@ -358,14 +367,16 @@ class BatcherActor(pykka.ThreadingActor):
             self._last_stats_log = now
             log.info("batcher_stats", **self.stats())
 
-    def _sample(self, to_sample: list[Sequence], logits: np.ndarray, now: float) -> None:
-        """Draw each sampling row's token, stream it, and end the sequences that are done."""
+    def _sample(self, to_sample: list[Sequence], logits: np.ndarray, graph_tokens: np.ndarray | None,
+                now: float) -> None:
+        """Draw each sampling row's token (or take the one llama.cpp drew in the graph), stream
+        it, and end the sequences that are done."""
         t_sample = time.perf_counter()
         mask_ms = self.sampler.mask_ms
-        sampled = self.sampler.sample(logits, [s.state.row_spec(s.token_ids) for s in to_sample],
-                                      [s.state.matcher for s in to_sample])
+        sampled, n_in_graph = sample_rows(self.sampler, to_sample, logits, graph_tokens)
         self.step_ms["mask"] += self.sampler.mask_ms - mask_ms
         self.step_ms["sample"] += (time.perf_counter() - t_sample) * 1000 - (self.sampler.mask_ms - mask_ms)
+        self.counters["tokens_sampled_in_graph"] += n_in_graph
         for seq, token, logprob, top in zip(to_sample, sampled.tokens, sampled.logprobs, sampled.top):
             if seq.first_token_at is None:
                 seq.first_token_at = now
@@ -379,6 +390,7 @@ class BatcherActor(pykka.ThreadingActor):
     def _finish(self, seq: Sequence, reason: str, error: LlamactorError | None = None, *,
                 kv_lost: bool = False) -> None:
         """End ``seq``; ``kv_lost``: the engine already removed its cells (no KV slot in a decode)."""
+        self.chains.release(seq, finished=True)
         self._apply(self.scheduler.finish(seq, time.perf_counter(), kv_lost=kv_lost))
         self.counters["requests_finished"] += 1
         finish_request(seq, reason, error, self.engine.tokenizer)

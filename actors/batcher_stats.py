@@ -27,7 +27,7 @@ class StepCounters:
     counts: dict[str, int] = field(default_factory=lambda: {
         "steps": 0, "tokens_generated": 0, "prompt_tokens_computed": 0, "tokens_recomputed": 0,
         "requests_finished": 0, "step_sequences": 0,
-        "prompt_rows_scored": 0})
+        "prompt_rows_scored": 0, "tokens_sampled_in_graph": 0})
     step_ms: dict[str, float] = field(default_factory=lambda: {
         "schedule": 0.0, "decode": 0.0, "mask": 0.0, "sample": 0.0, "score": 0.0, "postprocess": 0.0})
 

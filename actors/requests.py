@@ -23,6 +23,7 @@ from llamactor.base.errors import CancelledError, InvalidRequestError, Llamactor
 from llamactor.grammar_sampler import new_matcher
 from llamactor.base.messages import Generate, Progress, ReplyChannel
 from llamactor.base.tools import parse_tool_calls
+from llamactor.native.graph_sampling import GraphChain
 from llamactor.native.sampling import RowSpec
 from llamactor.native.tokenizer import Tokenizer
 from llamactor.output import TextAssembler
@@ -44,6 +45,7 @@ class RequestState:
     error: LlamactorError | None = None  # why accept() ended the request, if it went wrong
     n_logprobs_sent: int = 0  # logprobs already attached to streamed pieces
     progress: Progress | None = None  # the checkpoint on the request's reply channel, kept up to date
+    graph: GraphChain | None = None  # its sampler chain when llama.cpp samples it inside the graph
 
     @classmethod
     def create(cls, params: SamplingParams, tokenizer: Tokenizer) -> RequestState:

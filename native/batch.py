@@ -37,7 +37,11 @@ class ReusableBatch:
         self._seq_id_ptrs = (_I32P * capacity)(*(ctypes.cast(base + 8 * i, _I32P) for i in range(capacity)))
         self.n_tokens = 0
 
-    def fill(self, token: np.ndarray, pos: np.ndarray, seq_id: np.ndarray, logits: np.ndarray) -> None:
+    def fill(self, token: np.ndarray, pos: np.ndarray, seq_id: np.ndarray, logits: np.ndarray,
+             unshadowed: np.ndarray | None = None) -> None:
+        """``unshadowed``: the entries that carry their sequence's id alone this step (rows
+        sampled inside the graph: llama.cpp copies every row's logits to the host while any output
+        row carries a sequence without a sampler, and a shadow never has one)."""
         n = len(token)
         if n > self.capacity:
             raise ValueError(f"{n} tokens exceed the batch capacity {self.capacity}")
@@ -48,6 +52,10 @@ class ReusableBatch:
             self.seq_id[:n, 1] = seq_id
             self.seq_id[:n, 1] += self.shadow_offset
         self.logits[:n] = logits
+        if self.shadow_offset is not None:
+            self._n_seq_id[:n] = 2
+            if unshadowed is not None:
+                self._n_seq_id[:n][unshadowed] = 1
         self.n_tokens = n
 
     def view(self) -> llama_cpp.llama_batch:

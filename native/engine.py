@@ -29,6 +29,7 @@ from llamactor.native.abort import AbortFlag, TestHang
 from llamactor.native.batch import ReusableBatch
 from llamactor.base.chat_template import ChatTemplate
 from llamactor.native.embedding import Embedder, default_pooling
+from llamactor.native.graph_sampling import TOKEN_NULL, GraphChain, GraphSamplers, probe_chain
 from llamactor.native import host_pages, kv_state
 from llamactor.native.kv_state import SeqState
 from llamactor.native.tokenizer import Tokenizer
@@ -64,12 +65,16 @@ _FLASH_ATTN_TYPES = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_c
 class DecodeResult:
     logits: np.ndarray  # [rows, n_vocab]: one row per entry that asked for logits, in order
     failed_seq_ids: frozenset[int]  # sequences that found no KV slot; their rows are meaningless
+    # Per output row, the token llama.cpp drew in the graph (TOKEN_NULL: none; that row's logits
+    # are in ``logits``). None: no row was sampled in the graph. A graph row's logits are not read.
+    tokens: np.ndarray | None = None
 
 
 class Engine:
     def __init__(self, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
                  n_threads: int, n_gpu_layers: int = 0, chat_template: str | None = None,
-                 kv_type: str = "f16", flash_attn: str = "auto", test_hang: bool = False) -> None:
+                 kv_type: str = "f16", flash_attn: str = "auto", test_hang: bool = False,
+                 graph_sampling: bool = True) -> None:
         _init_backend()
         if not 1 <= n_seq_max <= MAX_SEQUENCES:
             raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}], got {n_seq_max}")
@@ -139,7 +144,10 @@ class Engine:
         self._embedder: Embedder | None = None
         # How many logits rows may be resident: llama.cpp made room for one per sequence id and
         # cleared (touched) them all.
-        self._logits_resident = llama_cpp.llama_n_seq_max(self.ctx)
+        self._pages = host_pages.OutputPages(self.n_vocab, llama_cpp.llama_n_seq_max(self.ctx))
+        self._pages.wrote(self._output_base(), 0, False)
+        self.graph = GraphSamplers(self.ctx, self.memory, self._shadow, self.n_swa)
+        self.graph_sampling = graph_sampling and self._probe_graph_sampling()
         self.release_logits_rows(keep=0)
 
     def _metadata(self) -> dict[str, str]:
@@ -156,16 +164,42 @@ class Engine:
     # -- decoding ---------------------------------------------------------------------------
 
     def decode(self, token: np.ndarray, pos: np.ndarray, seq_id: np.ndarray, logits: np.ndarray) -> DecodeResult:
-        """One ``llama_decode`` of the given entries (parallel arrays); split only on a full KV."""
-        self.batch.fill(token, pos, seq_id, logits)
+        """One ``llama_decode`` of the given entries (parallel arrays); split only on a full KV.
+
+        An entry that asks for logits on a sequence with an attached chain (``attach_chain``) is
+        sampled inside the graph: its token comes back in ``DecodeResult.tokens``."""
+        in_graph = self.graph.rows(seq_id, logits)
+        self.batch.fill(token, pos, seq_id, logits, in_graph)
         rc = llama_cpp.llama_decode(self.ctx, self.batch.view())
         if rc == 0:
             n_out = int(np.count_nonzero(logits))
-            self._wrote_logits_rows(n_out)
-            return DecodeResult(self._logits_view(n_out), frozenset())
+            tokens = self.graph.tokens(in_graph, logits, seq_id, pos, np.arange(len(token)))
+            self._wrote_logits_rows(n_out)  # after reading the tokens: it may hand back their pages
+            return DecodeResult(self._logits_view(n_out), frozenset(), tokens)
         if rc == 1:
-            return self._decode_split(token, pos, seq_id, logits)
+            return self._decode_split(token, pos, seq_id, logits, in_graph)
         raise self._error(rc, len(token))
+
+    def attach_chain(self, seq_id: int, chain: GraphChain | None) -> None:
+        """Sample ``seq_id``'s output rows inside the graph with ``chain`` from the next decode on
+        (None: on the host again). Attaching or detaching makes llama.cpp re-plan its graph."""
+        self.graph.attach(seq_id, chain)
+
+    def _probe_graph_sampling(self) -> bool:
+        """Whether this build's backend draws a token in the graph with every kind of sampler a
+        request may bring: one decode of one token on sequence 0, before anything else is there."""
+        chain = probe_chain(self.n_vocab)
+        try:
+            self.graph.attach(0, chain)
+            token = np.array([self.tokenizer.bos_id if self.tokenizer.bos_id >= 0 else 0], dtype=np.int32)
+            result = self.decode(token, np.zeros(1, np.int32), np.zeros(1, np.int32), np.ones(1, np.int8))
+            return result.tokens is not None and int(result.tokens[0]) != TOKEN_NULL
+        except EngineError:
+            return False
+        finally:
+            self.graph.attach(0, None)
+            chain.free()
+            self.seq_rm(0)
 
     def _error(self, rc: int, n_tokens: int) -> EngineError:
         if rc == 2:
@@ -173,19 +207,16 @@ class Engine:
         return EngineError(f"llama_decode returned {rc} for a batch of {n_tokens} tokens")
 
     def _wrote_logits_rows(self, n_rows: int) -> None:
-        # Also right when the step outgrew the buffer: llama.cpp's bigger one is n_rows rows, all cleared.
-        self._logits_resident = max(self._logits_resident, n_rows)
+        self._pages.wrote(self._output_base(), n_rows, bool(self.graph.chains))
+
+    def _output_base(self) -> int | None:
+        return ctypes.cast(llama_cpp.llama_get_logits(self.ctx), ctypes.c_void_p).value
 
     def release_logits_rows(self, keep: int) -> None:
-        """Give back the pages of the logits rows from ``keep`` on (``native/host_pages.py``): the
-        batcher calls it when it goes idle, keeping the rows its decode steps use."""
-        if self._logits_resident <= keep:
-            return
-        address = ctypes.cast(llama_cpp.llama_get_logits(self.ctx), ctypes.c_void_p).value
-        if address is not None:
-            row_bytes = self.n_vocab * 4
-            host_pages.release(address + keep * row_bytes, (self._logits_resident - keep) * row_bytes)
-        self._logits_resident = keep
+        """Give back the pages of the logits rows from ``keep`` on, and of the graph sampler's
+        regions (``native/host_pages.py``): the batcher calls it when it goes idle, keeping the
+        rows its decode steps use."""
+        self._pages.release(self._output_base(), keep)
 
     def _logits_view(self, n_rows: int) -> np.ndarray:
         if n_rows == 0:
@@ -194,7 +225,7 @@ class Engine:
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
 
     def _decode_split(self, token: np.ndarray, pos: np.ndarray, seq_id: np.ndarray,
-                      logits: np.ndarray) -> DecodeResult:
+                      logits: np.ndarray, in_graph: np.ndarray | None) -> DecodeResult:
         """Retry a step that found no KV slot in halves, down to single tokens (seed 004).
 
         llama.cpp restores the cache when it returns 1, so each half starts clean. A sequence
@@ -203,6 +234,7 @@ class Engine:
         """
         out_rows = np.cumsum(logits) - 1  # entry index -> its row among the outputs
         result = np.zeros((int(np.count_nonzero(logits)), self.n_vocab), dtype=np.float32)
+        tokens = None if in_graph is None else np.full(len(result), TOKEN_NULL, dtype=np.int32)
         failed: set[int] = set()
         todo = [np.arange(len(token))]
         while todo:
@@ -210,12 +242,15 @@ class Engine:
             idx = idx[~np.isin(seq_id[idx], list(failed))] if failed else idx
             if len(idx) == 0:
                 continue
-            self._scratch.fill(token[idx], pos[idx], seq_id[idx], logits[idx])
+            self._scratch.fill(token[idx], pos[idx], seq_id[idx], logits[idx], None if in_graph is None else in_graph[idx])
             rc = llama_cpp.llama_decode(self.ctx, self._scratch.view())
             if rc == 0:
                 flagged = idx[logits[idx] != 0]
+                part = self.graph.tokens(in_graph, logits, seq_id, pos, idx)
                 self._wrote_logits_rows(len(flagged))
                 result[out_rows[flagged]] = self._logits_view(len(flagged))
+                if tokens is not None and part is not None:
+                    tokens[out_rows[flagged]] = part
             elif rc == 1 and len(idx) == 1:
                 victim = int(seq_id[idx[0]])
                 failed.add(victim)
@@ -225,7 +260,7 @@ class Engine:
                 todo += [idx[half:], idx[:half]]  # popped from the end: first half runs first
             else:
                 raise self._error(rc, len(idx))
-        return DecodeResult(result, frozenset(failed))
+        return DecodeResult(result, frozenset(failed), tokens)
 
     def decode_batch(self, entries: list[tuple[int, int, int]]) -> DecodeResult:
         """The ADR's form: one ``(seq_id, token, pos)`` per sequence, logits for every row."""
@@ -247,15 +282,18 @@ class Engine:
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
         """Remove ``seq_id`` from its cells at positions [p0, p1) (-1: open end); freed when unowned."""
+        self.graph.cover(seq_id)
         llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
         llama_cpp.llama_memory_seq_rm(self.memory, seq_id + self._shadow, p0, p1)
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Let ``dst`` share ``src``'s cells at positions [p0, p1): no copy in the unified cache."""
+        self.graph.cover(src)
         llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
         llama_cpp.llama_memory_seq_cp(self.memory, src, dst + self._shadow, p0, p1)
 
     def clear(self) -> None:
+        self.graph.cover_all()  # nothing left to cover after the clear
         llama_cpp.llama_memory_clear(self.memory, True)
 
     def seq_pos_max(self, seq_id: int) -> int:
@@ -263,6 +301,7 @@ class Engine:
 
     def seq_state_bytes(self, seq_id: int) -> int:
         """Bytes of ``seq_id``'s KV as llama.cpp would copy it out (its per-sequence state)."""
+        self.graph.cover(seq_id)
         return int(llama_cpp.llama_state_seq_get_size(self.ctx, seq_id))
 
     def seq_pos_min(self, seq_id: int) -> int:
@@ -275,6 +314,7 @@ class Engine:
         if (self.seq_pos_min(seq_id), self.seq_pos_max(seq_id)) != (0, n_tokens - 1):
             raise RuntimeError(f"sequence {seq_id} holds positions {self.seq_pos_min(seq_id)}.."
                                f"{self.seq_pos_max(seq_id)}, not 0..{n_tokens - 1}")
+        self.graph.cover(seq_id)
         return kv_state.save(self.ctx, self.memory, seq_id, seq_id + self._shadow, n_tokens, self.n_swa)
 
     def restore_seq(self, seq_id: int, state: SeqState, scratch_id: int) -> bool:
@@ -294,6 +334,7 @@ class Engine:
             self._embedder.close()
             self._embedder = None
         if self.ctx:
+            self.graph.detach_all()
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
         if self.model:

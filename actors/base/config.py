@@ -149,6 +149,10 @@ class Config:
     # steps; "off" gives f32 attention, the same numbers as llama-cpp-python's default for a prompt
     # scored alone (use it for evaluations), at a cost in prefill speed.
     flash_attn: str = "auto"
+    # Draw tokens inside llama.cpp's decode graph for requests whose sampler chain it can run there
+    # (greedy; bias, penalties, top-k/p, min-p, temperature, seeded draws): only the chosen token
+    # crosses to the host instead of a row of n_vocab logits. Grammars and logprobs stay on the host.
+    sample_in_graph: bool = True
     batch_size: int | None = None  # pending requests that flush at once; None = n_parallel
     batch_timeout_ms: float = 20.0  # the longest a lone request waits for company
     max_queue: int = 256  # requests waiting for a free seq_id beyond which QueueFullError

@@ -88,6 +88,7 @@ class Progress:
     prompt_ids: tuple[int, ...]
     generated: list[int] = field(default_factory=list)
     rng_state: Mapping[str, Any] | None = None  # the numpy Generator's bit_generator.state (sampled requests)
+    graph_seed: int | None = None  # the seed of a request sampled inside the graph (its draws: one per token)
     logprobs: list[TokenLogprob] | None = None  # shared with the request's state; may run one token ahead
     n_cached: int = 0  # prompt tokens the first admission attached from the prefix cache (usage)
     n_preempted: int = 0

@@ -1,0 +1,101 @@
+"""Which requests sample inside llama.cpp's graph, and which sequence id holds whose chain.
+
+Runs on the batcher's thread. A request whose sampler chain llama.cpp can run in the graph gets a
+``GraphChain`` when it arrives (or is resumed after a crash); the chain is attached to the
+request's sequence id before a step in which that sequence samples, and detached when the request
+finishes or is preempted, or when another request's rows land on that id -- an id must never carry
+a stale chain: llama.cpp would sample that row in the graph and not copy its logits.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+
+from llamactor.base.config import SamplingParams
+from llamactor.base.messages import Progress
+from llamactor.native.engine import Engine
+from llamactor.grammar_sampler import GrammarSampler
+from llamactor.native.graph_sampling import TOKEN_NULL, ChainParams, GraphChain
+from llamactor.native.sampling import Sampled
+from llamactor.scheduling.sequence import Sequence, StepPlan
+
+
+def chain_params(params: SamplingParams, seed: int) -> ChainParams | None:
+    """The chain llama.cpp would run for ``params``, or None when a part of the request needs the
+    logits row on the host (a grammar, logprobs, prompt scoring) or it samples nothing."""
+    if params.grammar is not None or params.logprobs or params.prompt_logprobs is not None or params.max_tokens == 0:
+        return None
+    return ChainParams(params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty,
+                       params.repeat_last_n, params.presence_penalty, params.frequency_penalty, params.logit_bias,
+                       seed & 0xFFFFFFFF)
+
+
+class GraphChains:
+    """The batcher's side of in-graph sampling."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.enabled = engine.graph_sampling
+
+    def give(self, seq: Sequence, progress: Progress) -> None:
+        """Give a new or resumed request its chain, if it can have one; a resumed one's generator
+        is moved on by the tokens it generated before (one draw each)."""
+        state = seq.state
+        if not self.enabled or state is None:
+            return
+        if progress.graph_seed is None:
+            progress.graph_seed = state.params.seed if state.params.seed is not None else secrets.randbits(32)
+        p = chain_params(state.params, progress.graph_seed)
+        if p is not None:
+            state.graph = GraphChain(p, self.engine.n_vocab, history=seq.token_ids, n_draws=len(progress.generated))
+
+    def before_step(self, plan: StepPlan) -> None:
+        """Attach the chain of every sequence that samples in this step; detach a chain left on
+        the id of a sequence that does not own it."""
+        attached = self.engine.graph.chains
+        for chunk in plan.chunks:
+            seq, seq_id = chunk.seq, chunk.seq.seq_id
+            chain = seq.state.graph if seq.state is not None else None
+            if chain is not None and chunk.samples:
+                self.engine.attach_chain(seq_id, chain)
+            elif seq_id in attached and attached[seq_id] is not chain:
+                self.engine.attach_chain(seq_id, None)
+
+    def release(self, seq: Sequence, *, finished: bool) -> None:
+        """The request left its sequence id (finished, or preempted): detach its chain; free it
+        once the request is over."""
+        chain = seq.state.graph if seq.state is not None else None
+        if chain is None:
+            return
+        for seq_id, attached in list(self.engine.graph.chains.items()):
+            if attached is chain:
+                self.engine.attach_chain(seq_id, None)
+        if finished:
+            chain.free()
+            seq.state.graph = None  # type: ignore[union-attr]
+
+
+def sample_rows(sampler: GrammarSampler, to_sample: list[Sequence], logits: np.ndarray,
+                graph_tokens: np.ndarray | None) -> tuple[Sampled, int]:
+    """One step's tokens, a row per sequence in ``to_sample``: the graph's where llama.cpp drew
+    one (accepted into the request's chain), the numpy sampler's for the rest; and how many came
+    from the graph."""
+    host = list(range(len(to_sample))) if graph_tokens is None else \
+        [i for i, t in enumerate(graph_tokens.tolist()) if t == TOKEN_NULL]
+    if len(host) == len(to_sample):
+        return sampler.sample(logits, [s.state.row_spec(s.token_ids) for s in to_sample],
+                              [s.state.matcher for s in to_sample]), 0
+    assert graph_tokens is not None
+    out = Sampled(graph_tokens.tolist(), [None] * len(to_sample), [[] for _ in to_sample])
+    for seq, token in zip(to_sample, out.tokens):
+        if token != TOKEN_NULL:
+            seq.state.graph.accept(token)
+    if host:
+        rest = [to_sample[i] for i in host]
+        drawn = sampler.sample(logits[host], [s.state.row_spec(s.token_ids) for s in rest],
+                               [s.state.matcher for s in rest])
+        for j, i in enumerate(host):
+            out.tokens[i], out.logprobs[i], out.top[i] = drawn.tokens[j], drawn.logprobs[j], drawn.top[j]
+    return out, len(to_sample) - len(host)
