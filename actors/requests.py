@@ -108,7 +108,9 @@ class RequestState:
             p.n_cached, p.admitted_at, p.first_token_at = seq.n_cached, seq.admitted_at, seq.first_token_at
         p.generated.append(token)
         p.n_preempted = seq.n_preempted
-        if not self.params.temperature == 0.0:  # greedy rows never draw from the generator
+        # Greedy rows never draw from the generator, and a chain in the graph counts its draws by
+        # the tokens generated; only the numpy sampler's generator has a state to keep (~10 us).
+        if self.graph is None and self.params.temperature != 0.0:
             p.rng_state = self.rng.bit_generator.state
 
     @classmethod
