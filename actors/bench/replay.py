@@ -180,6 +180,8 @@ class HostBatcher(BatcherActor):
             # The batcher makes its engine in on_start; only one tree starts at a time in the bench.
             with mock.patch.object(batcher_module, "Engine", functools.partial(ReplayEngine, self.recording)):
                 super().on_start()
+            if not isinstance(self.engine, ReplayEngine):  # a null leg that decodes for real would mislead
+                raise RuntimeError("the batcher no longer makes its engine as llamactor.batcher.Engine(...)")
             return
         super().on_start()
         decode = self.engine.decode
