@@ -40,9 +40,9 @@ class Sequential:
     of a shared machine's speed over minutes.
     """
 
-    def __init__(self, model_path: str, *, n_ctx: int, n_threads: int) -> None:
+    def __init__(self, model_path: str, *, n_ctx: int, n_threads: int, n_gpu_layers: int = 0) -> None:
         self.llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                                   verbose=False)
+                                   n_gpu_layers=n_gpu_layers, verbose=False)
         self.llm.create_completion("warm up", max_tokens=2, temperature=0)
 
     def run(self, prompts: list[str], max_tokens: int) -> RunTiming:
@@ -62,18 +62,15 @@ class Sequential:
 
 
 def ceiling(model_path: str, prompts: list[str], max_tokens: int, *, n_ctx: int, n_threads: int,
-            n_batch: int = 512) -> RunTiming:
+            n_batch: int = 512, n_gpu_layers: int = 0) -> RunTiming:
     """All prompts as one batch: prefill together, then B tokens per decode, argmax, EOG ignored."""
     b = len(prompts)
-    engine = Engine(model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_seq_max=b, n_threads=n_threads)
+    engine = Engine(model_path, n_ctx=n_ctx, n_batch=max(n_batch, b), n_ubatch=n_batch, n_seq_max=b,
+                    n_threads=n_threads, n_gpu_layers=n_gpu_layers)
     try:
         tokenized = [engine.tokenizer.tokenize(p) for p in prompts]
         start = time.perf_counter()
-        tokens = np.concatenate([np.asarray(t, np.int32) for t in tokenized])
-        pos = np.concatenate([np.arange(len(t), dtype=np.int32) for t in tokenized])
-        seq = np.concatenate([np.full(len(t), i, np.int32) for i, t in enumerate(tokenized)])
-        wants = np.concatenate([np.array([0] * (len(t) - 1) + [1], np.int8) for t in tokenized])
-        next_tokens = engine.decode(tokens, pos, seq, wants).logits.argmax(axis=1).astype(np.int32)
+        next_tokens = _prefill_argmax(engine, tokenized)
         ttft = (time.perf_counter() - start) * 1000
         n_past = [len(t) for t in tokenized]
         for step in range(max_tokens - 1):
@@ -82,6 +79,19 @@ def ceiling(model_path: str, prompts: list[str], max_tokens: int, *, n_ctx: int,
         return RunTiming(b, b * max_tokens, time.perf_counter() - start, [ttft] * b)
     finally:
         engine.close()
+
+
+def _prefill_argmax(engine: Engine, tokenized: list[list[int]]) -> np.ndarray:
+    """Every prompt's KV in decodes of at most ``n_batch`` tokens (64 prompts outgrow one); the
+    argmax after each prompt's last token, in prompt order."""
+    tokens = np.concatenate([np.asarray(t, np.int32) for t in tokenized])
+    pos = np.concatenate([np.arange(len(t), dtype=np.int32) for t in tokenized])
+    seq = np.concatenate([np.full(len(t), i, np.int32) for i, t in enumerate(tokenized)])
+    wants = np.concatenate([np.array([0] * (len(t) - 1) + [1], np.int8) for t in tokenized])
+    step = engine.info.n_batch
+    firsts = [engine.decode(tokens[i:i + step], pos[i:i + step], seq[i:i + step], wants[i:i + step])
+              .logits.argmax(axis=1).astype(np.int32) for i in range(0, len(tokens), step)]
+    return np.concatenate(firsts)
 
 
 def embed_one_at_a_time(model_path: str, texts: list[str], n_threads: int, n_batch: int = 512) -> tuple[float, int]:

@@ -29,11 +29,12 @@ SYSTEM_PROMPT = " ".join(
 
 
 def bench_uniform(s: BenchSettings, tick: Callable[[], None]) -> list[dict[str, Any]]:
-    cs, mt, kw = s.concurrencies, s.max_tokens, {"n_ctx": s.n_ctx, "n_threads": s.n_threads}
+    cs, mt = s.concurrencies, s.max_tokens
+    kw: dict[str, Any] = {"n_ctx": s.n_ctx, "n_threads": s.n_threads, "n_gpu_layers": s.n_gpu_layers}
     sequential = baselines.Sequential(s.model_path, **kw)
     rows = []
     try:
-        with llamactor.start(s.model_path, n_parallel=max(cs), n_threads=s.n_threads, n_ctx=s.n_ctx) as llm:
+        with llamactor.start(s.model_path, n_parallel=max(cs), **kw) as llm:
             llm.ask("warm up", max_tokens=2)
             for c in cs:
                 prompts = uniform_prompts(c)

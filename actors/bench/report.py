@@ -9,11 +9,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llamactor.bench.report_host import host_lines, streams_lines
+
 # (name, how to read it from the results, comparison, target)
 TARGETS: list[tuple[str, str, str, float]] = [
     ("uniform c=16: llamactor / ceiling", "uniform[16].vs_ceiling", ">=", 0.93),
     ("uniform c=16: llamactor / sequential", "uniform[16].vs_sequential", ">=", 2.8),
     ("uniform c=8: llamactor / ceiling", "uniform[8].vs_ceiling", ">=", 0.93),
+    # issue 28 (--full runs): the raw batched decode at 64 sequences, measured in the same run
+    ("uniform c=64: llamactor / ceiling", "uniform[64].vs_ceiling", ">=", 0.95),
+    ("host c=64, greedy: host ms per step (schedule + postprocess)", "host.real.c64.greedy.host_ms", "<=", 2.0),
+    ("host c=64, default sampler chain: host ms per step", "host.real.c64.default.host_ms", "<=", 2.0),
+    ("streams: tok/s, llamactor / llama-server -bs, lowest over N and samplers", "streams.min_ratio_vs_bs",
+     ">=", 1.0),
     ("single: TTFT - sequential TTFT (ms)", "single.ttft_delta_ms", "<=", 25.0),
     ("single: tok/s / sequential tok/s", "single.tok_s_ratio", ">=", 0.97),
     ("sampled c=16: tok/s, default filters / greedy", "sampled.sampled_ratio", ">=", 0.95),
@@ -95,7 +103,8 @@ def markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
              f"({'quick' if meta['settings']['quick'] else 'full'} run).", ""]
     failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
     ok = {k: v for k, v in results.items() if k not in failed}
-    for section in (_uniform, _others, _daemon, _multiturn, _few_shot, _tiers, _peer, _scheduling):
+    for section in (_uniform, _others, _daemon, _multiturn, _few_shot, _tiers, _peer, _scheduling, host_lines,
+                    streams_lines):
         lines += section(ok)
     lines += [f"**{name} failed**: {error}" for name, error in failed.items()] + ([""] if failed else [])
     measured = [v for v in verdicts(results) if v["value"] is not None]  # not the workloads left out

@@ -1,7 +1,7 @@
 """The settings of one ``llamactor bench`` run, shared by the runner and every workload.
 
-``BenchSettings`` says which model, how many threads and how thorough a run is (``quick``,
-``full``), derives the concurrencies, new tokens and repeats from that, and carries the results
+``BenchSettings`` says which model, how many threads and GPU layers, and how thorough a run is
+(``quick``, ``full``), derives the concurrencies, new tokens and repeats from that, and carries the results
 dict that workloads may add side results to (the daemon's idle CPU).
 """
 
@@ -18,14 +18,15 @@ class BenchSettings:
     full: bool = False
     n_threads: int = 2
     n_ctx: int = 8192
-    peer_server: str | None = None  # a llama-server binary: adds the "peer" workload
+    peer_server: str | None = None  # a llama-server binary: adds the "peer" and "streams" workloads
+    n_gpu_layers: int = 0  # layers offloaded to a GPU (the CLI's default: Config's), for both servers alike
     results: dict[str, Any] = field(default_factory=dict)
 
     @property
     def concurrencies(self) -> list[int]:
         if self.quick:
             return [1, 4, 16]
-        return [1, 2, 4, 8, 16, 32] if self.full else [1, 2, 4, 8, 16]
+        return [1, 2, 4, 8, 16, 32, 64] if self.full else [1, 2, 4, 8, 16]
 
     @property
     def max_tokens(self) -> int:

@@ -9,10 +9,12 @@ prefix cache's *multiturn* and *few_shot* (``prefix``), the scheduler's *priorit
 packed embeddings (``embeddings``), lm-eval-style prompt scoring (``scoring``), two replicas behind the
 router (``replicas``), durable batch jobs (``batch``: ``batch_jobs``), 16 streams across 3 batcher
 crashes (``resilience``), a q8_0 KV cache and the daemon's resident memory (``memory``), the cache
-tiers' *many_users* and *warm_restart* (``tiers``), fair shares between tenants (``tenants``), and with a
-llama-server binary the *peer* leg (``peer``). The shared pieces live beside them: ``settings``
+tiers' *many_users* and *warm_restart* (``tiers``), fair shares between tenants (``tenants``), the
+batcher's host work per step with real and replayed decodes (``host``), and with a llama-server
+binary the *peer* leg (``peer``) and N concurrent callers against it with and without backend
+sampling (``streams``). The shared pieces live beside them: ``settings``
 (``BenchSettings``, re-exported here for the CLI), ``measure``, ``prompts``, ``conversations``,
-``servers``, ``baselines``; ``report`` turns the results into the table.
+``servers``, ``baselines``, ``replay``; ``report`` (with ``report_host``) turns the results into the table.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from llamactor.bench import (
     daemon,
     embeddings,
     generation,
+    host,
     memory,
     peer,
     prefix,
@@ -32,6 +35,7 @@ from llamactor.bench import (
     resilience,
     scheduling,
     scoring,
+    streams,
     structured,
     tenants,
     tiers,
@@ -59,9 +63,10 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "crash_streams": (2, resilience.bench_crash_streams), "kv_q8": (2, memory.bench_kv_q8),
         "memory": (3, memory.bench_memory),
         "many_users": (2, tiers.bench_many_users), "warm_restart": (3, tiers.bench_warm_restart),
-        "tenants": (tenants.n_ticks(s), tenants.bench_tenants)}
+        "tenants": (tenants.n_ticks(s), tenants.bench_tenants), "host": (host.n_ticks(), host.bench_host)}
     if s.peer_server:
         found["peer"] = (2, peer.bench_peer)
+        found["streams"] = (len(streams.SERVERS), streams.bench_streams)
     return found
 
 

@@ -122,24 +122,28 @@ def info(**opts: Any) -> None:
 
 @main.command()
 @click.option("--quick", is_flag=True, help="A smoke run (under 3 minutes): fewer concurrencies and tokens.")
-@click.option("--full", is_flag=True, help="Also concurrency 32.")
+@click.option("--full", is_flag=True, help="Also concurrencies 32 and 64.")
 @click.option("--model", envvar="LLAMACTOR_MODEL")
 @click.option("--n-threads", type=int, default=None)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-results", show_default=True)
 @click.option("--docs", is_flag=True, help="Also write the table and plot into docs/performance.md.")
 @click.option("--only", default=None, help="Comma-separated workloads, e.g. multiturn,few_shot (default: all).")
 @click.option("--peer-server", envvar="LLAMACTOR_PEER_SERVER", type=click.Path(exists=True, dir_okay=False),
-              default=None, help="A llama-server binary: also compare multi-turn chat against it.")
+              default=None, help="A llama-server binary: also compare multi-turn chat and streams against it.")
+@click.option("--n-gpu-layers", envvar="LLAMACTOR_N_GPU_LAYERS", type=int, default=None,
+              help="Layers offloaded to the GPU in the uniform, host and streams workloads, by llamactor, "
+              "its yardsticks and llama-server alike (default: Config's).")
 def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out_dir: str, docs: bool,
-          only: str | None, peer_server: str | None) -> None:
+          only: str | None, peer_server: str | None, n_gpu_layers: int | None) -> None:
     """Measure llamactor against sequential create_completion and the raw batched-decode ceiling."""
     from llamactor.bench import report, suite
-    from llamactor.base.config import default_n_threads
+    from llamactor.base.config import Config, default_n_threads
     from llamactor.base.models import resolve_model_path
 
     llamactor_logging.configure("auto", "warning")
     settings = suite.BenchSettings(model_path=resolve_model_path(model), quick=quick, full=full,
-                                       n_threads=n_threads or default_n_threads(), peer_server=peer_server)
+                                       n_threads=n_threads or default_n_threads(), peer_server=peer_server,
+                                       n_gpu_layers=Config().n_gpu_layers if n_gpu_layers is None else n_gpu_layers)
     names = only.split(",") if only else None
     unknown = set(names or ()) - set(suite.workloads(settings))
     if unknown:
@@ -150,7 +154,8 @@ def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out
     with click.progressbar(length=suite.n_ticks(settings, names), label="benchmarking", file=sys.stderr) as bar:
         results = suite.run(settings, lambda: bar.update(1), names)
     meta = {"quick": quick, "full": full, "n_threads": settings.n_threads, "max_tokens": settings.max_tokens,
-            "repeats": settings.repeats, "n_ctx": settings.n_ctx, "peer_server": peer_server}
+            "repeats": settings.repeats, "n_ctx": settings.n_ctx, "peer_server": peer_server,
+            "n_gpu_layers": settings.n_gpu_layers}
     path, table = report.write(results, meta, Path(settings.model_path).name, Path(out_dir))
     click.echo(table)
     click.echo(f"results: {path}")
