@@ -24,17 +24,51 @@ ifeq ($(ARCH),x86_64)
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 endif
-WHEELS := $(HOME)/.cache/llamactor/wheels/$(shell echo '$(LLAMA_CPP) $(LLAMA_CMAKE_ARGS) $(ARCH)' | sha1sum | cut -c1-12)
+
+# The ggml backend llama.cpp is built with: `make install GGML=cuda` (or vulkan, metal; cpu is the
+# default). The choice sticks to .venv (its wheel stamp, below names it): later `make test` or
+# `make chat` keep that backend until another GGML= is given. The CPU code keeps the flags above,
+# since a GPU build runs on the CPU what it does not offload. CUDA builds for the GPUs of the
+# building machine unless CMAKE_CUDA_ARCHITECTURES names others (e.g. 90 for an H100); on a
+# machine without one it must.
+GGML_BACKENDS := cpu cuda vulkan metal
+GGML ?= $(or $(word 1,$(subst -, ,$(patsubst $(VENV)/.llama-cpp-%,%,$(wildcard $(VENV)/.llama-cpp-*)))),cpu)
+ifneq ($(words $(GGML)),1)
+$(error GGML='$(GGML)' is not one backend: use one of $(GGML_BACKENDS) (cpu is the default))
+endif
+ifeq ($(filter $(GGML),$(GGML_BACKENDS)),)
+$(error GGML=$(GGML) is not a backend llamactor builds: use one of $(GGML_BACKENDS) (cpu is the default))
+endif
+ifeq ($(GGML)-$(shell uname -s),metal-Linux)
+$(error GGML=metal needs macOS (Metal is Apple's API): on Linux use GGML=cuda or GGML=vulkan)
+endif
+GGML_CMAKE_ARGS_cuda := -DGGML_CUDA=on $(if $(CMAKE_CUDA_ARCHITECTURES),-DCMAKE_CUDA_ARCHITECTURES=$(CMAKE_CUDA_ARCHITECTURES))
+GGML_CMAKE_ARGS_vulkan := -DGGML_VULKAN=on
+GGML_CMAKE_ARGS_metal := -DGGML_METAL=on
+# Nothing is appended for cpu: its flags, and so its cached wheel, stay what they were.
+LLAMA_CMAKE_ARGS := $(strip $(LLAMA_CMAKE_ARGS) $(GGML_CMAKE_ARGS_$(GGML)))
+# The cache key covers everything the build depends on; the backend is in the flags.
+WHEEL_HASH := $(shell echo '$(LLAMA_CPP) $(LLAMA_CMAKE_ARGS) $(ARCH)' | sha1sum | cut -c1-12)
+WHEELS := $(HOME)/.cache/llamactor/wheels/$(WHEEL_HASH)
 
 $(WHEELS)/.built: | $(PY)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
 		$(PIP) wheel --no-deps --no-cache-dir -w $(WHEELS) $(LLAMA_CPP)
 	touch $@
 
-# Dependencies change rarely: a new .venv reinstalls them, llama-cpp-python from the wheel above.
-$(VENV)/.deps: pyproject.toml $(WHEELS)/.built | $(PY)
+# The llama-cpp-python in .venv, one stamp per wheel key: installing one backend's wheel removes
+# the others' stamps, so switching GGML back and forth reinstalls the matching wheel each time
+# (--force-reinstall: every backend's wheel has the same version, which pip would call satisfied).
+LLAMA_STAMP := $(VENV)/.llama-cpp-$(GGML)-$(WHEEL_HASH)
+$(LLAMA_STAMP): $(WHEELS)/.built | $(PY)
+	rm -f $(VENV)/.llama-cpp-*
+	$(PIP) install --force-reinstall --no-deps --no-index --find-links $(WHEELS) $(LLAMA_CPP)
+	touch $@
+
+# Dependencies change rarely: a new .venv reinstalls them. llama-cpp-python comes first, from the
+# wheel above (order-only: a backend switch reinstalls that wheel alone, not the rest).
+$(VENV)/.deps: pyproject.toml | $(PY) $(LLAMA_STAMP)
 	$(PIP) install $(TORCH)
-	$(PIP) install --no-deps --no-index --find-links $(WHEELS) $(LLAMA_CPP)
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -e '.[test,bench]' --config-settings editable_mode=strict
 	touch $@
 

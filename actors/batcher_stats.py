@@ -7,6 +7,7 @@ owns (scheduler, prefix index, embedding steps, grammar sampler), passed in expl
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from llamactor.embedding_steps import EmbeddingSteps
 from llamactor.grammar_sampler import GrammarSampler
 from llamactor.base.engine_info import EngineInfo
+from llamactor.native.devices import recent_devices
 from llamactor.native.engine import Engine
 from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler
@@ -69,4 +71,6 @@ def batcher_stats(*, generation: int, watchdog_trips: int, counters: StepCounter
             **embeddings.queue.stats(), "embedding_retries": embeddings.n_retries,
             # constrained rows sampled, and those the grammar refused at first (drawn again masked)
             "grammar_rows": sampler.n_checked, "grammar_rows_masked": sampler.n_masked,
-            "step_ms": {**{k: round(v, 3) for k, v in counters.step_ms.items()}, "embed": round(embeddings.ms, 3)}}
+            "step_ms": {**{k: round(v, 3) for k, v in counters.step_ms.items()}, "embed": round(embeddings.ms, 3)},
+            # the build's backend devices and their free memory now (read at most once a second)
+            "devices": [dataclasses.asdict(d) for d in recent_devices()]}

@@ -30,7 +30,7 @@ from llamactor.native.batch import ReusableBatch
 from llamactor.base.chat_template import ChatTemplate
 from llamactor.native.embedding import Embedder, default_pooling
 from llamactor.native.graph_sampling import TOKEN_NULL, GraphChain, GraphSamplers, probe_chain
-from llamactor.native import host_pages, kv_state
+from llamactor.native import devices, host_pages, kv_state
 from llamactor.native.kv_state import SeqState
 from llamactor.native.tokenizer import Tokenizer
 
@@ -72,7 +72,7 @@ class DecodeResult:
 
 class Engine:
     def __init__(self, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
-                 n_threads: int, n_gpu_layers: int = 0, chat_template: str | None = None,
+                 n_threads: int, n_gpu_layers: int | None = None, chat_template: str | None = None,
                  kv_type: str = "f16", flash_attn: str = "auto", test_hang: bool = False,
                  graph_sampling: bool = True) -> None:
         _init_backend()
@@ -81,7 +81,8 @@ class Engine:
         if not os.path.isfile(model_path):
             raise ModelLoadError(f"model file not found: {model_path}")
         mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = n_gpu_layers
+        # None: every layer on a GPU build, none on a CPU one
+        mparams.n_gpu_layers = devices.default_n_gpu_layers() if n_gpu_layers is None else n_gpu_layers
         self.model = llama_cpp.llama_model_load_from_file(model_path.encode(), mparams)
         if not self.model:
             raise ModelLoadError(f"llama.cpp could not load {model_path} (not a GGUF model?)")
@@ -132,6 +133,7 @@ class Engine:
             n_threads=n_threads, kv_type=kv_type, chat_template=self.chat_template.name,
             looks_like_base_model=self.chat_template.base_model,
             metadata={k: v for k, v in metadata.items() if k != "tokenizer.chat_template"},
+            devices=devices.devices(), gpu_offload=devices.gpu_offload(), n_gpu_layers=mparams.n_gpu_layers,
         )
         self._shadow = self.info.n_seq_max
         # Sliding-window layers (Gemma 3: 512 positions); 0 when the model has none.

@@ -33,11 +33,14 @@ def test_options_come_from_the_environment_and_a_toml_config_file(tmp_path) -> N
     assert json.loads(result.output)["usage"]["completion_tokens"] == 3
 
 
-def test_info_reports_the_model_and_its_context() -> None:
+def test_info_reports_the_model_its_context_and_the_backend_devices() -> None:
     result = CliRunner().invoke(main, ["info", "--n-ctx", "2048"])
     info = json.loads(result.output)
     assert info["n_ctx"] == 2048 and info["n_vocab"] == 262144
     assert info["chat_template"].startswith("transcript") and info["looks_like_base_model"] is True
+    cpu = next(d for d in info["devices"] if d["type"] == "cpu")
+    assert cpu["name"] == "CPU" and cpu["memory_total"] > 0 and 0 <= cpu["memory_free"] <= cpu["memory_total"]
+    assert isinstance(info["gpu_offload"], bool) and info["n_gpu_layers"] == (-1 if info["gpu_offload"] else 0)
 
 
 def test_a_bad_model_path_is_a_one_line_error_not_a_traceback(tmp_path) -> None:
@@ -58,6 +61,7 @@ def repl_session() -> Iterator[pexpect.spawn]:
 
 def test_the_repl_on_the_default_model_answers_a_factual_question_in_one_line_and_stops() -> None:
     with repl_session() as child:
+        child.expect(r"Devices: [^\r\n]*CPU \([^\r\n]*GiB free")  # a GPU build lists its GPU first
         child.expect("base \\(pretrained\\) model")
         child.expect(">>> ")
         child.sendline("What is the capital of France?")

@@ -67,6 +67,9 @@ def test_health_and_metrics_report_each_model_and_replica(daemon: Daemon) -> Non
     health = httpx.get(f"{daemon.url}/health").json()
     assert health["status"] == "ready"
     assert [r["replica"] for r in health["models"]["plain"]["replicas"]] == [0, 1]
+    for replica in health["models"]["plain"]["replicas"]:  # each names its backend's devices, the CPU at least
+        cpu = next(d for d in replica["devices"] if d["type"] == "cpu")
+        assert cpu["name"] == "CPU" and cpu["memory_total"] > 0 and cpu["memory_free"] >= 0
     metrics = httpx.get(f"{daemon.url}/metrics").text
     for model, replica in (("plain", 0), ("plain", 1)):
         assert f'llamactor_ready{{model="{model}",replica="{replica}"}} 1.0' in metrics

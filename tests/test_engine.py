@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from llamactor.native import devices
 from llamactor.native.engine import Engine
 from llamactor.native.sampling import RowSpec, sample
 
@@ -184,3 +185,13 @@ def test_logit_bias_forces_or_bans_a_token_and_logprobs_stay_raw() -> None:
     assert result.tokens[0] != 2 and result.tokens[1] == 8
     raw = logits[0] - np.log(np.exp(logits[0]).sum())
     assert result.logprobs[0] == pytest.approx(float(raw[result.tokens[0]]), abs=1e-5)
+
+
+def test_the_engine_reports_the_builds_devices_and_resolves_the_offload_to_it(engine: Engine) -> None:
+    info = engine.info
+    cpus = [d for d in info.devices if d.type == "cpu"]
+    assert len(cpus) == 1 and cpus[0].name == "CPU" and cpus[0].memory_total > 0
+    assert 0 <= cpus[0].memory_free <= cpus[0].memory_total
+    assert info.gpu_offload == devices.gpu_offload() == any(d.is_gpu for d in info.devices)
+    assert info.n_gpu_layers == (-1 if info.gpu_offload else 0)  # Engine(n_gpu_layers=None): the build's default
+    assert devices.recent_devices()[-1].name == "CPU"  # ggml lists the CPU last

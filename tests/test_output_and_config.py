@@ -103,3 +103,11 @@ def test_the_prefix_cache_options_are_validated() -> None:
         Config(prefix_cache_cells=-1)
     with pytest.raises(InvalidRequestError, match="n_parallel"):
         Config(n_parallel=127, n_batch=512)
+
+
+def test_n_gpu_layers_defaults_to_the_build_and_takes_a_count_or_all() -> None:
+    assert Config().n_gpu_layers is None  # the engine resolves it: all layers on a GPU build, 0 on a CPU one
+    assert Config(n_gpu_layers=-1).n_gpu_layers == -1 and Config(n_gpu_layers=0).n_gpu_layers == 0
+    assert Config.from_kwargs(n_gpu_layers=12).n_gpu_layers == 12
+    with pytest.raises(InvalidRequestError, match="n_gpu_layers must be >= -1"):
+        Config(n_gpu_layers=-2)

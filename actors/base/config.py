@@ -141,7 +141,9 @@ class Config:
     n_batch: int = 512  # token budget of one step (decode tokens + prompt chunks)
     n_ubatch: int = 0  # the physical batch llama.cpp computes at once; 0: min(n_batch, 512)
     n_threads: int = field(default_factory=default_n_threads)
-    n_gpu_layers: int = 0
+    # Layers offloaded to the GPU; -1: all. None: all on a build with a GPU backend (make install
+    # GGML=cuda / vulkan / metal), none on a CPU build (what the engine resolves it to: EngineInfo).
+    n_gpu_layers: int | None = None
     kv_type: str = "f16"  # the KV cache's element type: f16, q8_0 (about half the bytes), q4_0
     # llama.cpp's flash attention: "auto" (on where the backend has it, CPU included), "on", "off". A
     # quantized KV cache needs it. On CPU it accumulates in f16, which moves some tokens'
@@ -199,6 +201,8 @@ class Config:
         _require(1 <= self.n_ubatch <= self.n_batch, f"n_ubatch must be in [1, n_batch], got {self.n_ubatch}")
         _require(self.flash_attn in ("auto", "on", "off"), f"flash_attn must be auto, on or off, got {self.flash_attn!r}")
         _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")
+        _require(self.n_gpu_layers is None or (isinstance(self.n_gpu_layers, int) and self.n_gpu_layers >= -1),
+                 f"n_gpu_layers must be >= -1 (-1: all) or None (all on a GPU build), got {self.n_gpu_layers!r}")
         _require(self.batch_timeout_ms >= 0, f"batch_timeout_ms must be >= 0, got {self.batch_timeout_ms}")
         _require(self.batch_size is None or self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         _require(self.max_queue >= 1, f"max_queue must be >= 1, got {self.max_queue}")

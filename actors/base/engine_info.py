@@ -1,11 +1,37 @@
-"""``EngineInfo``: what a loaded model and its context are, as the engine reports them.
+"""``EngineInfo``: what a loaded model and its context are, as the engine reports them, and
+``Device``: one ggml backend device of the llama.cpp build (``llamactor.native.devices`` reads them).
 
-Made by ``llamactor.native.engine`` on the batcher thread; read anywhere (handles, CLI, HTTP).
+Made by ``llamactor.native`` on the batcher thread; read anywhere (handles, CLI, HTTP).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+# ggml_backend_dev_type, in its enum's order (ggml-backend.h)
+DEVICE_TYPES = ("cpu", "gpu", "igpu", "accel", "meta")
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One device a ggml backend of the loaded llama.cpp offers (memory as of when it was read)."""
+
+    name: str  # ggml's name: "CPU", "CUDA0", "Vulkan0", "MTL0" ...
+    description: str  # what the backend says of it: the GPU's or the CPU's model name
+    type: str  # one of DEVICE_TYPES: cpu, gpu (own memory), igpu (host memory), accel, meta
+    memory_free: int  # bytes
+    memory_total: int  # bytes
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.type in ("gpu", "igpu")
+
+    def summary(self) -> str:
+        """``CUDA0 (NVIDIA H100 80GB HBM3): 77.1 of 79.2 GiB free``."""
+        gib = 1 << 30
+        return (f"{self.name} ({self.description}): {self.memory_free / gib:.1f} of "
+                f"{self.memory_total / gib:.1f} GiB free")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,3 +54,8 @@ class EngineInfo:
     chat_template: str  # which chat format requests with messages get (ChatTemplate.name)
     looks_like_base_model: bool  # the GGUF has no chat template: a pretrained, not a chat, model
     metadata: dict[str, str] = field(default_factory=dict)
+    # The build's backend devices, memory read once the model and its context were allocated; and
+    # whether the build can offload layers to a GPU (llama_supports_gpu_offload).
+    devices: tuple[Device, ...] = ()
+    gpu_offload: bool = False
+    n_gpu_layers: int = 0  # layers offloaded as asked of llama.cpp (-1: all)

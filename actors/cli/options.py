@@ -51,7 +51,7 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
     "n_batch": Tweak("Token budget of one decode step (at least --n-parallel)."),
     "n_ubatch": Tweak("Tokens llama.cpp computes at once within a step (0: min(n_batch, 512))."),
     "n_threads": Tweak("CPU threads.", show_default="all cores"),
-    "n_gpu_layers": Tweak("Layers offloaded to the GPU."),
+    "n_gpu_layers": Tweak("Layers offloaded to the GPU (-1: all).", show_default="all on a GPU build, else 0"),
     "kv_type": Tweak("KV cache element type: f16, or q8_0 (about half the memory) / q4_0 (a quarter); "
                      "quantized needs flash attention.", type=click.Choice(KV_TYPES)),
     "flash_attn": Tweak("llama.cpp's flash attention; off: f32 attention, batch-independent log-probabilities "

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 import llamactor
+from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import CancelledError, LlamactorError
 
 try:  # line editing and history for input(), where available
@@ -32,6 +33,18 @@ HELP = """Commands:
   /exit                 leave (Ctrl-D too). Ctrl-C stops the current answer."""
 
 
+def devices_line(info: EngineInfo) -> str:
+    """The backend's devices and their free memory, and where the model's layers went."""
+    devices = "; ".join(d.summary() for d in info.devices) or "none reported"
+    if not info.gpu_offload:
+        where = "a CPU build: no GPU offload"
+    elif info.n_gpu_layers == 0:
+        where = "no layers offloaded (--n-gpu-layers 0)"
+    else:
+        where = ("all" if info.n_gpu_layers < 0 else str(info.n_gpu_layers)) + " layers offloaded to the GPU"
+    return f"Devices: {devices} ({where})."
+
+
 class Repl:
     def __init__(self, llm: llamactor.LLM) -> None:
         self.llm = llm
@@ -43,6 +56,7 @@ class Repl:
         info = self.llm.info
         click.echo(f"llamactor chat — {info.description}, context {info.n_ctx_seq} tokens, "
                    f"chat format: {info.chat_template}. /help for commands, Ctrl-D to leave.")
+        click.echo(devices_line(info))
         if info.looks_like_base_model:
             click.echo("The GGUF has no chat template: this looks like a base (pretrained) model, never trained on "
                        "chat turns." + (" The conversation is sent as a plain User:/Assistant: transcript and each "

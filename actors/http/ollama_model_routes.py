@@ -69,9 +69,11 @@ async def ps(state: State) -> dict[str, Any]:
         last_used = getattr(llm, "last_used", None)
         expires = FOREVER if idle_s is None or last_used is None else timedelta(
             seconds=max(0.0, idle_s - (time.monotonic() - last_used)))
-        # in-process, the engine's per-sequence window (the model is loaded); under Ray, the configured one
+        # in-process, the engine's per-sequence window and offload (the model is loaded); under Ray,
+        # the configured ones
         info = getattr(llm, "info", None) if hasattr(type(llm), "info") else None
-        models.append(ps_entry(name, gguf, llm.config, now + expires,
+        offloaded = info.gpu_offload and info.n_gpu_layers != 0 if info is not None else bool(llm.config.n_gpu_layers)
+        models.append(ps_entry(name, gguf, offloaded, now + expires,
                                info.n_ctx_seq if info is not None else llm.config.n_ctx))
     return {"models": sorted(models, key=lambda m: m["expires_at"], reverse=True)}
 

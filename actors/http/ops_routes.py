@@ -1,7 +1,8 @@
 """``/health`` and ``/metrics``: what probes and scrapers read (uvicorn's event loop). Without
 tenants' keys both are open; with them, ``/metrics`` is for admin keys (the middleware) and
 ``/health`` tells anyone else only its status. Published stats never wait for an actor; under
-Ray Serve they are remote calls, so both read them off the loop.
+Ray Serve they are remote calls, so both read them off the loop. The detailed ``/health`` names
+each replica's backend devices (CPU, CUDA0 ...) with their free memory, as its batcher last read it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ async def health(request: Request, state: State) -> JSONResponse:
     models: dict[str, Any] = {name: {"status": "unloaded", "replicas": []} for name in state.model_names}
     for name, i, s in replicas:
         models[name]["replicas"].append({"replica": i, "status": s.get("state"), "running": s.get("running"),
-                                         "pending": s.get("pending")})
+                                         "pending": s.get("pending"), "devices": s.get("devices")})
     for entry in models.values():
         entry["status"] = model_status({r["status"] for r in entry["replicas"]})
     ready = not state.draining and all(m["status"] in ("ready", "degraded", "unloaded") for m in models.values())

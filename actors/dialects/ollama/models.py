@@ -32,13 +32,14 @@ def tag_entry(name: str, gguf: GgufFile | None) -> dict[str, Any]:
     return out
 
 
-def ps_entry(name: str, gguf: GgufFile | None, config: Config, expires_at: datetime,
+def ps_entry(name: str, gguf: GgufFile | None, offloaded: bool, expires_at: datetime,
              context_length: int) -> dict[str, Any]:
-    """A loaded model as ``/api/ps`` lists it: when it would be unloaded, its context window."""
+    """A loaded model as ``/api/ps`` lists it: when it would be unloaded, its context window;
+    ``offloaded``: its layers are on a GPU (its size counts as VRAM)."""
     listed = tag_entry(name, gguf)
     listed.pop("modified_at", None)
     return {**listed, "expires_at": expires_at.isoformat(timespec="microseconds"),
-            "size_vram": listed["size"] if config.n_gpu_layers != 0 else 0, "context_length": context_length}
+            "size_vram": listed["size"] if offloaded else 0, "context_length": context_length}
 
 
 def show_body(name: str, config: Config, gguf: GgufFile | None) -> dict[str, Any]:
