@@ -137,13 +137,14 @@ def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out
           only: str | None, peer_server: str | None, n_gpu_layers: int | None) -> None:
     """Measure llamactor against sequential create_completion and the raw batched-decode ceiling."""
     from llamactor.bench import report, suite
-    from llamactor.base.config import Config, default_n_threads
+    from llamactor.base.config import default_n_threads
     from llamactor.base.models import resolve_model_path
+    from llamactor.native.devices import default_n_gpu_layers  # every layer on a GPU build, as Config's default
 
     llamactor_logging.configure("auto", "warning")
     settings = suite.BenchSettings(model_path=resolve_model_path(model), quick=quick, full=full,
                                        n_threads=n_threads or default_n_threads(), peer_server=peer_server,
-                                       n_gpu_layers=Config().n_gpu_layers if n_gpu_layers is None else n_gpu_layers)
+                                       n_gpu_layers=default_n_gpu_layers() if n_gpu_layers is None else n_gpu_layers)
     names = only.split(",") if only else None
     unknown = set(names or ()) - set(suite.workloads(settings))
     if unknown:
