@@ -75,6 +75,8 @@ class GraphChains:
         if finished:
             chain.free()
             seq.state.graph = None  # type: ignore[union-attr]
+        else:  # it comes back on another id, and llama.cpp initialises a chain once
+            seq.state.graph = chain.renewed(seq.token_ids)  # type: ignore[union-attr]
 
 
 def sample_rows(sampler: GrammarSampler, to_sample: list[Sequence], logits: np.ndarray,

@@ -56,7 +56,8 @@ class GraphChain:
     def __init__(self, params: ChainParams, n_vocab: int, history: Sequence[int] = (), n_draws: int = 0) -> None:
         """``history``: the tokens before the first sampled one (the penalty window looks at them);
         ``n_draws``: how many tokens the request sampled already (a resumed request)."""
-        self.params = params
+        self.params, self.n_vocab = params, n_vocab
+        self.n_draws = n_draws  # tokens sampled with this request's generator so far
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         self.ptr = llama_cpp.llama_sampler_chain_init(chain_params)
@@ -92,6 +93,14 @@ class GraphChain:
     def accept(self, token: int) -> None:
         """The row's token was taken: commit its draw, add it to the penalty window."""
         llama_cpp.llama_sampler_accept(self.ptr, token)
+        self.n_draws += 1
+
+    def renewed(self, history: Sequence[int]) -> GraphChain:
+        """A new chain in this one's state (llama.cpp attaches a chain once: a preempted
+        request gets a new one for its next sequence id); this one is freed."""
+        chain = GraphChain(self.params, self.n_vocab, history, self.n_draws)
+        self.free()
+        return chain
 
     def advance(self, n_draws: int) -> None:
         """Move the generator on by ``n_draws`` numbers: llama.cpp's CPU ``dist`` on a one-entry
