@@ -120,7 +120,7 @@ class BatcherActor(pykka.ThreadingActor):
             log.info("batcher_started", generation=self.generation, n_ctx=self.engine.info.n_ctx,
                      n_ctx_seq=self.engine.info.n_ctx_seq, n_parallel=cfg.n_parallel,
                      n_seq_max=self.engine.info.n_seq_max, prefix_cache=cfg.prefix_cache,
-                     n_pinned_tokens=self.index.pinned_cells())
+                     n_pinned_tokens=self.index.pinned_cells(), sample_in_graph=self.engine.graph_sampling)
         except Exception as e:
             self._report_failure(e)
             raise
