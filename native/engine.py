@@ -74,7 +74,7 @@ class Engine:
     def __init__(self, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
                  n_threads: int, n_gpu_layers: int | None = None, chat_template: str | None = None,
                  kv_type: str = "f16", flash_attn: str = "auto", test_hang: bool = False,
-                 graph_sampling: bool = True) -> None:
+                 graph_sampling: bool | None = None) -> None:
         _init_backend()
         if not 1 <= n_seq_max <= MAX_SEQUENCES:
             raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}], got {n_seq_max}")
@@ -149,6 +149,8 @@ class Engine:
         self._pages = host_pages.OutputPages(self.n_vocab, llama_cpp.llama_n_seq_max(self.ctx))
         self._pages.wrote(self._output_base(), 0, False)
         self.graph = GraphSamplers(self.ctx, self.memory, self._shadow, self.n_swa)
+        if graph_sampling is None:  # where it pays: a GPU (docs/operations.md, "Sampling inside the graph")
+            graph_sampling = mparams.n_gpu_layers != 0 and devices.gpu_offload()
         self.graph_sampling = graph_sampling and self._probe_graph_sampling()
         self.release_logits_rows(keep=0)
 

@@ -23,7 +23,7 @@ DEFAULT_CHAIN = ChainParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 
 @pytest.fixture(scope="module")
 def engine(model_path: str) -> Iterator[Engine]:
-    e = Engine(model_path, n_ctx=4096, n_batch=512, n_ubatch=512, n_seq_max=64, n_threads=2)
+    e = Engine(model_path, n_ctx=4096, n_batch=512, n_ubatch=512, n_seq_max=64, n_threads=2, graph_sampling=True)
     yield e
     e.close()
 
@@ -49,6 +49,14 @@ def draw_last(engine: Engine, seq_ids: list[int], tokens: list[int]) -> np.ndarr
 
 def test_the_cpu_backend_runs_every_kind_of_sampler_a_request_may_bring_in_the_graph(engine: Engine) -> None:
     assert engine.graph_sampling
+
+
+def test_a_cpu_only_engine_samples_on_the_host_unless_asked(model_path: str) -> None:
+    e = Engine(model_path, n_ctx=512, n_batch=64, n_ubatch=64, n_seq_max=2, n_threads=2)
+    try:
+        assert e.info.n_gpu_layers == 0 and not e.graph_sampling  # where ggml's samplers cost more than they save
+    finally:
+        e.close()
 
 
 def test_a_greedy_chain_draws_the_argmax_of_the_logits_the_host_would_have_read(engine: Engine) -> None:
@@ -159,7 +167,7 @@ def test_greedy_requests_give_the_same_tokens_whether_sampled_in_the_graph_or_on
 
 
 def test_a_seeded_request_sampled_in_the_graph_gives_the_same_text_run_after_run(start_llm) -> None:
-    llm = start_llm(n_parallel=4, prefix_cache=False)
+    llm = start_llm(n_parallel=4, prefix_cache=False, sample_in_graph=True)
     runs = [llm.ask(PROMPT, max_tokens=32, seed=42, temperature=0.9, ignore_eos=True) for _ in range(2)]
     other = llm.ask(PROMPT, max_tokens=32, seed=43, temperature=0.9, ignore_eos=True)
     assert runs[0].token_ids == runs[1].token_ids != other.token_ids
@@ -167,7 +175,7 @@ def test_a_seeded_request_sampled_in_the_graph_gives_the_same_text_run_after_run
 
 
 def test_grammar_logprob_and_graph_requests_share_steps_and_each_gets_what_it_asked_for(start_llm) -> None:
-    llm = start_llm(n_parallel=6, batch_timeout_ms=50)
+    llm = start_llm(n_parallel=6, batch_timeout_ms=50, sample_in_graph=True)
     futures = [llm.submit(PROMPT, max_tokens=16, seed=s, temperature=0.8, ignore_eos=True) for s in range(3)]
     scored = llm.submit(PROMPT, max_tokens=16, logprobs=True, top_logprobs=2, temperature=0, ignore_eos=True)
     digits = llm.submit("Phone:", grammar=r'root ::= " " [0-9] [0-9] [0-9]', max_tokens=8, temperature=0.7, seed=1)
@@ -181,7 +189,7 @@ def test_grammar_logprob_and_graph_requests_share_steps_and_each_gets_what_it_as
 
 
 def test_seeded_graph_sampled_requests_preempted_for_room_finish_with_their_tokens(start_llm) -> None:
-    llm = start_llm(n_parallel=4, n_ctx=256, prefix_cache=False, batch_timeout_ms=50)  # 4 x 120 tokens do not fit
+    llm = start_llm(n_parallel=4, n_ctx=256, prefix_cache=False, batch_timeout_ms=50, sample_in_graph=True)  # 4 x 120 tokens do not fit
     futures = [llm.submit(f"{PROMPT} {i}", max_tokens=100, seed=i, temperature=0.9, ignore_eos=True) for i in range(4)]
     done = [f.result(timeout=300) for f in futures]
     assert all(c.usage.completion_tokens == 100 for c in done)
@@ -190,7 +198,7 @@ def test_seeded_graph_sampled_requests_preempted_for_room_finish_with_their_toke
 
 
 def test_a_seeded_graph_sampled_stream_goes_on_across_two_batcher_crashes(start_llm) -> None:
-    llm = start_llm(n_parallel=2, batch_timeout_ms=5)
+    llm = start_llm(n_parallel=2, batch_timeout_ms=5, sample_in_graph=True)
 
     async def run() -> tuple[list[str], object]:
         stream = llm.stream_async(PROMPT, temperature=0.9, seed=11, repeat_penalty=1.2, max_tokens=60, ignore_eos=True)

@@ -154,7 +154,9 @@ class Config:
     # Draw tokens inside llama.cpp's decode graph for requests whose sampler chain it can run there
     # (greedy; bias, penalties, top-k/p, min-p, temperature, seeded draws): only the chosen token
     # crosses to the host instead of a row of n_vocab logits. Grammars and logprobs stay on the host.
-    sample_in_graph: bool = True
+    # None: on when layers run on a GPU; off on a CPU-only engine, where ggml's per-sequence
+    # samplers cost the decode more than they save the host (docs/performance.md, "Host work").
+    sample_in_graph: bool | None = None
     batch_size: int | None = None  # pending requests that flush at once; None = n_parallel
     batch_timeout_ms: float = 20.0  # the longest a lone request waits for company
     max_queue: int = 256  # requests waiting for a free seq_id beyond which QueueFullError

@@ -82,7 +82,8 @@ def measure_host(model_path: str, *, real_sizes: tuple[int, ...] = REAL_SIZES,
     recording = Recording()
     out: dict[str, Any] = {"max_tokens": max_tokens, "real": {}, "null": {},
                            "max_real_sequences": MAX_SEQUENCES - 2}
-    common: dict[str, Any] = {"model": model_path, "n_threads": n_threads, "max_restarts": 0}
+    # Sampling in the graph, whatever the default for the device: the host loop it leaves is the measure.
+    common: dict[str, Any] = {"model": model_path, "n_threads": n_threads, "max_restarts": 0, "sample_in_graph": True}
     for n in real_sizes:
         config = Config(n_parallel=n, n_ctx=max(n_ctx, n * (max_tokens + 64)), n_gpu_layers=n_gpu_layers, **common)
         with start_host_tree(config, recording, replay=False) as llm:

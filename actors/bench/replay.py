@@ -129,10 +129,12 @@ class ReplayEngine:
     on a tiny context, the sizes the batcher asked for, decodes from ``recording``, no KV."""
 
     def __init__(self, recording: Recording, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int,
-                 n_seq_max: int, n_threads: int, chat_template: str | None = None, **_: Any) -> None:
+                 n_seq_max: int, n_threads: int, chat_template: str | None = None,
+                 graph_sampling: bool | None = None, **_: Any) -> None:
         self.recording = recording
+        # Graph sampling as the recorded leg had it: replayed tokens are accepted into real chains.
         self._real = Engine(model_path, n_ctx=256, n_batch=32, n_ubatch=32, n_seq_max=1, n_threads=n_threads,
-                            chat_template=chat_template)
+                            chat_template=chat_template, graph_sampling=graph_sampling)
         self.info = dataclasses.replace(self._real.info, n_ctx=n_ctx, n_ctx_seq=n_ctx, n_batch=n_batch,
                                         n_ubatch=n_ubatch, n_seq_max=n_seq_max)
         self.test_hang = None

@@ -10,7 +10,8 @@ def host_lines(results: dict[str, Any]) -> list[str]:
     if not (h := results.get("host")):
         return []
     lines = [f"Host work per step (issue 28): N sequences at once, {h['max_tokens']} new tokens each, greedy and with "
-             "the default sampler chain; the batcher's counters per step (host = schedule + postprocess). *real*: "
+             "the default sampler chain, sampled inside llama.cpp's graph; the batcher's counters per step (host = "
+             "schedule + postprocess). *real*: "
              "llama.cpp decodes; *null*: the real batcher replaying recorded logits "
              f"({h['recorded_rows']} distinct rows), no decode, no KV. Beyond {h['max_real_sequences']} sequences "
              "only the null leg runs: a llama.cpp context holds 256 sequence ids, halved by the shadow ids.", "",

@@ -57,7 +57,8 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
     "flash_attn": Tweak("llama.cpp's flash attention; off: f32 attention, batch-independent log-probabilities "
                         "(evaluations), slower.", type=click.Choice(FLASH_ATTN)),
     "sample_in_graph": Tweak("Sample inside llama.cpp's decode graph where a request's sampler chain allows "
-                             "(only tokens cross to the host); grammars and logprobs stay on the host."),
+                             "(only tokens cross to the host); grammars and logprobs stay on the host.",
+                             show_default="on with GPU layers, off on a CPU-only engine"),
     "batch_size": Tweak("Pending requests that flush at once.", show_default="--n-parallel"),
     "batch_timeout_ms": Tweak("How long a lone request waits for company."),
     "max_queue": Tweak("Waiting requests beyond which new ones are refused."),
