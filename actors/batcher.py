@@ -213,7 +213,6 @@ class BatcherActor(pykka.ThreadingActor):
                 if msg.reply.progress is not None and params.prompt_logprobs is None:
                     params = self.prompts.fit(msg, params, len(msg.reply.progress.prompt_ids), n_ctx_seq)
                     seq = resume_sequence(msg, params, self.engine.tokenizer)
-                    self.chains.give(seq, msg.reply.progress)
                     log.info("request_resumed", n_prompt=seq.n_prompt, n_generated=seq.n_generated,
                              n_resumed=seq.n_resumed)
                     if (reason := seq.state.ended(seq, n_ctx_seq)) is not None:
@@ -223,9 +222,10 @@ class BatcherActor(pykka.ThreadingActor):
                     tokens, n_context = self.prompts.prompt_tokens(msg)
                     params = self.prompts.fit(msg, params, len(tokens), n_ctx_seq)
                     seq = start_sequence(msg, tokens, n_context, params, self.engine.tokenizer)
-                assert msg.reply.progress is not None
-                self.chains.give(seq, msg.reply.progress)
                 self.scheduler.add(seq)
+                assert msg.reply.progress is not None
+                # After add: a request the queue refuses never owned a chain to free.
+                self.chains.give(seq, msg.reply.progress)
                 msg.reply.mark_queued()
             except LlamactorError as e:
                 level = log.warning if isinstance(e, QueueFullError) else log.info

@@ -37,13 +37,12 @@ class GraphChains:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.enabled = engine.graph_sampling
 
     def give(self, seq: Sequence, progress: Progress) -> None:
         """Give a new or resumed request its chain, if it can have one; a resumed one's generator
         is moved on by the tokens it generated before (one draw each)."""
         state = seq.state
-        if not self.enabled or state is None:
+        if not self.engine.graph_sampling or state is None:
             return
         if progress.graph_seed is None:
             progress.graph_seed = state.params.seed if state.params.seed is not None else secrets.randbits(32)
