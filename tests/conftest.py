@@ -18,7 +18,7 @@ import pytest
 
 import llamactor
 from llamactor.base.messages import AuditKv
-from llamactor.base.models import default_model_path
+from llamactor.base.models import default_model_path, instruct_model_path
 from llamactor.native.engine import Engine
 
 # Greedy decoding of the same sequence in differently shaped batches can flip between two
@@ -31,6 +31,13 @@ NEAR_TIE = 1.25
 @pytest.fixture(scope="session")
 def model_path() -> str:
     return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def instruct_path() -> str:
+    """SmolLM2-135M-Instruct: an instruct model with a ChatML template in its GGUF (llama
+    architecture, 49k vocabulary), beside the base Gemma that has none."""
+    return instruct_model_path()
 
 
 @pytest.fixture(scope="module")
