@@ -13,6 +13,9 @@ import httpx
 import ollama
 import openai
 import pytest
+from click.testing import CliRunner
+
+from llamactor.cli.commands import main
 
 from .daemon_helpers import Daemon, start_daemon, wait_until
 from .model_dir_helpers import model_folder
@@ -130,3 +133,14 @@ def test_the_tokenizer_and_template_endpoints_take_the_model_to_use(start_from_n
     assert rendered.startswith("<|im_start|>") and "What is the capital of France?" in rendered  # SmolLM2's ChatML
     text = post(daemon, "/detokenize", {"model": "gemma", "tokens": tokens("gemma")}, key=USER).json()["content"]
     assert text.endswith("The capital of France")
+
+
+def test_the_models_command_lists_a_daemons_models_with_their_status(start_from_nothing_loaded: Daemon) -> None:
+    daemon = start_from_nothing_loaded
+    assert post(daemon, "/models/load", {"model": "smol"}).json() == {"success": True}
+    result = CliRunner().invoke(main, ["models", "--url", daemon.url, "--api-key", USER])
+    assert result.exit_code == 0, result.output
+    rows = [line.split()[:2] for line in result.output.splitlines()]
+    assert rows == [["NAME", "STATUS"], ["broken", "unloaded"], ["gemma", "unloaded"], ["smol", "loaded"]]
+    refused = CliRunner().invoke(main, ["models", "--url", daemon.url])  # no key
+    assert refused.exit_code == 1 and "cannot list the models" in refused.output
