@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
 
 import llamactor
 from llamactor.base.errors import BatcherUnavailableError
+from llamactor.handles.tree import start_tree
+from llamactor.serving import replicas as replicas_module
 
 from .conftest import NotAMessage, batcher_ref, closing_what_the_test_started, record_sent
 
@@ -106,6 +109,26 @@ def test_a_model_loads_on_first_use_and_max_loaded_unloads_the_least_recently_us
     assert router.stats()["b"]["state"] == "unloaded"
     assert [router.status(n).value for n in router.names] == ["loaded", "unloaded", "loaded"]
     assert router.status("b").loads == 1 and router.describe("b")["path"] == instruct_path
+
+
+def test_a_model_reads_loading_while_its_trees_start_then_loaded(start_router, instruct_path: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    router = start_router({"name": "gemma"}, {"name": "smol", "path": instruct_path, "preload": False})
+    starting, go = threading.Event(), threading.Event()
+
+    def held_start_tree(config: object) -> object:  # the real load, once the test has looked
+        starting.set()
+        assert go.wait(60)
+        return start_tree(config)
+
+    monkeypatch.setattr(replicas_module, "start_tree", held_start_tree)
+    loader = threading.Thread(target=router.load, args=("smol",))
+    loader.start()
+    assert starting.wait(60)
+    assert router.describe("smol")["status"] == {"value": "loading"} and not router["smol"].loaded
+    go.set()
+    loader.join(120)
+    assert router.describe("smol")["status"] == {"value": "loaded"} and router["smol"].loaded
 
 
 def test_a_pinned_model_loads_at_start_and_stays_loaded(start_router, instruct_path: str) -> None:
