@@ -82,7 +82,7 @@ def start_daemon(*args: str, wait_ready: bool = True, timeout: float = 120) -> D
             with daemon.new_line:
                 daemon.log_lines.append(line)
                 daemon.new_line.notify_all()
-            if line.get("event") == "model_ready":
+            if line.get("event") in ("model_ready", "router_ready"):  # a folder of models may preload none
                 daemon.ready.set()
         daemon.ready.set()  # exited: nobody will say ready
 

@@ -216,3 +216,26 @@ def test_a_bad_value_in_a_models_table_names_the_file(daemon: list[dict[str, Any
 def test_model_spec_from_dict_refuses_unknown_keys_naming_the_model() -> None:
     with pytest.raises(llamactor.InvalidRequestError, match=r"model 'chat': unknown key\(s\) 'n_paralel'"):
         llamactor.ModelSpec.from_dict({"name": "chat", "n_paralel": 2})
+
+
+def test_serve_takes_a_folder_of_models_and_pins_from_the_toml_file_or_the_command_line(
+        daemon: list[dict[str, Any]], tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for name in ("x", "y"):
+        (folder / f"{name}.gguf").write_bytes(b"")
+    config = tmp_path / "serve.toml"
+    config.write_text(f'models_dir = "{folder}"\nmax_loaded = 1\n[[models]]\nname = "y"\npin = true\nn_ctx = 512\n')
+    result = CliRunner().invoke(main, ["serve", "--config", str(config), "--idle-unload", "60"])
+    assert result.exit_code == 0, result.output
+    (call,) = daemon
+    x, y = sorted(call["models"], key=lambda s: s.name)
+    assert (x.preload, x.pin, x.idle_unload_s, x.config.model) == (False, False, 60.0, str(folder / "x.gguf"))
+    assert (y.pin, y.config.n_ctx, y.config.model) == (True, 512, str(folder / "y.gguf"))
+    result = CliRunner().invoke(main, ["serve", "--models-dir", str(folder), "--pin", "x"],
+                                env={"LLAMACTOR_MAX_LOADED": "2"})
+    assert result.exit_code == 0, result.output
+    assert [(s.name, s.pin) for s in daemon[1]["models"]] == [("x", True), ("y", False)]
+    assert daemon[1]["max_loaded"] == 2
+    help_text = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200).output
+    assert "--models-dir" in help_text and "LLAMACTOR_MODELS_DIR" in help_text and "--pin" in help_text

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
 
 import llamactor
 from llamactor.base.errors import BatcherUnavailableError
+from llamactor.handles.tree import start_tree
+from llamactor.serving import replicas as replicas_module
 
 from .conftest import NotAMessage, batcher_ref, closing_what_the_test_started, record_sent
 
@@ -38,8 +41,25 @@ def test_two_models_answer_under_their_own_names_and_an_unknown_name_is_refused(
         router["poet"]
 
 
-def test_shortest_queue_sends_new_work_to_the_idle_replica(start_router) -> None:
-    chat = start_router({"name": "chat", "replicas": 2})["chat"]
+def test_gemma_and_smollm2_serve_side_by_side_each_through_its_own_vocabulary_and_template(
+        start_router, instruct_path: str) -> None:
+    router = start_router({"name": "gemma"}, {"name": "smol", "path": instruct_path})
+    gemma, smol = router["gemma"], router["smol"]
+    assert (gemma.info.n_vocab, smol.info.n_vocab) == (262144, 49152)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    running = [smol.submit_chat(question, max_tokens=12, temperature=0),
+               gemma.submit("The capital of France is", max_tokens=4, temperature=0)]
+    answer, text = (f.result(timeout=120) for f in running)  # both at once, each on its own tree
+    assert "Paris" in answer.text and text.usage.completion_tokens == 4
+    assert smol.tokenize("The sea").token_ids != gemma.tokenize("The sea").token_ids
+    assert smol.tokenize(question).text.startswith("<|im_start|>")  # SmolLM2's ChatML; Gemma base has none
+    assert "<|im_start|>" not in gemma.tokenize(question).text
+    assert [router.status(n).value for n in router.names] == ["loaded", "loaded"]
+
+
+@pytest.mark.parametrize("which", ["gemma", "smol"])
+def test_shortest_queue_sends_new_work_to_the_idle_replica(start_router, which: str, instruct_path: str) -> None:
+    chat = start_router({"name": "chat", "replicas": 2, **({"path": instruct_path} if which == "smol" else {})})["chat"]
     busy = chat.submit("Once upon a time", request_id="long-story", max_tokens=400, ignore_eos=True)
     first = chat.served.index(1)
     quick = chat.ask("The sea is", max_tokens=4)
@@ -75,16 +95,66 @@ def test_a_crashed_replica_restarts_without_disturbing_the_other(start_router) -
     assert chat.ask("After the crash", max_tokens=3).usage.completion_tokens == 3
 
 
-def test_a_model_loads_on_first_use_and_max_loaded_unloads_the_least_recently_used(start_router) -> None:
-    router = start_router({"name": "a"}, {"name": "b", "preload": False}, {"name": "c", "preload": False},
-                          max_loaded=2)
+def test_a_model_loads_on_first_use_and_max_loaded_unloads_the_least_recently_used(start_router,
+                                                                                  instruct_path: str) -> None:
+    router = start_router({"name": "a"}, {"name": "b", "path": instruct_path, "preload": False},
+                          {"name": "c", "preload": False}, max_loaded=2)
     assert [m.loaded for m in router] == [True, False, False]
+    assert [router.status(n).value for n in router.names] == ["loaded", "unloaded", "unloaded"]
     router["b"].ask("Hello", max_tokens=2)
     assert [m.loaded for m in router] == [True, True, False]
     router["a"].ask("Hello", max_tokens=2)  # now b is the least recently used
     router["c"].ask("Hello", max_tokens=2)
     assert [m.loaded for m in router] == [True, False, True]
     assert router.stats()["b"]["state"] == "unloaded"
+    assert [router.status(n).value for n in router.names] == ["loaded", "unloaded", "loaded"]
+    assert router.status("b").loads == 1 and router.describe("b")["path"] == instruct_path
+
+
+def test_a_model_reads_loading_while_its_trees_start_then_loaded(start_router, instruct_path: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    router = start_router({"name": "gemma"}, {"name": "smol", "path": instruct_path, "preload": False})
+    starting, go = threading.Event(), threading.Event()
+
+    def held_start_tree(config: object) -> object:  # the real load, once the test has looked
+        starting.set()
+        assert go.wait(60)
+        return start_tree(config)
+
+    monkeypatch.setattr(replicas_module, "start_tree", held_start_tree)
+    loader = threading.Thread(target=router.load, args=("smol",))
+    loader.start()
+    assert starting.wait(60)
+    assert router.describe("smol")["status"] == {"value": "loading"} and not router["smol"].loaded
+    go.set()
+    loader.join(120)
+    assert router.describe("smol")["status"] == {"value": "loaded"} and router["smol"].loaded
+
+
+def test_a_pinned_model_loads_at_start_and_stays_loaded(start_router, instruct_path: str) -> None:
+    router = start_router({"name": "smol", "path": instruct_path, "pin": True, "preload": False, "idle_unload_s": 1},
+                          {"name": "gemma", "preload": False}, max_loaded=1)
+    assert router["smol"].loaded and router.describe("smol")["pinned"]  # pinned: loaded whatever preload says
+    with pytest.raises(BatcherUnavailableError, match="busy or pinned"):
+        router["gemma"].ask("Hello", max_tokens=2)  # the one slot is the pinned model's
+    assert router.unload_idle(now=router["smol"].last_used + 3600) == []
+    with pytest.raises(llamactor.InvalidRequestError, match="pinned"):
+        router.unload("smol")
+    router["smol"].unload()  # as Ollama's keep_alive 0 asks: a pinned model stays
+    assert router["smol"].loaded and router.status("smol").value == "loaded"
+    with pytest.raises(llamactor.InvalidRequestError, match="exceed max_loaded"):
+        llamactor.start(models=[{"name": "a", "pin": True}, {"name": "b", "pin": True}], max_loaded=1)
+
+
+def test_a_model_that_fails_to_load_says_which_file_and_why_and_the_others_keep_serving(
+        start_router, tmp_path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a model")
+    router = start_router({"name": "gemma"}, {"name": "broken", "path": str(broken), "preload": False})
+    with pytest.raises(llamactor.ModelLoadError, match="'broken' could not be loaded from .*broken.gguf.*header"):
+        router["broken"].ask("Hello", max_tokens=2)
+    assert router.describe("broken")["status"]["failed"] is True and router.status("broken").value == "unloaded"
+    assert router["gemma"].ask("Hello", max_tokens=2).usage.completion_tokens == 2
 
 
 def test_a_model_idle_longer_than_idle_unload_s_is_unloaded_and_loads_again(start_router) -> None:

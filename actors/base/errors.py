@@ -113,7 +113,10 @@ class StepAbortedError(EngineError):
 
 
 class ModelLoadError(LlamactorError):
-    """The GGUF file could not be loaded (missing, unreadable, not a model)."""
+    """The GGUF file could not be loaded (missing, unreadable, not a model). Over HTTP a 500, as
+    llama-server's router answers a model that failed to load; the other models keep serving."""
+
+    code = "model_load_error"
 
 
 class ModelNotFoundError(LlamactorError, KeyError):

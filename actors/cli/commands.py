@@ -1,4 +1,4 @@
-"""The ``llamactor`` command: ``chat`` (REPL), ``ask``, ``serve``, ``batch``, ``info``, ``bench``.
+"""The ``llamactor`` command: ``chat`` (REPL), ``ask``, ``serve``, ``batch``, ``models``, ``info``, ``bench``.
 
 The engine and sampling options are generated from ``Config`` and ``SamplingParams``
 (``llamactor.cli.options``), so ``--help`` shows the library's own defaults. Every option can
@@ -26,6 +26,7 @@ import llamactor
 from llamactor.base import logging as llamactor_logging
 from llamactor.cli.options import engine_options, sampling_options, tree_options
 from llamactor.cli.batch import batch
+from llamactor.cli.models import models
 from llamactor.cli.serve import serve
 from llamactor.base.errors import LlamactorError
 
@@ -168,6 +169,7 @@ def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out
 
 main.add_command(serve)
 main.add_command(batch)
+main.add_command(models)
 
 if __name__ == "__main__":
     main()

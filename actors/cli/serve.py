@@ -4,9 +4,11 @@
     llamactor serve --model chat=/m/a.gguf --model small=/m/b.gguf --replicas 2
     llamactor serve --config models.toml              # [[models]] tables (llamactor.serving.model_specs)
     llamactor serve --ray --replicas 4                # replicas as Ray Serve deployment replicas
+    llamactor serve --models-dir /m --max-loaded 2    # every /m/*.gguf by its stem, loaded on first request
 
 Engine options (``--n-parallel``, ``--n-ctx`` ...) apply to every model unless its TOML table
-sets them; ``--replicas``, ``--routing-policy`` and ``--idle-unload`` to the ``--model`` ones.
+sets them; ``--replicas``, ``--routing-policy`` and ``--idle-unload`` to the ``--model`` ones and
+the ``--models-dir`` folder's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import click
 from llamactor.cli.config_file import TOML_MODELS, TOML_PATH
 from llamactor.cli.options import engine_options, sampling_options, tree_options
 from llamactor.base.errors import InvalidRequestError, LlamactorError
+from llamactor.serving.model_dir import scan_models_dir
 from llamactor.serving.model_specs import ModelSpec, specs_from
 from llamactor.base.models import resolve_model_path
 from llamactor.serving.routing import POLICIES
@@ -43,14 +46,18 @@ def split_model(value: str) -> tuple[str | None, str]:
 
 def model_specs(values: tuple[str, ...], toml_models: list[Any], options: dict[str, Any], *,
                 model_name: str | None, replicas: int, policy: str, idle_unload_s: float | None,
-                toml_path: str | None = None) -> list[ModelSpec]:
-    """The specs of ``--model`` values (default: the default model) and of TOML ``[[models]]``;
-    ``options`` (the engine options a user set) are every model's defaults. An error in a
-    ``[[models]]`` table names ``toml_path``."""
+                toml_path: str | None = None, models_dir: str | None = None,
+                pins: tuple[str, ...] = ()) -> list[ModelSpec]:
+    """The specs of ``--model`` values (default: the default model, unless a file or folder names
+    others), of TOML ``[[models]]`` and of the ``models_dir`` folder's files (after those, loaded
+    on first request; a table without a path whose name is a file's stem sets that file's
+    options); ``pins`` name the models kept loaded. ``options`` (the engine options a user set)
+    are every model's defaults. An error in a ``[[models]]`` table names ``toml_path``."""
     from llamactor.http.daemon import model_id_for
 
+    found = scan_models_dir(models_dir) if models_dir else None
     entries: list[dict[str, Any]] = []
-    for value in values or (() if toml_models else (None,)):
+    for value in values or (() if toml_models or found else (None,)):
         name, path = split_model(value) if value else (None, None)
         path = resolve_model_path(path)  # a missing file fails here, before the socket opens
         if name is None:
@@ -59,11 +66,24 @@ def model_specs(values: tuple[str, ...], toml_models: list[Any], options: dict[s
                         "idle_unload_s": idle_unload_s})
     from_file: list[ModelSpec] = []
     for table in toml_models:
+        if found is not None and "path" not in table and "model" not in table and found.path_of(table.get("name")):
+            table = {**table, "path": found.path_of(table["name"])}
         try:
             from_file.append(ModelSpec.from_dict(table, options))
         except InvalidRequestError as e:
             raise InvalidRequestError(f"{toml_path}: {e}") from e
-    return specs_from([*entries, *from_file], options)
+    named = {e["name"] for e in entries} | {s.name for s in from_file}
+    entries += [{"name": m.name, "path": m.path, "replicas": replicas, "policy": policy, "preload": False,
+                 "idle_unload_s": idle_unload_s} for m in (found.models if found else ()) if m.name not in named]
+    return pinned(specs_from([*entries, *from_file], options), pins)
+
+
+def pinned(specs: list[ModelSpec], pins: tuple[str, ...]) -> list[ModelSpec]:
+    """``specs`` with ``pin`` set on the models ``--pin`` names (an unknown name is refused)."""
+    names = [s.name for s in specs]
+    if unknown := sorted(set(pins) - set(names)):
+        raise InvalidRequestError(f"--pin {', '.join(unknown)}: no such model (models: {', '.join(names)})")
+    return [dataclasses.replace(s, pin=True) if s.name in pins else s for s in specs]
 
 
 @click.command()
@@ -88,6 +108,11 @@ def model_specs(values: tuple[str, ...], toml_models: list[Any], options: dict[s
 @option("--idle-unload", "idle_unload_s", envvar="LLAMACTOR_IDLE_UNLOAD", type=float,
         default=SPEC_DEFAULTS["idle_unload_s"],
         help="Unload a --model after this many idle seconds (it loads again on its next request).")
+@option("--models-dir", envvar="LLAMACTOR_MODELS_DIR", type=click.Path(exists=True, file_okay=False), default=None,
+        help="Serve every *.gguf in this folder as a model named by its file stem (adapters and projectors left "
+             "out), each loaded on its first request.")
+@option("--pin", envvar="LLAMACTOR_PIN", multiple=True,
+        help="Keep this model loaded (at start, whatever --max-loaded and --idle-unload do to others); repeatable.")
 @option("--data-dir", envvar="LLAMACTOR_DATA_DIR", type=click.Path(file_okay=False), default=None,
         help="Where batch jobs and their files live (default: the user's data folder).")
 @click.option("--ray", "use_ray", is_flag=True,
@@ -96,7 +121,8 @@ def model_specs(values: tuple[str, ...], toml_models: list[Any], options: dict[s
 @sampling_options
 def serve(host: str, port: int, uds: str | None, api_key: str | None, keys: str | None, drain_timeout_s: float,
           max_body_bytes: int, model_name: str | None, replicas: int, routing_policy: str, max_loaded: int | None,
-          idle_unload_s: float | None, data_dir: str | None, use_ray: bool, model: tuple[str, ...], **opts: Any) -> None:
+          idle_unload_s: float | None, models_dir: str | None, pin: tuple[str, ...], data_dir: str | None,
+          use_ray: bool, model: tuple[str, ...], **opts: Any) -> None:
     """The HTTP daemon: OpenAI (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
     /v1/models, /v1/files, /v1/batches), Anthropic (/v1/messages), Ollama (/api/*), tokenizer endpoints, /health, /metrics.
     Engine and sampling options are every model's defaults."""
@@ -104,7 +130,7 @@ def serve(host: str, port: int, uds: str | None, api_key: str | None, keys: str 
     try:
         specs = model_specs(model, ctx.meta.get(TOML_MODELS, []), tree_options(opts), model_name=model_name,
                             replicas=replicas, policy=routing_policy, idle_unload_s=idle_unload_s,
-                            toml_path=ctx.meta.get(TOML_PATH))
+                            toml_path=ctx.meta.get(TOML_PATH), models_dir=models_dir, pins=pin)
         key_table = None
         if keys:
             from llamactor.http.keys_file import load_keys

@@ -69,6 +69,8 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
                 if replicas.loaded:
                     log.info("model_ready", model=replicas.name, replicas=replicas.spec.replicas,
                              n_ctx=replicas.info.n_ctx, n_parallel=replicas.config.n_parallel)
+            # every model served, loaded or not (a folder of models may load none until asked)
+            log.info("router_ready", models=router.names, loaded=[r.name for r in router if r.loaded])
         except Exception as e:  # noqa: BLE001 - any failure to load ends the daemon with a reason
             print(f"llamactor serve: cannot load the model: {e}", file=sys.stderr)
             exit_code = 1

@@ -65,7 +65,8 @@ async def ps(state: State) -> dict[str, Any]:
         llm, gguf = await describe(state, name)
         if not llm.loaded:
             continue
-        idle_s = getattr(getattr(llm, "spec", None), "idle_unload_s", None)
+        spec = getattr(llm, "spec", None)
+        idle_s = None if spec is None or spec.pin else spec.idle_unload_s  # a pinned model never expires
         last_used = getattr(llm, "last_used", None)
         expires = FOREVER if idle_s is None or last_used is None else timedelta(
             seconds=max(0.0, idle_s - (time.monotonic() - last_used)))

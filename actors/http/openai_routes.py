@@ -58,4 +58,7 @@ async def model(model_id: str, state: State) -> dict[str, Any]:
 
 
 def _model_object(state: ServerState, name: str) -> dict[str, Any]:
-    return replies.model_object(name, bool(state.router is not None and state.router.model(name).loaded))
+    router = state.router
+    describe = getattr(router, "describe", None)  # the in-process Router (not Ray Serve's ingress)
+    return replies.model_object(name, bool(router is not None and router.model(name).loaded),
+                                describe(name) if describe is not None else None)

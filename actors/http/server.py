@@ -15,8 +15,9 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llamactor.base.errors import LlamactorError
-from llamactor.http import (anthropic_routes, batches_routes, errors, files_routes, ollama_model_routes, ollama_routes,
-                            openai_routes, ops_routes, responses_routes, tokenizer_routes)
+from llamactor.http import (anthropic_routes, batches_routes, errors, files_routes, model_admin_routes,
+                            ollama_model_routes, ollama_routes, openai_routes, ops_routes, responses_routes,
+                            tokenizer_routes)
 from llamactor.http.body_limit import BodyLimitMiddleware
 from llamactor.http.middleware import JsonBodies, guard_and_log
 from llamactor.http.state import ServerState
@@ -36,6 +37,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, errors.http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, errors.unexpected)
     app.include_router(ops_routes.router)
+    app.include_router(model_admin_routes.router)  # llama-server's /models/load and /models/unload: the root only
     for router in BOTH_PREFIXES:
         app.include_router(router, prefix="/v1")
         app.include_router(router)

@@ -14,6 +14,7 @@ with them), or as dicts with the same keys to ``llamactor.start(models=[...])``:
     path = "/models/embedder.gguf"
     preload = false               # loaded on first use
     idle_unload_s = 600           # and unloaded after ten idle minutes
+    # pin = true                  # loaded at start, never unloaded (max_loaded, idle_unload_s)
     autoscaling = {min_replicas = 1, max_replicas = 4, target_ongoing_requests = 16}  # under Ray Serve
 
 Any other key is refused (``InvalidRequestError`` naming the model and the key): a typo such as
@@ -32,7 +33,7 @@ from llamactor.base.errors import InvalidRequestError
 from llamactor.serving.routing import POLICIES
 
 SPEC_FIELDS = ("name", "path", "model", "replicas", "policy", "imbalance_threshold", "preload", "idle_unload_s",
-               "autoscaling")
+               "autoscaling", "pin")
 # Every key a model entry may have: its own, and any Config or sampling field (``model`` is
 # ``path``'s other name).
 MODEL_KEYS = frozenset(SPEC_FIELDS) | {f.name for cls in (Config, SamplingParams) for f in dataclasses.fields(cls)}
@@ -50,6 +51,7 @@ class ModelSpec:
     preload: bool = True  # load when the router starts (False: on the first request)
     idle_unload_s: float | None = None  # unload after this long without requests; None: never
     autoscaling: Mapping[str, Any] | None = None  # Ray Serve only: its autoscaling_config (instead of replicas)
+    pin: bool = False  # loaded at start whatever preload says, and never unloaded by max_loaded or idle time
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c.isspace() for c in self.name):

@@ -10,6 +10,7 @@ thread; ``load``/``unload`` block while trees start or stop.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,8 +22,10 @@ from llamactor.handles.tree import LLM, start_tree
 from llamactor.handles.model import ModelClient
 from llamactor.base.completion import Completion
 from llamactor.base.engine_info import EngineInfo
-from llamactor.base.errors import BatcherUnavailableError
+from llamactor.base.errors import BatcherUnavailableError, ModelLoadError
 from llamactor.base.messages import Embed, Generate, Request
+from llamactor.base.models import resolve_model_path
+from llamactor.native.gguf_header import read_gguf
 from llamactor.serving.model_specs import ModelSpec
 from llamactor.serving.routing import RoutingPolicy, routing_key
 
@@ -32,12 +35,15 @@ log = get_logger("llamactor.serving.replicas")
 class Replicas(ModelClient):
     """A model's replica trees; loaded by ``load()`` or on the first request."""
 
-    def __init__(self, spec: ModelSpec, before_load: Callable[[Replicas], None] | None = None) -> None:
+    def __init__(self, spec: ModelSpec, before_load: Callable[[Replicas], None] | None = None,
+                 on_status: Callable[[Replicas, str, str | None], None] | None = None) -> None:
         self.spec = spec
         self.name = spec.name
         self.config = spec.config
         self.policy = RoutingPolicy(spec.policy, spec.imbalance_threshold)
         self._before_load = before_load  # the router makes room under max_loaded
+        # the router's status map hears "loading", "loaded", "failed" (with the reason), "unloaded"
+        self._on_status = on_status or (lambda replicas, status, error: None)
         self._trees: list[LLM] = []
         self._in_flight = [0] * spec.replicas
         self._where: dict[str, int] = {}  # request id -> replica, for cancel
@@ -78,22 +84,49 @@ class Replicas(ModelClient):
             if self._before_load is not None:
                 self._before_load(self)
             started = time.perf_counter()
+            self._on_status(self, "loading", None)
             trees: list[LLM] = []
             try:
                 for _ in range(self.spec.replicas):
                     trees.append(start_tree(self.config))
-            except BaseException:
+            except BaseException as e:
                 for tree in trees:
                     tree.close()
-                raise
+                error = self._load_error(e) if isinstance(e, ModelLoadError) else e
+                self._on_status(self, "failed", str(error) or type(e).__name__)
+                log.warning("model_load_failed", model=self.name, error=str(error))
+                if error is e:
+                    raise
+                raise error from e
             self._trees = trees
             self.last_used = time.monotonic()
+            self._on_status(self, "loaded", None)
             log.info("model_loaded", model=self.name, replicas=len(trees),
                      ms=round((time.perf_counter() - started) * 1000, 1))
 
-    def unload(self, drain_timeout_s: float | None = 0.0) -> None:
+    @property
+    def path(self) -> str | None:
+        """The GGUF file this model loads (None when it cannot be found here)."""
+        try:
+            return resolve_model_path(self.config.model)
+        except ModelLoadError:
+            return None
+
+    def _load_error(self, e: ModelLoadError) -> ModelLoadError:
+        """``e`` naming the model and its file, and what the file's header says when it is no GGUF."""
+        path = self.path or self.config.model
+        reason = str(e)
+        if path and os.path.isfile(path) and read_gguf(path) is None:
+            reason += "; its GGUF header cannot be read (not a GGUF file, or truncated)"
+        return ModelLoadError(f"model {self.name!r} could not be loaded from {path}: {reason}",
+                              model=self.name, path=path)
+
+    def unload(self, drain_timeout_s: float | None = 0.0, *, force: bool = False) -> None:
         """Stop the trees (after letting in-flight requests finish up to ``drain_timeout_s``);
-        the next request loads them again."""
+        the next request loads them again. A pinned model stays loaded unless ``force`` (closing)."""
+        if self.spec.pin and not force:
+            log.info("model_pinned_kept", model=self.name)
+            return
         with self._load_lock:
             started = time.perf_counter()
             trees, self._trees = self._trees, []
@@ -103,10 +136,11 @@ class Replicas(ModelClient):
                 for replica in range(self.spec.replicas):
                     self.policy.forget(replica)
             if trees:
+                self._on_status(self, "unloaded", None)
                 log.info("model_unloaded", model=self.name, ms=round((time.perf_counter() - started) * 1000, 1))
 
     def close(self, drain_timeout_s: float | None = 0.0) -> None:
-        self.unload(drain_timeout_s)
+        self.unload(drain_timeout_s, force=True)
 
     def __enter__(self) -> Replicas:
         return self

@@ -100,6 +100,8 @@ def completion_reply(plan: CompletionsPlan, generated: list[Completion]) -> dict
     return out
 
 
-def model_object(name: str, loaded: bool) -> dict[str, Any]:
-    """A ``/v1/models`` entry (``loaded``: llama-server's extra)."""
-    return {"id": name, "object": "model", "created": 0, "owned_by": "llamactor", "loaded": loaded}
+def model_object(name: str, loaded: bool, router_fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A ``/v1/models`` entry (``loaded``: llama-server's extra; ``router_fields``: what its router
+    mode adds, ``status`` {``value``: loaded / loading / unloaded}, ``path``, ``size``)."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "llamactor", "loaded": loaded,
+            **(router_fields or {})}
