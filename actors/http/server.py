@@ -16,7 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llamactor.base.errors import LlamactorError
 from llamactor.http import (anthropic_routes, batches_routes, errors, files_routes, ollama_model_routes, ollama_routes,
-                            openai_routes, ops_routes, responses_routes, tokenizer_routes)
+                            openai_routes, ops_routes, responses_routes, tokenizer_routes, engine_routes,
+                            ui_routes)
 from llamactor.http.body_limit import BodyLimitMiddleware
 from llamactor.http.middleware import JsonBodies, guard_and_log
 from llamactor.http.state import ServerState
@@ -36,6 +37,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, errors.http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, errors.unexpected)
     app.include_router(ops_routes.router)
+    app.include_router(engine_routes.router)  # the live view of the engine, and its pages
+    app.include_router(ui_routes.router)
     for router in BOTH_PREFIXES:
         app.include_router(router, prefix="/v1")
         app.include_router(router)
