@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from .daemon_helpers import Daemon, start_daemon
+from .daemon_helpers import API_KEY, Daemon, start_daemon
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -205,3 +205,84 @@ def test_the_engine_view_shows_the_sequences_of_six_streaming_requests_running(d
             s.close()
         for t in readers:
             t.join(WAIT_S)
+
+
+def test_a_refused_request_shows_the_servers_own_words_in_the_page(driver: Any, daemon: Daemon) -> None:
+    from selenium.webdriver.common.by import By
+
+    open_chat(driver, daemon, max_tokens=8)
+    field = driver.find_element(By.ID, "temperature")
+    field.clear()
+    field.send_keys("5")
+    ask(driver, "Hello?")
+    error = wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".message.assistant .error"))[0]
+    assert error.text == "temperature: Input should be less than or equal to 2"
+    # the console shows the 400 itself (Chromium logs every failed load), and nothing else
+    errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert all("status of 400" in m for m in errors), errors
+
+
+def test_the_markdown_renderer_makes_markup_of_markdown_and_text_of_html(driver: Any, daemon: Daemon) -> None:
+    driver.get(daemon.url + "/ui/")
+    html = driver.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        import('/ui/markdown.js').then(({ renderMarkdown }) => {
+          const box = document.createElement('div');
+          box.append(renderMarkdown(
+            '# Title\\n**bold** and *it* and `x<y`\\n\\n- one\\n- two\\n\\n```py\\nprint("<b>")\\n```\\n' +
+            '<img src=x onerror="window.pwned=1"> [link](https://example.com) [bad](javascript:alert(1))'));
+          done(box.innerHTML);
+        });""")
+    assert "<h3>Title</h3>" in html and "<strong>bold</strong>" in html and "<em>it</em>" in html
+    assert "<code>x&lt;y</code>" in html and "<ul><li>one</li><li>two</li></ul>" in html
+    assert '<pre><code data-lang="py">print("&lt;b&gt;")</code></pre>' in html
+    assert "&lt;img src=x" in html and "<img" not in html, "HTML from the text became markup"
+    assert 'href="https://example.com"' in html and 'href="javascript' not in html
+    assert driver.execute_script("return window.pwned") is None
+    assert_clean(driver, daemon.url)
+
+
+def test_the_api_key_is_entered_once_kept_in_the_browser_and_opens_the_engine_view(driver: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    keyed = start_daemon("--api-key", API_KEY)
+    try:
+        driver.get(keyed.url + "/ui/")
+        refusal = wait(driver, lambda d: d.find_element(By.ID, "settings-error").text)
+        assert refusal.startswith("missing or wrong API key")
+        driver.find_element(By.ID, "api-key").send_keys(API_KEY, Keys.TAB)  # change: kept, models asked again
+        wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#model option"))
+        assert driver.execute_script("return localStorage.getItem('llamactor.apiKey')") == API_KEY
+        driver.get(keyed.url + "/ui/engine")  # the key is sent without being entered again
+        wait(driver, lambda d: figure(d, "kv_size") > 0)
+        driver.refresh()
+        wait(driver, lambda d: figure(d, "kv_size") > 0)
+        errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert all("status of 401" in m for m in errors), errors  # the first /v1/models, before the key
+    finally:
+        keyed.stop()
+
+
+def test_a_streamed_answer_shows_its_reasoning_folded_and_its_tool_calls(driver: Any, daemon: Daemon) -> None:
+    """The chunks a reasoning model with tools streams (the daemon's own shapes: ``reasoning_content``,
+    tool calls in pieces), folded and shown as the chat page does."""
+    driver.get(daemon.url + "/ui/")
+    shown = driver.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        import('/ui/messages.js').then(({ absorb, messageNode }) => {
+          const answer = { role: 'assistant', content: '', reasoning: '', tool_calls: [] };
+          for (const delta of [{ reasoning_content: 'The user wants ' }, { reasoning_content: 'the weather.' },
+                               { content: 'Let me **check**.' },
+                               { tool_calls: [{ index: 0, function: { name: 'get_weather', arguments: '{"city":' } }] },
+                               { tool_calls: [{ index: 0, function: { arguments: ' "Paris"}' } }] }]) {
+            absorb(answer, { choices: [{ index: 0, delta }] });
+          }
+          const node = messageNode(answer);
+          const details = node.querySelector('details.reasoning');
+          done({ open: details.open, reasoning: details.textContent, calls: [...node.querySelectorAll('.tool-call')]
+                   .map(c => c.textContent), strong: node.querySelector('.content strong').textContent });
+        });""")
+    assert shown == {"open": False, "reasoning": "ReasoningThe user wants the weather.",
+                     "calls": ['get_weather({"city": "Paris"})'], "strong": "check"}
+    assert_clean(driver, daemon.url)

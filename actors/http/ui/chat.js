@@ -3,7 +3,7 @@
 // cancels a request whose client went away.
 
 import { apiKey, el, errorText, headers, readEvents, setApiKey } from "./common.js";
-import { renderMarkdown } from "./markdown.js";
+import { absorb, messageNode } from "./messages.js";
 
 const STORE = "llamactor.conversations";
 const SETTINGS = "llamactor.chatSettings";
@@ -36,24 +36,6 @@ function renderList() {
   }));
 }
 
-// One message's element: its text as Markdown, reasoning folded, tool calls, an error.
-function messageNode(message) {
-  const node = el("div", { class: `message ${message.role}`, "data-role": message.role },
-    el("div", { class: "role" }, message.role));
-  if (message.reasoning) {
-    node.append(el("details", { class: "reasoning" }, el("summary", {}, "Reasoning"), el("div", {}, message.reasoning)));
-  }
-  const body = el("div", { class: "content" });
-  body.append(message.role === "assistant" ? renderMarkdown(message.content || "") : message.content);
-  node.append(body);
-  for (const call of message.tool_calls ?? []) {
-    node.append(el("div", { class: "tool-call" }, `${call.function.name}(${call.function.arguments})`));
-  }
-  if (message.error) node.append(el("div", { class: "error", role: "alert" }, message.error));
-  if (message.stopped) node.append(el("div", { class: "role stopped" }, "stopped"));
-  return node;
-}
-
 function renderAll() {
   renderList();
   $("messages").replaceChildren(...current.messages.map(messageNode));
@@ -81,24 +63,6 @@ function requestBody() {
   if (!Number.isNaN(temperature)) body.temperature = temperature;
   if (!Number.isNaN(maxTokens)) body.max_tokens = maxTokens;
   return body;
-}
-
-// Folds one streamed chunk into the answer being written.
-function absorb(answer, chunk) {
-  if (chunk.error) {
-    answer.error = chunk.error.message ?? JSON.stringify(chunk.error);
-    return;
-  }
-  for (const choice of chunk.choices ?? []) {
-    const delta = choice.delta ?? {};
-    answer.content += delta.content ?? "";
-    answer.reasoning += delta.reasoning_content ?? "";
-    for (const call of delta.tool_calls ?? []) {
-      const slot = (answer.tool_calls[call.index ?? 0] ??= { function: { name: "", arguments: "" } });
-      slot.function.name += call.function?.name ?? "";
-      slot.function.arguments += call.function?.arguments ?? "";
-    }
-  }
 }
 
 async function ask(text) {
