@@ -5,7 +5,8 @@ against a real daemon on the real Gemma model.
 Where Chromium or its driver is missing these tests skip, saying so -- except under CI
 (``CI=true``), where that is a failure: `make test` installs them. Every test saves a screenshot
 of the page it ends on under ``build/test-artifacts/web_ui/`` (in the repository), and checks that
-the browser logged no console error and that no request left the daemon's origin.
+the browser logged no console error and that no request left the daemon's origin. With
+``LLAMACTOR_DOCS_IMAGES=docs/images`` the chat and engine tests also write the README's pictures.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts" / "web_ui"
 WAIT_S = 60
+DOCS_IMAGES = os.environ.get("LLAMACTOR_DOCS_IMAGES")
 
 
 def _missing() -> str | None:
@@ -79,6 +81,14 @@ def driver(browser_available: None, request: pytest.FixtureRequest) -> Iterator[
         browser.quit()
 
 
+def shoot(driver: Any, name: str) -> None:
+    """A screenshot of the page as it is now, among the artifacts (and in the docs, if asked)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+    if DOCS_IMAGES:
+        driver.save_screenshot(str(Path(DOCS_IMAGES) / f"{name}.png"))
+
+
 def wait(driver: Any, condition: Any, timeout: float = WAIT_S) -> Any:
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -105,9 +115,10 @@ def open_chat(driver: Any, daemon: Daemon, max_tokens: int) -> None:
     driver.get(daemon.url + "/")  # a browser at / lands on the chat page
     wait(driver, lambda d: d.current_url == daemon.url + "/ui/")
     wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#model option"))
-    field = driver.find_element(By.ID, "max-tokens")
-    field.clear()
-    field.send_keys(str(max_tokens))
+    for name, value in (("max-tokens", max_tokens), ("temperature", 0)):  # greedy: the same answer every run
+        field = driver.find_element(By.ID, name)
+        field.clear()
+        field.send_keys(str(value))
     # Records every distinct length the answer's text had while it grew: a streamed answer has several.
     driver.execute_script("""
         window.seenLengths = new Set();
@@ -144,13 +155,14 @@ def test_a_question_typed_into_the_chat_page_streams_its_answer_into_the_page(dr
     from selenium.webdriver.common.by import By
 
     open_chat(driver, daemon, max_tokens=40)
-    ask(driver, "What is the capital of France?")
+    ask(driver, "Which city is the capital of France?")
     wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".message.assistant[data-done]"))
     assert answer_text(driver).strip(), "the answer is empty"
     assert driver.execute_script("return window.seenLengths.size") > 1, "the answer arrived in one piece"
     assert not driver.find_elements(By.CSS_SELECTOR, ".message .error"), answer_text(driver)
     stored = driver.execute_script("return JSON.parse(localStorage.getItem('llamactor.conversations'))")
     assert [m["role"] for m in stored[0]["messages"]] == ["user", "assistant"], "the conversation was not kept"
+    shoot(driver, "web-chat")
     assert_clean(driver, daemon.url)
 
 
@@ -199,6 +211,7 @@ def test_the_engine_view_shows_the_sequences_of_six_streaming_requests_running(d
         for name in ("waiting", "kv_used", "kv_cached", "steps"):
             assert figure(driver, name) >= 0, name
         assert driver.find_elements(By.CSS_SELECTOR, "#models tr[data-model]"), "no model row"
+        shoot(driver, "web-engine")
         assert_clean(driver, daemon.url)
     finally:
         for s in streams:

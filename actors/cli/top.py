@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator
 
 import click
 import httpx
@@ -21,6 +21,7 @@ from rich.text import Text
 
 from llamactor.http.live_snapshot import EngineSnapshot, Figures
 
+ONCE_OVER_S = 1.0
 MODEL_COLUMNS = ("running", "waiting", "tokens_per_s", "steps", "kv_used", "kv_cached", "kv_free", "prefix_hits",
                  "restarts")
 
@@ -84,7 +85,7 @@ def render(snapshot: EngineSnapshot) -> Group:
     return Group(*parts)
 
 
-def snapshots(url: str, api_key: str | None, interval_s: float) -> Iterator[EngineSnapshot]:
+def snapshots(url: str, api_key: str | None, interval_s: float) -> Generator[EngineSnapshot, None, None]:
     """The daemon's snapshots as they come (a refused key or a dead daemon: ClickException)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
@@ -114,14 +115,13 @@ def _words(response: httpx.Response) -> str:
               help="An admin key of the daemon, once it has keys (sent as 'Authorization: Bearer KEY').")
 @click.option("--interval", "interval_s", type=float, default=0.5, show_default=True,
               help="Seconds between updates.")
-@click.option("--once", is_flag=True, help="Print one view (rates over one interval) and exit.")
+@click.option("--once", is_flag=True, help="Print one view (rates over a second) and exit.")
 def top(url: str, api_key: str | None, interval_s: float, once: bool) -> None:
     """The live view of a daemon's engine at URL (default http://127.0.0.1:8000): running and
     waiting sequences, rows per step, KV cells, the prefix cache and its tiers, models, batch jobs."""
     stream = snapshots(url, api_key, interval_s)
-    if once:
-        next(stream)  # the first event has no rates yet: show the second
-        Console().print(render(next(stream)))
+    if once:  # the first snapshot whose rates cover a second at least (the first has none)
+        Console().print(render(next(s for s in stream if s.interval_s >= ONCE_OVER_S)))
         stream.close()
         return
     with contextlib.suppress(KeyboardInterrupt), Live(Text("connecting..."), refresh_per_second=8,

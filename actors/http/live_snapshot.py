@@ -116,7 +116,7 @@ def figures(now: Mapping[str, float], before: Mapping[str, float] | None, interv
     steps, embedding_steps = delta("steps"), delta("embedding_steps")
     per_s = 1 / interval_s if before is not None and interval_s > 0 else 0.0
     per_step = 1 / steps if steps else 0.0
-    gauges = {k: int(now.get(k, 0)) for k in Figures.model_fields if k in now}
+    gauges: dict[str, Any] = {k: int(now.get(k, 0)) for k in Figures.model_fields if k in now}
     return Figures(**{**gauges, "kv_free": int(max(0, now.get("kv_size", 0) - now.get("kv_used", 0))),
                       "tokens_per_s": round(delta("tokens_generated") * per_s, 1),
                       "steps_per_s": round(steps * per_s, 1),
