@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -134,3 +135,16 @@ def test_the_pages_ship_inside_the_package() -> None:
     for page in source.iterdir():
         text = page.read_text()
         assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text, page.name
+
+
+def test_an_open_engine_view_does_not_hold_up_the_drain_on_sigterm() -> None:
+    """The stream ends as the daemon drains, so the drain is not left waiting for its timeout."""
+    d = start_daemon("--drain-timeout", "60")
+    try:
+        events = snapshots(d, "any")
+        next(events)
+        d.process.send_signal(signal.SIGTERM)
+        assert d.process.wait(30) == 0
+        assert list(events) is not None  # the stream ended cleanly: no error while reading it
+    finally:
+        d.stop()
