@@ -60,11 +60,11 @@ def daemon(browser_available: None) -> Iterator[Daemon]:
 
 
 @pytest.fixture
-def driver(browser_available: None, request: pytest.FixtureRequest) -> Iterator[Any]:
+def driver(browser_available: None, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    os.environ["SE_OFFLINE"] = "true"  # selenium-manager must not look for a driver online
+    monkeypatch.setenv("SE_OFFLINE", "true")  # selenium-manager must not look for a driver online
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,860",

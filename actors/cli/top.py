@@ -121,8 +121,11 @@ def top(url: str, api_key: str | None, interval_s: float, once: bool) -> None:
     waiting sequences, rows per step, KV cells, the prefix cache and its tiers, models, batch jobs."""
     stream = snapshots(url, api_key, interval_s)
     if once:  # the first snapshot whose rates cover a second at least (the first has none)
-        Console().print(render(next(s for s in stream if s.interval_s >= ONCE_OVER_S)))
+        snapshot = next((s for s in stream if s.interval_s >= ONCE_OVER_S), None)
         stream.close()
+        if snapshot is None:
+            raise click.ClickException(f"{url} ended the stream (draining?)")
+        Console().print(render(snapshot))
         return
     with contextlib.suppress(KeyboardInterrupt), Live(Text("connecting..."), refresh_per_second=8,
                                                       screen=sys.stdout.isatty()) as live:
