@@ -28,6 +28,7 @@ from llamactor.cli.options import engine_options, sampling_options, tree_options
 from llamactor.cli.batch import batch
 from llamactor.cli.models import models
 from llamactor.cli.serve import serve
+from llamactor.cli.top import top
 from llamactor.base.errors import LlamactorError
 
 
@@ -170,6 +171,7 @@ def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out
 main.add_command(serve)
 main.add_command(batch)
 main.add_command(models)
+main.add_command(top)
 
 if __name__ == "__main__":
     main()

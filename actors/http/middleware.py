@@ -25,6 +25,10 @@ log = get_logger("llamactor.http")
 # says more to an admin. /metrics too, unless tenants' keys are configured (then: admins only).
 OPEN_PATHS = ("/health", "/")
 SCRAPED_PATH = "/metrics"
+# the web pages (static: they hold no data, what they fetch asks for the key), and the live view of
+# the engine, which once keys exist (--api-key or --keys) is for admin keys
+UI_PREFIX = "/ui"
+ENGINE_PATH = "/engine/events"
 
 
 async def guard_and_log(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -63,11 +67,15 @@ def find_tenant(request: Request, state: ServerState) -> Tenant | None:
 def refuse(request: Request, state: ServerState, tenant: Tenant | None) -> Response | None:
     """A 401 for a missing or unknown key; a 403 for a non-admin on an admin's path."""
     path = request.url.path
-    if tenant is None and path not in OPEN_PATHS and (path != SCRAPED_PATH or state.tenant_keys):
+    page = path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
+    if tenant is None and path not in OPEN_PATHS and not page and (path != SCRAPED_PATH or state.tenant_keys):
         return error_response(path, ErrorInfo(401, "missing or wrong API key (Authorization: Bearer ... or "
                                                    "x-api-key)", "authentication_error", "invalid_api_key"))
     if path == SCRAPED_PATH and state.tenant_keys and not (tenant and tenant.admin):
         return error_response(path, ErrorInfo(403, "metrics are for admin keys", "permission_error",
+                                              "permission_denied"))
+    if path == ENGINE_PATH and state.keys.required and not (tenant and tenant.admin):
+        return error_response(path, ErrorInfo(403, "the engine view is for admin keys", "permission_error",
                                               "permission_denied"))
     return None
 

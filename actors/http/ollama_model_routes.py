@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 
 from llamactor.base.errors import LlamactorError
 from llamactor.base.models import resolve_model_path
@@ -104,7 +104,10 @@ async def version() -> dict[str, str]:
 
 
 @router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-async def root() -> PlainTextResponse:
+async def root(request: Request) -> Response:
+    """Ollama's heartbeat for its clients; a browser (it asks for HTML) lands on the web page."""
+    if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+        return RedirectResponse("/ui/", status_code=302)
     return PlainTextResponse("Ollama is running")
 
 

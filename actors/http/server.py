@@ -15,9 +15,9 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llamactor.base.errors import LlamactorError
-from llamactor.http import (anthropic_routes, batches_routes, errors, files_routes, model_admin_routes,
+from llamactor.http import (anthropic_routes, batches_routes, engine_routes, errors, files_routes, model_admin_routes,
                             ollama_model_routes, ollama_routes, openai_routes, ops_routes, responses_routes,
-                            tokenizer_routes)
+                            tokenizer_routes, ui_routes)
 from llamactor.http.body_limit import BodyLimitMiddleware
 from llamactor.http.middleware import JsonBodies, guard_and_log
 from llamactor.http.state import ServerState
@@ -38,6 +38,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_exception_handler(Exception, errors.unexpected)
     app.include_router(ops_routes.router)
     app.include_router(model_admin_routes.router)  # llama-server's /models/load and /models/unload: the root only
+    app.include_router(engine_routes.router)  # the live view of the engine, and its pages
+    app.include_router(ui_routes.router)
     for router in BOTH_PREFIXES:
         app.include_router(router, prefix="/v1")
         app.include_router(router)
