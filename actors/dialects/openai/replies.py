@@ -103,3 +103,13 @@ def completion_reply(plan: CompletionsPlan, generated: list[Completion]) -> dict
 def model_object(name: str, loaded: bool) -> dict[str, Any]:
     """A ``/v1/models`` entry (``loaded``: llama-server's extra)."""
     return {"id": name, "object": "model", "created": 0, "owned_by": "llamactor", "loaded": loaded}
+
+
+def adapter_object(name: str, parent: str, path: str) -> dict[str, Any]:
+    """A LoRA adapter's ``/v1/models`` entry, as vLLM lists one: its model is ``parent``."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "llamactor", "parent": parent, "root": path}
+
+
+def adapter_entry(i: int, name: str, path: str) -> dict[str, Any]:
+    """A ``/lora-adapters`` entry, llama-server's shape (and the name): off unless asked for."""
+    return {"id": i, "name": name, "path": path, "scale": 0.0}
