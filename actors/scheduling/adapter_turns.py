@@ -3,10 +3,10 @@ batcher's thread).
 
 llama.cpp applies adapters to a whole context, so one ``llama_decode`` runs under one set:
 running sequences are grouped by their set, and each step serves one group. Groups take turns,
-least recently served first (a group new to the running set counts as never served; among
-those, the one whose oldest sequence came first), so with ``k`` groups running each gets a step
-at least every ``k`` steps, and every sequence decodes at the same rate whatever its group's
-size. With one group -- every request on the base model, the common case -- nothing changes.
+least recently served first -- round robin: a group new to the running set (or back in it) joins
+behind the groups already waiting, ties going to the one whose oldest sequence came first -- so
+no group is served twice while another waits, with ``k`` groups running each gets a step at
+least every ``k`` steps, and every sequence decodes at the same rate whatever its group's size. With one group -- every request on the base model, the common case -- nothing changes.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ class AdapterTurns:
         first_seen: dict[AdapterSet, float] = {}
         for seq in running:
             first_seen[seq.adapters] = min(first_seen.get(seq.adapters, seq.submitted_at), seq.submitted_at)
-        for gone in set(self.last_served) - set(first_seen):  # a set back later starts as new
+        for gone in set(self.last_served) - set(first_seen):  # a set back later joins as new
             del self.last_served[gone]
-        yield from sorted(first_seen, key=lambda s: (self.last_served.get(s, -1), first_seen[s]))
+        for new in set(first_seen) - set(self.last_served):  # it queues behind those already waiting
+            self.last_served[new] = self.step
+        yield from sorted(first_seen, key=lambda s: (self.last_served[s], first_seen[s]))
 
     def served(self, adapters: AdapterSet) -> None:
         """This step decodes ``adapters``' sequences."""
