@@ -140,5 +140,5 @@ def test_with_one_adapter_set_the_scheduler_packs_as_before_and_two_sets_alterna
     assert served == [(), STYLE, (), STYLE]  # the older sequence's set first, then in turn
     s = make_scheduler(n_parallel=3, batch_size=3)
     for i in range(3):
-        s.add(make_seq(2, rid=f"b{i}"))
+        s.add(make_seq(0, rid=f"b{i}", tokens=[10 * i + 1, 10 * i + 2]))
     assert len(s.schedule(0.0).chunks) == 3  # all on the base model: one step for all, as without adapters
