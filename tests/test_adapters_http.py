@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
+import ollama
 import openai
 import pytest
 
@@ -98,3 +100,19 @@ def test_an_unknown_lora_id_is_a_400_before_any_stream_starts(daemon: Daemon, st
         with pytest.raises(openai.BadRequestError):
             complete(client, stream=stream, extra_body=body)
     assert complete(client).choices[0].text  # the daemon goes on
+
+
+def test_the_anthropic_and_ollama_routes_take_an_adapters_name_as_the_model_too(daemon: Daemon) -> None:
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    claude = anthropic.Anthropic(base_url=daemon.url, api_key="none", max_retries=0)
+
+    def message(model: str) -> str:
+        reply = claude.messages.create(model=model, max_tokens=12, messages=question,  # type: ignore[arg-type]
+                                       extra_body={"temperature": 0})
+        return "".join(b.text for b in reply.content if b.type == "text")
+
+    assert message("style") != message("any")
+    client = ollama.Client(host=daemon.url)
+    styled, base = (client.chat(model=m, messages=question, options={"temperature": 0, "num_predict": 12})
+                    for m in ("style", "any"))
+    assert styled.message.content != base.message.content

@@ -13,6 +13,7 @@ from llamactor.base.adapters import adapter_scope, adapter_set, from_ids, parse_
 from llamactor.base.config import Config, SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.request import GenerationRequest
+from llamactor.dialects.context import RequestContext
 from llamactor.scheduling.adapter_turns import AdapterTurns
 from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler
@@ -142,3 +143,15 @@ def test_with_one_adapter_set_the_scheduler_packs_as_before_and_two_sets_alterna
     for i in range(3):
         s.add(make_seq(0, rid=f"b{i}", tokens=[10 * i + 1, 10 * i + 2]))
     assert len(s.schedule(0.0).chunks) == 3  # all on the base model: one step for all, as without adapters
+
+
+def test_a_request_context_turns_the_model_name_and_lora_ids_into_the_requests_adapter_set() -> None:
+    ctx = RequestContext("r", "style", SamplingParams(), adapters=("style", "legal"), adapter="style")
+    lora = ctx.lora([{"id": 1, "scale": 0.5}])
+    request = GenerationRequest.build(SamplingParams(), prompt="x", **lora)
+    assert request.lora == (("legal", 0.5), ("style", 1.0))
+    assert ctx.lora([{"id": 0, "scale": 0.0}])["lora"] == {"style": 0.0}  # the ids override the model's
+    with pytest.raises(InvalidRequestError, match="unknown adapter id 2"):
+        ctx.lora([{"id": 2}])
+    unknown_model = RequestContext("r", "", SamplingParams(), adapters=None)  # a batch file checked before its run
+    assert GenerationRequest.build(SamplingParams(), prompt="x", **unknown_model.lora([{"id": 3}])).lora == (("#3", 1.0),)

@@ -25,7 +25,7 @@ class RequestContext:
     model: str
     defaults: SamplingParams = field(default_factory=SamplingParams)
     created: int = field(default_factory=lambda: int(time.time()))
-    adapters: tuple[str, ...] = ()  # the model's LoRA adapters, in the order of their ids
+    adapters: tuple[str, ...] | None = ()  # the model's LoRA adapters, in id order (None: not known here)
     adapter: str | None = None  # the adapter the body's ``model`` named (vLLM's convention), at scale 1
 
     def id(self, prefix: str) -> str:
@@ -36,7 +36,10 @@ class RequestContext:
         """``GenerationRequest.build``'s LoRA keywords: the adapter the model name picked, and
         llama-server's ``[{"id", "scale"}]`` entries over it; checked against the model's adapters."""
         lora = {self.adapter: 1.0} if self.adapter is not None else {}
-        lora.update(from_ids(entries or (), self.adapters))
+        if self.adapters is None:  # a check without the model (a batch file's lines): ids as placeholders
+            lora.update({f"#{e.get('id')}": e.get("scale", 1.0) for e in entries or ()})
+        else:
+            lora.update(from_ids(entries or (), self.adapters))
         return {"lora": lora, "adapters": self.adapters}
 
 

@@ -81,7 +81,7 @@ def check_body(endpoint: str, body: dict[str, Any]) -> str | None:
     """What the endpoint would refuse in ``body`` (its 400's message), or None: the schema
     (unknown fields included), then everything its plan checks (grammars, tools ...)."""
     try:
-        PLANS[endpoint](body, RequestContext("check", "", SamplingParams()))
+        PLANS[endpoint](body, RequestContext("check", "", SamplingParams(), adapters=None))
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
