@@ -68,6 +68,7 @@ def test_adapter_and_base_requests_in_one_batch_each_answer_as_llama_cpp_python_
                                   lora={"style": s} if s else None)
                for p in range(len(prompts)) for s in scales}
     got = {key: f.result(timeout=120).token_ids for key, f in futures.items()}
+    assert llm.stats()["adapter_switches"] >= 2 * N_TOKENS  # the three sets ran side by side, taking turns
     for s in scales:
         kwargs = {"lora_path": str(adapter), "lora_scale": s} if s else {}
         reference = Llama(instruct_path, n_ctx=512, verbose=False, **kwargs)

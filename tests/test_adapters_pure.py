@@ -155,3 +155,9 @@ def test_a_request_context_turns_the_model_name_and_lora_ids_into_the_requests_a
         ctx.lora([{"id": 2}])
     unknown_model = RequestContext("r", "", SamplingParams(), adapters=None)  # a batch file checked before its run
     assert GenerationRequest.build(SamplingParams(), prompt="x", **unknown_model.lora([{"id": 3}])).lora == (("#3", 1.0),)
+
+
+def test_the_turns_count_the_steps_that_switch_adapter_sets() -> None:
+    s, log = simulate(3, 2)
+    served = [p for p, c, _ in log if c]
+    assert s.turns.switches == sum(a != b for a, b in zip([()] + served, served)) > 0

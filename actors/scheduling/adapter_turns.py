@@ -23,6 +23,8 @@ class AdapterTurns:
     def __init__(self) -> None:
         self.step = 0
         self.last_served: dict[AdapterSet, int] = {}  # set -> the step it was last served at
+        self.switches = 0  # steps under another set than the step before (llama.cpp re-plans its graph)
+        self.previous: AdapterSet = ()
 
     def order(self, running: Iterable[Sequence]) -> Iterator[AdapterSet]:
         """The running sets, the one whose turn it is first (the scheduler serves the first that
@@ -40,6 +42,12 @@ class AdapterTurns:
         """This step decodes ``adapters``' sequences."""
         self.step += 1
         self.last_served[adapters] = self.step
+        self.switches += adapters != self.previous
+        self.previous = adapters
+
+    def running_sets(self, running: Iterable[Sequence]) -> int:
+        """How many adapter sets the running sequences use (1 or 0: no turns to take)."""
+        return len({s.adapters for s in running})
 
 
 def group(running: Iterable[Sequence], adapters: AdapterSet) -> list[Sequence]:
