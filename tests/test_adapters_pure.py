@@ -17,6 +17,7 @@ from llamactor.dialects.context import RequestContext
 from llamactor.scheduling.adapter_turns import AdapterTurns
 from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler
+from llamactor.serving.model_specs import ModelSpec, specs_from
 
 from .scheduling_helpers import make_scheduler, make_seq, run_to_end
 
@@ -161,3 +162,11 @@ def test_the_turns_count_the_steps_that_switch_adapter_sets() -> None:
     s, log = simulate(3, 2)
     served = [p for p, c, _ in log if c]
     assert s.turns.switches == sum(a != b for a, b in zip([()] + served, served)) > 0
+
+
+def test_each_model_of_a_router_has_its_own_loras_from_its_models_table() -> None:
+    specs = specs_from([{"name": "chat", "path": "/m.gguf", "loras": {"style": "/s.gguf"}},
+                        {"name": "plain", "path": "/m.gguf"}])
+    assert [s.config.loras for s in specs] == [(("style", "/s.gguf"),), ()]
+    with pytest.raises(InvalidRequestError, match="model 'bad': loras"):
+        ModelSpec.from_dict({"name": "bad", "loras": ["nopath"]})

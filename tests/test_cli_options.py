@@ -216,3 +216,17 @@ def test_a_bad_value_in_a_models_table_names_the_file(daemon: list[dict[str, Any
 def test_model_spec_from_dict_refuses_unknown_keys_naming_the_model() -> None:
     with pytest.raises(llamactor.InvalidRequestError, match=r"model 'chat': unknown key\(s\) 'n_paralel'"):
         llamactor.ModelSpec.from_dict({"name": "chat", "n_paralel": 2})
+
+
+def test_lora_adapters_are_repeated_name_equals_path_options_or_a_toml_list(started: list[dict[str, Any]],
+                                                                            tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["info", "--lora", "style=/a.gguf", "--lora", "legal=/b.gguf"])
+    assert result.exit_code == 0, result.output
+    assert started[-1] == {"loras": (("style", "/a.gguf"), ("legal", "/b.gguf"))}
+    assert '"name": "legal"' in result.output  # info lists them, with their ids
+    config = tmp_path / "llamactor.toml"
+    config.write_text('loras = ["style=/a.gguf"]\n')
+    assert CliRunner().invoke(main, ["info", "--config", str(config)]).exit_code == 0
+    assert started[-1] == {"loras": (("style", "/a.gguf"),)}
+    refused = CliRunner().invoke(main, ["info", "--lora", "no-path"])
+    assert refused.exit_code == 2 and "NAME=PATH" in refused.output
