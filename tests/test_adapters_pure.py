@@ -6,6 +6,7 @@ running sequences waits more steps than there are sets."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,9 @@ from llamactor.base.adapters import adapter_scope, adapter_set, from_ids, parse_
 from llamactor.base.config import Config, SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.request import GenerationRequest
+from llamactor.cache_tiers import CacheTiers
 from llamactor.dialects.context import RequestContext
+from llamactor.native.kv_state import SeqState
 from llamactor.scheduling.adapter_turns import AdapterTurns
 from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler
@@ -170,3 +173,24 @@ def test_each_model_of_a_router_has_its_own_loras_from_its_models_table() -> Non
     assert [s.config.loras for s in specs] == [(("style", "/s.gguf"),), ()]
     with pytest.raises(InvalidRequestError, match="model 'bad': loras"):
         ModelSpec.from_dict({"name": "bad", "loras": ["nopath"]})
+
+
+def test_the_disk_tier_keeps_adapter_kv_only_with_the_very_adapter_files_and_tells_their_scopes_apart(
+        tmp_path: Path) -> None:
+    model, adapter = tmp_path / "m.gguf", tmp_path / "style.gguf"
+    model.write_bytes(b"model")
+    adapter.write_bytes(b"adapter one")
+
+    def tiers() -> CacheTiers:
+        config = Config(cache_dir=str(tmp_path / "cache"), loras=[f"style={adapter}"])  # type: ignore[arg-type]
+        found = CacheTiers.for_config(config, str(model))
+        assert found is not None and found.disk is not None
+        return found
+
+    first = tiers()
+    styled = adapter_scope("default", STYLE)
+    first.disk.put(styled, [1, 2, 3], SeqState(3, b"x" * 100, (b"y" * 10,)))  # type: ignore[union-attr]
+    assert tiers().disk.lookup(styled, [1, 2, 3]).n_tokens == 3  # type: ignore[union-attr]
+    assert tiers().disk.lookup("default", [1, 2, 3]).n_tokens == 0  # type: ignore[union-attr]
+    adapter.write_bytes(b"adapter two, retrained")
+    assert tiers().disk.lookup(styled, [1, 2, 3]).n_tokens == 0  # type: ignore[union-attr]
