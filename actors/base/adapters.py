@@ -83,7 +83,3 @@ def adapter_scope(scope: str, adapters: AdapterSet) -> str:
         return scope
     return scope + "\x00lora:" + ",".join(f"{n}={s!r}" for n, s in adapters)
 
-
-def describe(adapters: AdapterSet) -> str:
-    """``style*0.5,tone*1.0``, or ``base``: how logs and stats name a set."""
-    return ",".join(f"{n}*{s:g}" for n, s in adapters) or "base"
