@@ -88,7 +88,7 @@ class BatcherActor(pykka.ThreadingActor):
                                  n_seq_max=cfg.seq_ids, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
                                  chat_template=cfg.chat_template, kv_type=cfg.kv_type, flash_attn=cfg.flash_attn,
                                  test_hang=cfg.watchdog_test_hang and self.generation == 1,
-                                 graph_sampling=cfg.sample_in_graph)
+                                 graph_sampling=cfg.sample_in_graph, loras=cfg.loras)
             self.chains = GraphChains(self.engine)
             self.sampler = GrammarSampler(self.engine.info.n_vocab)
             self.embeddings = EmbeddingSteps(
@@ -120,7 +120,8 @@ class BatcherActor(pykka.ThreadingActor):
             log.info("batcher_started", generation=self.generation, n_ctx=self.engine.info.n_ctx,
                      n_ctx_seq=self.engine.info.n_ctx_seq, n_parallel=cfg.n_parallel,
                      n_seq_max=self.engine.info.n_seq_max, prefix_cache=cfg.prefix_cache,
-                     n_pinned_tokens=self.index.pinned_cells(), sample_in_graph=self.engine.graph_sampling)
+                     n_pinned_tokens=self.index.pinned_cells(), sample_in_graph=self.engine.graph_sampling,
+                     loras=[name for name, _ in cfg.loras])
         except Exception as e:
             self._report_failure(e)
             raise
@@ -207,6 +208,7 @@ class BatcherActor(pykka.ThreadingActor):
             if msg.reply.future.done():  # cancelled by its caller before it arrived
                 return
             try:
+                self.engine.adapters.check(msg.lora)  # built without the model's names (a remote caller)
                 params, n_ctx_seq = self.prompts.params(msg), self.engine.info.n_ctx_seq
                 # A crashed batcher was running it: go on from its checkpoint. (A scored prompt starts
                 # again: its rows are not in the checkpoint, and it streamed nothing before its end.)
@@ -293,6 +295,7 @@ class BatcherActor(pykka.ThreadingActor):
         if not plan.chunks:
             return
         self.chains.before_step(plan)
+        self.engine.set_adapters(plan.adapters)  # llama.cpp applies them to the whole context
         t1 = time.perf_counter()
         result = self._run(plan)
         t2 = time.perf_counter()

@@ -54,6 +54,8 @@ class CacheTiers:
             validity = {"model": model_identity(model_path), "n_ctx": config.n_ctx,
                         "kv_type": getattr(config, "kv_type", "f16"), "kv_unified": True, "swa_full": True,
                         "build": BUILD}
+            if config.loras:  # an adapter scope's KV is valid only with the very adapter files it ran under
+                validity["loras"] = {name: _identity(path) for name, path in config.loras}
             try:
                 disk = DiskTier(config.cache_dir, config.cache_dir_mib * MIB, validity)
             except OSError as e:  # an unusable directory costs the disk tier, not the service
@@ -165,3 +167,12 @@ class CacheTiers:
             return {"entries": len(self.ram), "bytes": self.ram.bytes_used, "budget_bytes": self.ram.budget_bytes,
                     **{k: round(v, 3) if isinstance(v, float) else v for k, v in self.counters.items()},
                     **({"disk": self.disk.stats()} if self.disk is not None else {})}
+
+
+def _identity(path: str) -> dict[str, Any] | None:
+    """A file's identity, or None if it cannot be read (a missing adapter: the batcher refuses it
+    at start, naming why)."""
+    try:
+        return model_identity(path)
+    except OSError:
+        return None

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 import llama_cpp
 import numpy as np
 
+from llamactor.base.adapters import AdapterSet
 from llamactor.base.config import MAX_SEQUENCES
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import EngineError, ModelLoadError, StepAbortedError
 from llamactor.native.abort import AbortFlag, TestHang
+from llamactor.native.adapters import Adapters
 from llamactor.native.batch import ReusableBatch
 from llamactor.base.chat_template import ChatTemplate
 from llamactor.native.embedding import Embedder, default_pooling
@@ -74,7 +76,7 @@ class Engine:
     def __init__(self, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
                  n_threads: int, n_gpu_layers: int | None = None, chat_template: str | None = None,
                  kv_type: str = "f16", flash_attn: str = "auto", test_hang: bool = False,
-                 graph_sampling: bool | None = None) -> None:
+                 graph_sampling: bool | None = None, loras: tuple[tuple[str, str], ...] = ()) -> None:
         _init_backend()
         if not 1 <= n_seq_max <= MAX_SEQUENCES:
             raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}], got {n_seq_max}")
@@ -116,6 +118,12 @@ class Engine:
         self.tokenizer = Tokenizer(llama_cpp.llama_model_get_vocab(self.model))
         self.n_vocab = self.tokenizer.n_vocab
         metadata = self._metadata()
+        try:
+            self.adapters = Adapters(self.model, self.ctx, loras, metadata.get("general.architecture", ""))
+        except ModelLoadError:
+            llama_cpp.llama_free(self.ctx)
+            llama_cpp.llama_model_free(self.model)  # frees the adapters loaded so far with it
+            raise
         self.chat_template = ChatTemplate(metadata.get("tokenizer.chat_template"),
                                           bos_token=self.tokenizer.bos_text, eos_token=self.tokenizer.eos_text,
                                           override=chat_template)
@@ -183,6 +191,10 @@ class Engine:
         if rc == 1:
             return self._decode_split(token, pos, seq_id, logits, in_graph)
         raise self._error(rc, len(token))
+
+    def set_adapters(self, adapters: AdapterSet) -> None:
+        """Decode under these LoRA adapters (name, scale) from the next decode on; () the base model."""
+        self.adapters.apply(adapters)
 
     def attach_chain(self, seq_id: int, chain: GraphChain | None) -> None:
         """Sample ``seq_id``'s output rows inside the graph with ``chain`` from the next decode on

@@ -239,3 +239,17 @@ def test_serve_takes_a_folder_of_models_and_pins_from_the_toml_file_or_the_comma
     assert daemon[1]["max_loaded"] == 2
     help_text = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200).output
     assert "--models-dir" in help_text and "LLAMACTOR_MODELS_DIR" in help_text and "--pin" in help_text
+
+
+def test_lora_adapters_are_repeated_name_equals_path_options_or_a_toml_list(started: list[dict[str, Any]],
+                                                                            tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["info", "--lora", "style=/a.gguf", "--lora", "legal=/b.gguf"])
+    assert result.exit_code == 0, result.output
+    assert started[-1] == {"loras": (("style", "/a.gguf"), ("legal", "/b.gguf"))}
+    assert '"name": "legal"' in result.output  # info lists them, with their ids
+    config = tmp_path / "llamactor.toml"
+    config.write_text('loras = ["style=/a.gguf"]\n')
+    assert CliRunner().invoke(main, ["info", "--config", str(config)]).exit_code == 0
+    assert started[-1] == {"loras": (("style", "/a.gguf"),)}
+    refused = CliRunner().invoke(main, ["info", "--lora", "no-path"])
+    assert refused.exit_code == 2 and "NAME=PATH" in refused.output

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamactor.base.adapters import parse_loras
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import Grammar
 from llamactor.base.chat_template import ChatTemplateError, check_template_syntax
@@ -187,6 +188,10 @@ class Config:
     # Tenants with their own weight, limits or cache scope (``Tenant`` or dicts of its fields);
     # a request naming another tenant gets the defaults (weight 1, no limits, its own cache scope).
     tenants: tuple[Tenant, ...] = ()
+    # LoRA adapters loaded with the model: (name, path) in the order given, which numbers them
+    # (llama-server's ids); "NAME=PATH" strings or a {name: path} mapping are accepted. A request
+    # runs under the ones it names, each with its scale (``lora=``); the others stay off.
+    loras: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         _require(1 <= self.n_parallel <= MAX_SEQUENCES - 2,
@@ -243,6 +248,7 @@ class Config:
         tenants = tuple(t if isinstance(t, Tenant) else Tenant.from_mapping(t, "tenants") for t in self.tenants)
         object.__setattr__(self, "tenants", tenants)
         _require(len({t.name for t in tenants}) == len(tenants), "tenants must have distinct names")
+        object.__setattr__(self, "loras", parse_loras(self.loras))
 
     @property
     def seq_ids(self) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pykka
 
+from llamactor.base.adapters import AdapterSet
 from llamactor.base.completion import Completion, Embeddings, Piece, Tokenized, TokenLogprob
 from llamactor.base.config import SamplingParams
 from llamactor.base.engine_info import EngineInfo
@@ -122,6 +123,7 @@ class Generate:
     echo_prompt: bool = False  # the Completion carries the prompt as text (``prompt_text``)
     clamp_max_tokens: bool = False  # max_tokens beyond the context's room is cut to it, not refused
     tenant: Tenant = DEFAULT  # whose: the caches it may hit (its scope), its fair share
+    lora: AdapterSet = ()  # the LoRA adapters (name, scale) it runs under; (): the base model
 
 
 POOLINGS = ("mean", "cls", "last")

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llamactor.base.adapters import AdapterSet, adapter_set
 from llamactor.base.config import SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import Grammar
@@ -65,6 +66,8 @@ class GenerationRequest:
     # Whose request: its cache scope, fair share, limits (the server derives it from the key;
     # in-process, the caller names it). Set with ``for_tenant``, which applies its priority ceiling.
     tenant: Tenant = DEFAULT
+    # The LoRA adapters it runs under, (name, scale) sorted by name (``adapter_set``); (): the base model.
+    lora: AdapterSet = ()
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.text, self.messages, self.token_ids)) != 1:
@@ -86,12 +89,14 @@ class GenerationRequest:
               grammar: Grammar | str | None = None, echo: bool = False,
               chat_template_kwargs: Mapping[str, Any] | None = None, continuations: Sequence[Prompt] = (),
               echo_prompt: bool = False, clamp_max_tokens: bool = False, tenant: Tenant = DEFAULT,
+              lora: Mapping[str, float] | None = None, adapters: Sequence[str] | None = None,
               **sampling: Any) -> GenerationRequest:
         """The one place loose arguments become a request: ``prompt`` (text or token ids) or
         ``messages``; ``json_schema`` / ``grammar`` compiled; OpenAI-style ``tools`` /
         ``tool_choice`` (or a ``Tools``) checked and, for a required or named choice, turned into
-        the grammar; ``echo`` (OpenAI's legacy name) into ``prompt_logprobs``; every other name a
-        ``SamplingParams`` field applied over ``defaults``."""
+        the grammar; ``echo`` (OpenAI's legacy name) into ``prompt_logprobs``; ``lora``
+        (``{adapter name: scale}``) checked against ``adapters``, the model's adapter names, when
+        given; every other name a ``SamplingParams`` field applied over ``defaults``."""
         chat = messages is not None
         fields = {"messages": messages_tuple(messages)} if chat else prompt_fields(prompt)
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
@@ -107,7 +112,8 @@ class GenerationRequest:
         return cls(params=params, n=n, tools=parsed_tools, priority=parse_priority(priority),
                    chat_template_kwargs=dict(chat_template_kwargs) if chat_template_kwargs else None,
                    continuations=tuple(continuation_field(c) for c in continuations), request_id=request_id,
-                   echo_prompt=echo_prompt, clamp_max_tokens=clamp_max_tokens, **fields).for_tenant(tenant)
+                   echo_prompt=echo_prompt, clamp_max_tokens=clamp_max_tokens, lora=adapter_set(lora, adapters),
+                   **fields).for_tenant(tenant)
 
     def for_tenant(self, tenant: Tenant) -> GenerationRequest:
         """This request made by ``tenant``: its priority no more urgent than the tenant's ceiling."""
@@ -128,7 +134,8 @@ class GenerationRequest:
                          params=self.params.replace(seed=seed + i) if seed is not None and i else self.params,
                          chat_template_kwargs=dict(self.chat_template_kwargs) if self.chat_template_kwargs else None,
                          continuation=self.continuations[i] if self.continuations else None,
-                         echo_prompt=self.echo_prompt, clamp_max_tokens=self.clamp_max_tokens, tenant=self.tenant)
+                         echo_prompt=self.echo_prompt, clamp_max_tokens=self.clamp_max_tokens, tenant=self.tenant,
+                         lora=self.lora)
                 for i, reply in enumerate(replies)]
 
 

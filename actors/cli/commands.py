@@ -117,6 +117,7 @@ def info(**opts: Any) -> None:
         data["metadata"] = {k: v for k, v in data["metadata"].items() if len(v) < 200}  # not the vocab arrays
         cache = llm.stats().get("prefix_cache", {})
         data["n_parallel"] = llm.config.n_parallel
+        data["loras"] = [{"id": i, "name": name, "path": path} for i, (name, path) in enumerate(llm.config.loras)]
         data["prefix_cache"] = {"enabled": llm.config.prefix_cache, "max_cells": llm.config.prefix_cache_cells,
                                 "max_entries": cache.get("max_entries"), "pinned_cells": cache.get("pinned_cells")}
         click.echo(json.dumps(data, indent=2))

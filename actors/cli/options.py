@@ -23,6 +23,8 @@ import click
 from click.core import ParameterSource
 
 from llamactor.base import logging as llamactor_logging
+from llamactor.base.adapters import parse_loras
+from llamactor.base.errors import InvalidRequestError
 from llamactor.base.config import FLASH_ATTN, KV_TYPES, Config, SamplingParams
 from llamactor.base.priority import POLICIES
 from llamactor.cli.config_file import config_option
@@ -40,6 +42,18 @@ class Tweak:
     envvars: tuple[str, ...] = ()  # older names, documented before, read after $LLAMACTOR_<FIELD>
     type: click.ParamType | None = None  # instead of the one the annotation gives
     show_default: str | None = None  # for a default computed at run time
+
+
+class LoraParam(click.ParamType):
+    """``--lora NAME=PATH``: one adapter as a (name, path) pair (a TOML list item may be either)."""
+
+    name = "NAME=PATH"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, str]:
+        try:
+            return parse_loras([value])[0]
+        except InvalidRequestError as e:
+            self.fail(str(e).removeprefix("loras: "), param, ctx)
 
 
 CONFIG_TWEAKS: dict[str, Tweak] = {
@@ -87,6 +101,9 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
     "embedding_n_batch": Tweak("Tokens per embedding step, and the longest embedding input."),
     "embedding_n_seq_max": Tweak("Inputs one embedding step packs."),
     "embedding_time_share": Tweak("Most decode time embedding steps take while generation also waits."),
+    "loras": Tweak("A LoRA adapter loaded with the model, NAME=PATH; repeat for several (their ids follow this "
+                   "order). Requests pick adapters by name or id, each with a scale.", flag="--lora",
+                   type=LoraParam()),
 }
 SAMPLING_TWEAKS: dict[str, Tweak] = {
     "max_tokens": Tweak("Most tokens generated per answer."),

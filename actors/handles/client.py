@@ -68,7 +68,8 @@ class Client:
     # gains ``Config.priority_aging_per_s`` levels per second), ``tenant`` (whose request: its
     # cache scope and fair share, ``Config.tenants``), ``json_schema=`` (dict or pydantic
     # model class: ``Completion.parsed``) or ``grammar=`` (GBNF / Lark text, or ``Grammar.regex``
-    # ...), ``tools`` / ``tool_choice``, ``logit_bias={id: bias}``: see ``GenerationRequest.build``.
+    # ...), ``tools`` / ``tool_choice``, ``logit_bias={id: bias}``, ``lora={adapter: scale}`` (the
+    # LoRA adapters of ``Config.loras`` to run under): see ``GenerationRequest.build``.
 
     def request(self, prompt: Prompt | None = None, *, messages: Messages | None = None,
                 tenant: str | Tenant | None = None, **options: Any) -> GenerationRequest:
@@ -76,6 +77,7 @@ class Client:
         (text or token ids) or chat ``messages``, ``n`` choices (default 1) and the options above;
         ``tenant``: whose (a name in ``Config.tenants`` gets its weight, limits and cache scope;
         any other name the defaults; None: the default tenant)."""
+        options.setdefault("adapters", [name for name, _ in self.config.loras])  # lora= names are checked now
         return GenerationRequest.build(self.config.sampling, prompt=prompt, messages=messages,
                                        tenant=tenant_named(tenant, self.config.tenants), **options)
 

@@ -114,14 +114,14 @@ async def reply(request: Request, state: ServerState, body: ModelRequest, plan: 
 @router.post("/api/chat", response_model=None)
 async def chat(body: ChatRequest, request: Request, state: State) -> Response:
     llm = lookup(state, body.model)
-    plan = plan_chat(body, context(request, llm), llm.config.n_ctx)  # a bad body: 400 before the model loads
+    plan = plan_chat(body, context(request, llm, body.model), llm.config.n_ctx)  # a bad body: 400 before the model loads
     return await reply(request, state, body, plan, "chat")
 
 
 @router.post("/api/generate", response_model=None)
 async def generate(body: GenerateRequest, request: Request, state: State) -> Response:
     llm = lookup(state, body.model)
-    plan = plan_generate(body, context(request, llm), llm.config.n_ctx)
+    plan = plan_generate(body, context(request, llm, body.model), llm.config.n_ctx)
     return await reply(request, state, body, plan, "generate")
 
 

@@ -1,5 +1,6 @@
 """The OpenAI dialect's routes: ``/completions``, ``/chat/completions``, ``/embeddings``, ``/models``
-and ``/models/{id}``, served under ``/v1`` and at the root (uvicorn's event loop). What a body
+and ``/models/{id}`` (LoRA adapters among them), and llama-server's ``/lora-adapters``, served under
+``/v1`` and at the root (uvicorn's event loop). What a body
 means is ``llamactor.dialects.openai``; the path every handler takes is ``request_path``.
 """
 
@@ -47,14 +48,33 @@ async def embeddings(body: EmbeddingsBody, request: Request, state: State) -> An
 
 @router.get("/models")
 async def models(state: State) -> dict[str, Any]:
-    return {"object": "list", "data": [_model_object(state, name) for name in state.model_names]}
+    return {"object": "list", "data": [_model_object(state, name) for name in state.model_names]
+            + _adapter_objects(state)}
 
 
 @router.get("/models/{model_id:path}")
 async def model(model_id: str, state: State) -> dict[str, Any]:
     if model_id not in state.model_names:
+        if adapter := [a for a in _adapter_objects(state) if a["id"] == model_id]:
+            return adapter[0]
         raise ModelNotFoundError.among(model_id, state.model_names)
     return _model_object(state, model_id)
+
+
+@router.get("/lora-adapters")
+async def lora_adapters(state: State, model: str | None = None) -> list[dict[str, Any]]:
+    """llama-server's list of a model's LoRA adapters (``?model=``; default: the first): id (the
+    order of ``--lora``), name, path, and scale 0 -- each is off unless a request asks for it."""
+    llm = find_model(state, model)
+    return [replies.adapter_entry(i, name, path) for i, (name, path) in enumerate(llm.config.loras)]
+
+
+def _adapter_objects(state: ServerState) -> list[dict[str, Any]]:
+    """vLLM's ``/v1/models`` entries of LoRA adapters: each names its model as ``parent``."""
+    if state.router is None:
+        return []
+    return [replies.adapter_object(a, name, path) for name in state.model_names
+            for a, path in state.router.model(name).config.loras]
 
 
 def _model_object(state: ServerState, name: str) -> dict[str, Any]:

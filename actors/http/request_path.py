@@ -83,7 +83,7 @@ class Planned(Generic[P]):
 async def planned(state: ServerState, request: Request, model: str | None, dialect: str,
                   make_plan: Callable[[RequestContext], P]) -> Planned[P]:
     llm = find_model(state, model)
-    plan = make_plan(context(request, llm))
+    plan = make_plan(context(request, llm, model))
     await load(llm)
     return Planned.of(state, request, llm, plan, dialect)
 
@@ -130,9 +130,13 @@ async def ready_model(state: ServerState, name: str | None) -> ModelClient:
     return await load(find_model(state, name))
 
 
-def context(request: Request, llm: ModelClient) -> RequestContext:
-    """The request as the dialects see it: the app's id for it, the model's name and defaults."""
-    return RequestContext(request.state.request_id, llm.name, llm.config.sampling)
+def context(request: Request, llm: ModelClient, name: str | None = None) -> RequestContext:
+    """The request as the dialects see it: the app's id for it, the model's name and defaults,
+    its LoRA adapters and the one ``name`` picks (vLLM's convention: answers name the adapter)."""
+    adapters = tuple(a for a, _ in llm.config.loras)
+    adapter = name if name in adapters and name != llm.name else None
+    return RequestContext(request.state.request_id, adapter or llm.name, llm.config.sampling, adapters=adapters,
+                          adapter=adapter)
 
 
 async def answer(request: Request, call: Planned[P]) -> list[Completion]:

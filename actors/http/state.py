@@ -47,9 +47,15 @@ class ServerState:
         base, _, tag = name.rpartition(":")
         if base and tag == "latest" and base in self.model_names:
             return router.model(base)
+        if (parent := self.adapter_parent(router, name)) is not None:
+            return router.model(parent)  # vLLM's convention: a LoRA adapter's name as the model
         if len(self.model_names) == 1:
             return router.model(None)
         return router.model(name)  # raises ModelNotFoundError, naming the models served
+
+    def adapter_parent(self, router: ModelRouter, name: str) -> str | None:
+        """The model that has a LoRA adapter called ``name`` (``Config.loras``), if one has."""
+        return next((m for m in self.model_names if any(a == name for a, _ in router.model(m).config.loras)), None)
 
     def replica_stats(self) -> list[tuple[str, int, dict[str, Any]]]:
         """(model, replica, stats) of every replica of every model, as last published (in-process

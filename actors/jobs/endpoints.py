@@ -81,7 +81,7 @@ def check_body(endpoint: str, body: dict[str, Any]) -> str | None:
     """What the endpoint would refuse in ``body`` (its 400's message), or None: the schema
     (unknown fields included), then everything its plan checks (grammars, tools ...)."""
     try:
-        PLANS[endpoint](body, RequestContext("check", "", SamplingParams()))
+        PLANS[endpoint](body, RequestContext("check", "", SamplingParams(), adapters=None))
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
@@ -119,7 +119,8 @@ def start_line(client: Client, endpoint: str, body: dict[str, Any], request_id: 
     are refused before queueing."""
     if endpoint not in PLANS:
         raise InvalidRequestError(f"unsupported batch endpoint {endpoint}")
-    line = PLANS[endpoint](body, RequestContext(request_id, model_name, client.config.sampling))
+    line = PLANS[endpoint](body, RequestContext(request_id, model_name, client.config.sampling,
+                                                adapters=tuple(a for a, _ in client.config.loras)))
     if line.embedding is not None:  # embedding steps have their own queue and time share: no priority
         return PendingLine(request_id, [client.submit_embed(dataclasses.replace(line.embedding, tenant=tenant))],
                            line.reply)

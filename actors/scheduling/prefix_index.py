@@ -89,11 +89,13 @@ class PrefixIndex:
 
     # -- questions ----------------------------------------------------------------------------
 
-    def lookup(self, tokens: Sequence[int], *, scope: str = DEFAULT_TENANT, pinned_only: bool = False) -> Match:
+    def lookup(self, tokens: Sequence[int], *, scope: str = DEFAULT_TENANT, pinned_only: bool = False,
+               shared: bool = True) -> Match:
         """The longest prefix of ``tokens`` that has KV cells, and a sequence that holds it, among
-        the sequences of ``scope`` and the pinned entries (``pinned_only``: those alone)."""
+        the sequences of ``scope`` and the pinned entries (``pinned_only``: those alone; without
+        ``shared``, a LoRA adapter's scope, not those: they were computed on the base model)."""
         def visible(s: int) -> bool:
-            return bool(self.entries.get(s)) or (not pinned_only and self.scopes.get(s) == scope)
+            return (shared and bool(self.entries.get(s))) or (not pinned_only and self.scopes.get(s) == scope)
 
         best_n, best_node = 0, self.root
         stack = [self.root]

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from llamactor.base.errors import QueueFullError
+from llamactor.scheduling.adapter_turns import AdapterTurns, group
 from llamactor.scheduling.fair_order import ahead_of, fair_order
 from llamactor.scheduling.fairness import FairShare
 from llamactor.scheduling.policy import Policy
@@ -82,6 +83,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.n_preemptions = 0
         self.fair = FairShare()
+        self.turns = AdapterTurns()
 
     @property
     def n_free(self) -> int:
@@ -258,7 +260,8 @@ class Scheduler:
         return free + self.index.cache_cells() - sum(s.n_unprocessed for s in self.running)
 
     def _lookup(self, seq: Sequence, tokens: list[int]) -> Match:
-        return self.index.lookup(tokens, scope=seq.scope, pinned_only=not self.keep_finished)
+        return self.index.lookup(tokens, scope=seq.scope, pinned_only=not self.keep_finished,
+                                 shared=not seq.adapters)
 
     def _worth_waiting(self, seq: Sequence, reusable: list[int], match: Match) -> bool:
         """A running sequence will soon hold what ``seq`` shares with it (``prefix_sharing``);
@@ -271,9 +274,15 @@ class Scheduler:
 
     def _pack(self, plan: StepPlan, now: float) -> None:
         """This step's chunks (``pack_step``): prompts of the least served tenant first, then the
-        most urgent."""
-        plan.chunks += pack_step(self.running, self.n_batch, self.score_rows, self.score_share,
-                                 lambda s: (self.fair.rank(s), self.policy.urgency(s, now)))
+        most urgent; all of one LoRA adapter set, the first in turn (``AdapterTurns``) with work."""
+        for adapters in self.turns.order(self.running):
+            chunks = pack_step(group(self.running, adapters), self.n_batch, self.score_rows, self.score_share,
+                               lambda s: (self.fair.rank(s), self.policy.urgency(s, now)))
+            if chunks:
+                self.turns.served(adapters)
+                plan.chunks += chunks
+                plan.adapters = adapters
+                return
 
     def _make_room(self, plan: StepPlan, now: float) -> None:
         """Evict cached prefixes, then preempt the least urgent, until the step's tokens fit."""

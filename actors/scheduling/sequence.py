@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamactor.base.adapters import BASE, AdapterSet, adapter_scope
 from llamactor.base.messages import Generate
 from llamactor.scheduling.fairness import GENERATE, SCORE
 from llamactor.scheduling.prefix_index import KvOp
@@ -54,9 +55,15 @@ class Sequence:
         return self.request.tenant.name
 
     @property
+    def adapters(self) -> AdapterSet:
+        """The LoRA adapter set it decodes under (one per step: ``adapter_turns``)."""
+        return self.request.lora
+
+    @property
     def scope(self) -> str:
-        """The cache scope of its tenant: the cached prefixes, lower tiers and scores it may use."""
-        return self.request.tenant.scope
+        """The cache scope of its tenant under its adapter set: the cached prefixes, lower tiers
+        and scores it may use (KV computed under other adapters is not its KV)."""
+        return adapter_scope(self.request.tenant.scope, self.request.lora)
 
     @property
     def weight(self) -> float:
@@ -113,6 +120,7 @@ class StepPlan:
     preempted: list[Sequence] = field(default_factory=list)  # back among the waiting, KV released
     failed: list[Sequence] = field(default_factory=list)  # cannot fit even alone: to end with an error
     kv_ops: list[KvOp | RestoreOp] = field(default_factory=list)  # to apply, in order, before the decode
+    adapters: AdapterSet = BASE  # the LoRA adapter set every chunk's sequence decodes under
 
     def rows(self) -> tuple[list[int], list[int], list[int], list[int]]:
         """The step's batch as (tokens, positions, seq_ids, wants_logits): each chunk's tokens

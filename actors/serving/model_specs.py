@@ -9,6 +9,7 @@ with them), or as dicts with the same keys to ``llamactor.start(models=[...])``:
     replicas = 2
     policy = "prefix_affinity"    # shortest_queue | round_robin | prefix_affinity
     n_parallel = 8                # any Config field: n_ctx, system_prompt, temperature ...
+    loras = ["style=/adapters/style.gguf"]   # LoRA adapters of this model (requests pick them by name)
     [[models]]
     name = "embed"
     path = "/models/embedder.gguf"

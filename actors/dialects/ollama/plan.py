@@ -45,7 +45,8 @@ def plan_chat(body: ChatRequest, ctx: RequestContext, n_ctx: int) -> OllamaPlan 
         return None
     messages = chat_messages(body.messages, body.model)
     request = GenerationRequest.build(ctx.defaults, messages=messages, request_id=ctx.id("ollama-"),
-                                      tools=body.tools or None, **_options(body, n_ctx), **_template_kwargs(body))
+                                      tools=body.tools or None, **_options(body, n_ctx), **_template_kwargs(body),
+                                      **ctx.lora())
     return OllamaPlan(body.model, request, "chat", body.think, True, _logprobs(body), body.streamed)
 
 
@@ -54,7 +55,7 @@ def plan_generate(body: GenerateRequest, ctx: RequestContext, n_ctx: int) -> Oll
     body.check()
     if not body.prompt:
         return None
-    rid, options = ctx.id("ollama-"), _options(body, n_ctx)
+    rid, options = ctx.id("ollama-"), {**_options(body, n_ctx), **ctx.lora()}
     if body.raw:  # the prompt as is; the answer as the model wrote it (thinking parsed only when asked)
         request = GenerationRequest.build(ctx.defaults, prompt=body.prompt, request_id=rid, **options)
         return OllamaPlan(body.model, request, "generate", body.think, bool(body.think), _logprobs(body), body.streamed)

@@ -5,7 +5,7 @@ The rule, from what clients send: the official SDKs send only the arguments thei
 and LangChain only fields it knows, so a field outside OpenAI's API comes from ``extra_body``
 aimed at llama-server or vLLM. Those peers' own fields are accepted: honoured where llamactor
 can (``n_predict``, ``repetition_penalty``, ``chat_template_kwargs``, ``reasoning_effort``,
-vLLM's ``guided_*`` constraints), otherwise accepted and named in a ``request_fields_ignored``
+vLLM's ``guided_*`` constraints; llama-server's ``lora``, a field of the schema itself), otherwise accepted and named in a ``request_fields_ignored``
 warning (never silently changing the output: each one named there does not apply). A field
 that neither OpenAI nor a peer defines is refused with a 400 naming it: a typo such as
 ``temprature`` must not quietly do nothing.
@@ -28,7 +28,7 @@ IGNORED = frozenset({
     "t_max_predict_ms", "top_n_sigma", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
     "dry_sequence_breakers", "xtc_probability", "xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta",
     "dynatemp_range", "dynatemp_exponent", "return_tokens", "timings_per_token", "return_progress",
-    "post_sampling_probs", "response_fields", "lora", "reasoning_format", "parse_tool_calls", "typical_p",
+    "post_sampling_probs", "response_fields", "reasoning_format", "parse_tool_calls", "typical_p",
     # vLLM's sampling extras
     "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output", "min_tokens",
     "add_special_tokens", "truncate_prompt_tokens", "use_beam_search", "length_penalty", "stop_token_ids",

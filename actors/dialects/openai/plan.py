@@ -59,7 +59,7 @@ def plan_chat(body: ChatRequest, ctx: RequestContext) -> ChatPlan:
     request = GenerationRequest.build(
         ctx.defaults, messages=body.message_dicts(), n=body.n, request_id=ctx.id("chatcmpl-"), grammar=constraint(body),
         tools=body.tools or None, tool_choice=body.tool_choice, parallel_tool_calls=body.parallel_tool_calls,
-        **sampling)
+        **_lora(body, ctx), **sampling)
     return ChatPlan(ctx.id("chatcmpl-"), ctx.model, ctx.created, request, body.logprobs, _include_usage(body),
                     body.ignored_fields())
 
@@ -75,11 +75,12 @@ def plan_completions(body: CompletionRequest, ctx: RequestContext) -> Completion
     if body.scores_prompt:
         sampling["prompt_logprobs"] = max(body.prompt_logprobs or 0, body.logprobs if body.echo and body.logprobs else 0)
     rid, grammar = ctx.id("cmpl-"), constraint(body)  # compiled once for every prompt and choice
+    lora = _lora(body, ctx)
     requests = [GenerationRequest.build(ctx.defaults, prompt=prompt, n=body.n_generated, grammar=grammar,
                                         request_id=rid if len(prompts) == 1 else f"{rid}-p{p}",
                                         # token ids echo as text: the answer brings it
                                         echo_prompt=body.echo and not isinstance(prompt, str) and not body.scores_prompt,
-                                        **sampling)
+                                        **lora, **sampling)
                 for p, prompt in enumerate(prompts)]
     return CompletionsPlan(rid, ctx.model, ctx.created, requests, prompts, body.n, body.n_generated, body.echo,
                            body.logprobs, body.prompt_logprobs, _include_usage(body), body.ignored_fields())
@@ -145,6 +146,11 @@ def constraint(body: OpenAIRequest) -> Grammar | None:
     if fmt.json_schema is None:
         raise InvalidRequestError("response_format.json_schema is required when type is json_schema")
     return Grammar.json_schema(fmt.json_schema.schema_ or {"type": "object"}, strict=bool(fmt.json_schema.strict))
+
+
+def _lora(body: OpenAIRequest, ctx: RequestContext) -> dict[str, Any]:
+    """The LoRA adapters of the body's ``model`` name (vLLM) and ``lora`` ids (llama-server)."""
+    return ctx.lora([e.model_dump() for e in body.lora] if body.lora else None)
 
 
 def _include_usage(body: ChatRequest | CompletionRequest) -> bool:

@@ -105,3 +105,13 @@ def model_object(name: str, loaded: bool, router_fields: dict[str, Any] | None =
     mode adds, ``status`` {``value``: loaded / loading / unloaded}, ``path``, ``size``)."""
     return {"id": name, "object": "model", "created": 0, "owned_by": "llamactor", "loaded": loaded,
             **(router_fields or {})}
+
+
+def adapter_object(name: str, parent: str, path: str) -> dict[str, Any]:
+    """A LoRA adapter's ``/v1/models`` entry, as vLLM lists one: its model is ``parent``."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "llamactor", "parent": parent, "root": path}
+
+
+def adapter_entry(i: int, name: str, path: str) -> dict[str, Any]:
+    """A ``/lora-adapters`` entry, llama-server's shape (and the name): off unless asked for."""
+    return {"id": i, "name": name, "path": path, "scale": 0.0}

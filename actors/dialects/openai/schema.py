@@ -33,6 +33,14 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
+class LoraEntry(BaseModel):
+    """One entry of llama-server's per-request ``lora``: ``{"id": 0, "scale": 0.5}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: int = Field(ge=0)
+    scale: float = 1.0
+
+
 class OpenAIRequest(PeerExtras):
     """Fields of both OpenAI endpoints; the peers' extras come from ``PeerExtras``."""
 
@@ -65,6 +73,9 @@ class OpenAIRequest(PeerExtras):
     json_schema: dict[str, Any] | None = None
     # llamactor extra: "high" | "normal" | "low" or an int, lower first (llamactor.scheduling.policy)
     priority: Literal["high", "normal", "low"] | int | None = None
+    # llama.cpp server extra: the LoRA adapters to run under, by id (the order of --lora), each
+    # with its scale; adapters not listed are off
+    lora: list[LoraEntry] | None = None
 
 
 class StreamOptions(BaseModel):

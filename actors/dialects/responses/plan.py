@@ -56,7 +56,7 @@ def plan_response(body: ResponsesRequest, ctx: RequestContext,
         tools=chat_tools(body.tools) if body.tools else None,
         tool_choice=chat_tool_choice(body.tool_choice) if body.tools else None,
         parallel_tool_calls=body.parallel_tool_calls,
-        max_tokens=body.max_output_tokens, **sampling)  # max_tokens None: until the end of the turn or the context
+        max_tokens=body.max_output_tokens, **ctx.lora(), **sampling)  # max_tokens None: until the end of the turn or the context
     return ResponsesPlan(Shell(body, rid, ctx.model, ctx.created), request, history, body.ignored_fields())
 
 
