@@ -32,7 +32,7 @@ def test_the_stream_parser_holds_back_a_possible_call_and_emits_it_whole() -> No
     pieces = [" <tool", "_call>\n{\"name\": \"get_weather\",", " \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"]
     results = [stream.feed(p) for p in pieces]
     assert [r[0] for r in results] == ["", "", ""]
-    assert results[-1][1][0].name == "get_weather" and stream.finish() == ""
+    assert results[-1][1][0].name == "get_weather" and stream.finish() == ("", [])
     plain = ToolCallStream(TOOLS)
     assert plain.feed(" <t") == ("", []) and plain.feed("able> is HTML") == (" <table> is HTML", [])
 

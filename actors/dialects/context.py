@@ -2,7 +2,8 @@
 
 Every dialect's ``plan`` takes one: the transport's id for the request (each dialect prefixes
 its own: ``chatcmpl-``, ``msg_`` ...), the model that answers it -- its name, as responses name
-it, and its sampling defaults, under which the body's options apply -- and when it was made. The
+it, its sampling defaults, under which the body's options apply, and the format it writes tool
+calls in -- and when it was made. The
 server derives the rest of a caller's identity here too, never from the body.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 from llamactor.base.config import SamplingParams
 from llamactor.base.request import GenerationRequest
+from llamactor.base.tool_format import FALLBACK, ToolCallFormat
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +23,7 @@ class RequestContext:
     model: str
     defaults: SamplingParams = field(default_factory=SamplingParams)
     created: int = field(default_factory=lambda: int(time.time()))
+    tool_format: ToolCallFormat = FALLBACK  # how the model writes a tool call (its EngineInfo's)
 
     def id(self, prefix: str) -> str:
         """The request's id in a dialect's form (``chatcmpl-<id>``, ``msg_<id>`` ...)."""

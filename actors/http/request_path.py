@@ -83,8 +83,10 @@ class Planned(Generic[P]):
 async def planned(state: ServerState, request: Request, model: str | None, dialect: str,
                   make_plan: Callable[[RequestContext], P]) -> Planned[P]:
     llm = find_model(state, model)
-    plan = make_plan(context(request, llm))
-    await load(llm)
+    plan = make_plan(context(request, llm))  # a bad body: 4xx before the model loads
+    if not llm.loaded:
+        await load(llm)
+        plan = make_plan(context(request, llm))  # again, in the model's own tool-call format
     return Planned.of(state, request, llm, plan, dialect)
 
 
@@ -131,8 +133,10 @@ async def ready_model(state: ServerState, name: str | None) -> ModelClient:
 
 
 def context(request: Request, llm: ModelClient) -> RequestContext:
-    """The request as the dialects see it: the app's id for it, the model's name and defaults."""
-    return RequestContext(request.state.request_id, llm.name, llm.config.sampling)
+    """The request as the dialects see it: the app's id for it, the model's name, defaults and
+    tool-call format (known once it is loaded; until then the fallback, and callers plan again)."""
+    return RequestContext(request.state.request_id, llm.name, llm.config.sampling,
+                          **({"tool_format": llm.tool_format()} if llm.loaded else {}))
 
 
 async def answer(request: Request, call: Planned[P]) -> list[Completion]:
