@@ -3,7 +3,6 @@ model-free, from a recorded result (the workload itself runs both models for a m
 
 from __future__ import annotations
 
-
 import pytest
 
 from llamactor.bench.report import markdown
