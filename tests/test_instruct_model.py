@@ -30,7 +30,8 @@ def test_the_instruct_model_names_paris_in_nine_of_ten_sessions_at_the_default_s
     assert llm.info.chat_template == "gguf" and not llm.info.looks_like_base_model
     # ten fresh sessions: the REPL's default sampling (temperature 0.8, top-k 40, top-p 0.95,
     # min-p 0.05), seeded so that a failure can be replayed
-    answers = [f.result() for f in [llm.submit(llm.request(messages=QUESTION, seed=1000 + i, max_tokens=48))[0] for i in range(10)]]
+    requests = [llm.request(messages=QUESTION, seed=1000 + i, max_tokens=48) for i in range(10)]
+    answers = [f.result() for f in [llm.submit(r)[0] for r in requests]]
     assert sum("paris" in c.text.lower() for c in answers) >= 9, [c.text for c in answers]
 
 
@@ -45,9 +46,9 @@ def test_chat_through_the_ggufs_template_is_the_same_streamed_and_not(daemon: Da
     client = daemon.client()
     ask = {"model": "m", "messages": QUESTION, "max_tokens": 16, "temperature": 0, "logprobs": True,
            "top_logprobs": 2}
-    whole = client.chat.completions.create(**ask)  # type: ignore[call-overload]
+    whole = client.chat.completions.create(**ask)
     assert "Paris" in (whole.choices[0].message.content or "") and whole.choices[0].finish_reason == "stop"
-    streamed = streamed_chat_result(client.chat.completions.create(**ask, stream=True))  # type: ignore[call-overload]
+    streamed = streamed_chat_result(client.chat.completions.create(**ask, stream=True))
     assert_same_greedy_text_up_to_near_tie(streamed, chat_result(whole.choices[0]))
 
 
@@ -69,7 +70,7 @@ def test_apply_template_and_tokenize_render_the_chatml_turns_and_its_default_sys
 def test_a_required_tool_call_comes_back_through_the_openai_client(daemon: Daemon) -> None:
     client = daemon.client()
     c = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
-                                       tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=64)  # type: ignore[list-item]
+                                       tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=64)
     [call] = c.choices[0].message.tool_calls or []
     assert c.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
     assert isinstance(json.loads(call.function.arguments)["city"], str)

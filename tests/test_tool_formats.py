@@ -82,7 +82,7 @@ def test_the_diff_keeps_whole_markers_and_leaves_the_turns_end_out() -> None:
 @pytest.mark.parametrize("fmt", [HERMES, LLAMA3, MISTRAL], ids=lambda f: f.family)
 def test_whole_and_streamed_answers_split_alike_wherever_the_pieces_break(fmt: ToolCallFormat) -> None:
     tools = Tools.from_openai([WEATHER], format=fmt)
-    for text in (fmt.write([CALL]), "Let me look.\n" + fmt.write([CALL]), "No call here, {not json}."):
+    for text in (fmt.write([CALL]), "Let me look.\n" + fmt.write([CALL]), "No call here, {not json}.", " \n"):
         whole = parse_tool_calls(text, tools)
         for i in range(len(text) + 1):
             for j in range(i, len(text) + 1, 7):

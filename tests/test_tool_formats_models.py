@@ -104,13 +104,13 @@ def mistral_daemon(instruct_path: str) -> Iterator[Daemon]:
 
 def test_the_openai_sdk_gets_mistral_format_calls_whole_and_streamed(mistral_daemon: Daemon) -> None:
     client = mistral_daemon.client()
-    whole = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], tool_choice="required",  # type: ignore[arg-type]
-                                           temperature=0, max_tokens=64)
+    ask = {"model": "m", "messages": ASK, "tools": [WEATHER], "tool_choice": "required", "temperature": 0,
+           "max_tokens": 64}
+    whole = client.chat.completions.create(**ask)
     [call] = whole.choices[0].message.tool_calls or []
-    assert whole.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"  # type: ignore[union-attr]
-    assert isinstance(json.loads(call.function.arguments)["city"], str) and len(call.id) == 9  # type: ignore[union-attr]
-    chunks = list(client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], tool_choice="required",  # type: ignore[arg-type]
-                                                 temperature=0, max_tokens=64, stream=True))
+    assert whole.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments)["city"], str) and len(call.id) == 9  # Mistral's ids
+    chunks = list(client.chat.completions.create(**ask, stream=True))
     deltas = [t for ch in chunks if ch.choices for t in (ch.choices[0].delta.tool_calls or [])]
     assert deltas and deltas[0].function is not None and deltas[0].function.name == "get_weather"
     assert isinstance(json.loads("".join(d.function.arguments or "" for d in deltas if d.function))["city"], str)

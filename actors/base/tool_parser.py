@@ -49,7 +49,7 @@ class ToolCallParser:
             if found is None:
                 keep = 0 if final else self._held_back()
                 text, self._buffer = self._buffer[:len(self._buffer) - keep], self._buffer[len(self._buffer) - keep:]
-                content.append(self._emit(text))
+                content.append(text if final else self._emit(text))  # the end: blank text is content too
                 break
             at, marker = found
             before, self._buffer = self._buffer[:at], self._buffer[at:]

@@ -83,9 +83,13 @@ def model_lines(results: dict[str, Any]) -> list[str]:
     cs = list(r["bench"]["tokens_per_s"])
     lines = ["Two models (the bench's, and SmolLM2-135M-Instruct, the REPL's default):", "",
              "| | " + " | ".join(r[k]["model"] for k in roles) + " |", "|---|---:|---:|",
-             "| vocabulary | " + " | ".join(f"{r[k]['n_vocab']:,}" for k in roles) + " |",
-             "| logits row (bytes per sampled token) | " + " | ".join(f"{r[k]['logits_row_bytes']:,}" for k in roles) + " |",
-             "| KV bytes per token (f16) | " + " | ".join(f"{r[k]['kv_bytes_per_token']:,.0f}" for k in roles) + " |",
-             "| daemon RSS after one request, MiB | " + " | ".join(f"{r[k]['daemon']['rss_mib']}" for k in roles) + " |"]
-    lines += [f"| tok/s at {c} streams | " + " | ".join(f"{r[k]['tokens_per_s'][c]}" for k in roles) + " |" for c in cs]
+             _row("vocabulary", [f"{r[k]['n_vocab']:,}" for k in roles]),
+             _row("logits row (bytes per sampled token)", [f"{r[k]['logits_row_bytes']:,}" for k in roles]),
+             _row("KV bytes per token (f16)", [f"{r[k]['kv_bytes_per_token']:,.0f}" for k in roles]),
+             _row("daemon RSS after one request, MiB", [f"{r[k]['daemon']['rss_mib']}" for k in roles])]
+    lines += [_row(f"tok/s at {c} streams", [f"{r[k]['tokens_per_s'][c]}" for k in roles]) for c in cs]
     return lines + [""]
+
+
+def _row(label: str, cells: list[str]) -> str:
+    return f"| {label} | " + " | ".join(cells) + " |"
