@@ -25,7 +25,7 @@ OWN_MARKERS = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}
                "{% if m.tool_calls is defined %}{% for c in m.tool_calls %}<function_call>"
                "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}</function_call>"
                "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-               "{% if tools is defined %}{{ tools | length }} tools{% endif %}")
+               "{% if tools %}{{ tools | length }} tools{% endif %}")
 
 
 def template(name: str) -> ChatTemplate:
@@ -153,3 +153,19 @@ def test_history_calls_are_written_back_in_the_models_format_where_the_template_
 def test_json_end_finds_where_a_value_closes_and_skips_strings() -> None:
     assert json_end('{"a": "}", "b": [1, {"c": "\\"]"}]} tail') == 34
     assert json_end('{"a": [1, 2') is None
+
+
+def test_a_template_that_renders_no_system_message_gets_the_fallback_in_the_first_user_turn() -> None:
+    refusing = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}"
+                "{% endif %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}")
+    gemma2_like = ChatTemplate(refusing, bos_token="", eos_token="")
+    assert not gemma2_like.renders_system and template("hermes_tools.jinja").renders_system
+    tools = Tools.from_openai([WEATHER])
+    prepared = tools.prepare([{"role": "user", "content": "Weather in Paris?"}], False, gemma2_like.renders_system)
+    rendered = gemma2_like.render(prepared)
+    assert rendered.startswith("<start_of_turn>user\nYou can call the following tools") and "Weather in Paris?" in rendered
+
+
+def test_template_kwargs_cannot_replace_the_messages_or_tools_and_a_missing_tools_is_none() -> None:
+    qwen_like = ChatTemplate("{% if tools %}T{% endif %}{{ messages[0].content }}", bos_token="", eos_token="")
+    assert qwen_like.render([{"role": "user", "content": "x"}], template_kwargs={"messages": [], "tools": [1]}) == "x"

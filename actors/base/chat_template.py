@@ -93,6 +93,15 @@ class ChatTemplate:
 
         return learn_tool_format(self)
 
+    @functools.cached_property
+    def renders_system(self) -> bool:
+        """Whether a system message reaches the prompt (Gemma 2's template, for one, refuses it)."""
+        mark = "\x01llamactor-system\x01"
+        try:
+            return mark in self.render([{"role": "system", "content": mark}, {"role": "user", "content": "?"}])
+        except ChatTemplateError:
+            return False
+
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> str:
         """``template_kwargs``: extra template variables (``chat_template_kwargs``, e.g.
@@ -108,15 +117,17 @@ class ChatTemplate:
             if not isinstance(m.get("content"), str):
                 raise ChatTemplateError(f"messages[{i}].content must be a string")
         try:
-            return self._template.render(
+            return self._template.render({  # ours last: a template kwarg cannot replace them
                 **dict(template_kwargs or {}),
-                messages=[dict(m) for m in messages],
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self._bos_token,
-                eos_token=self.eos_token,
-                raise_exception=_raise_exception,
-                **({"tools": tools} if tools else {}),
-            )
+                "messages": [dict(m) for m in messages],
+                "add_generation_prompt": add_generation_prompt,
+                "bos_token": self._bos_token,
+                "eos_token": self.eos_token,
+                "raise_exception": _raise_exception,
+                # None without tools, as Hugging Face passes it: templates test ``{% if tools %}``,
+                # which StrictUndefined would refuse on a missing variable
+                "tools": tools or None,
+            })
         except ChatTemplateError:
             raise
         except jinja2.TemplateError as e:

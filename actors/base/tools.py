@@ -103,14 +103,19 @@ class Tools:
             lines.append(f"- {f['name']}: {f.get('description') or ''} Arguments (JSON Schema): {params}")
         return "\n".join(lines)
 
-    def prepare(self, messages: Sequence[Mapping[str, Any]], template_takes_tools: bool) -> list[dict[str, Any]]:
+    def prepare(self, messages: Sequence[Mapping[str, Any]], template_takes_tools: bool,
+                renders_system: bool = True) -> list[dict[str, Any]]:
         """The conversation as the template will see it: earlier calls and results in the history,
-        and (without template support) the tools described in the system message."""
+        and (without template support) the tools described in the system message -- or, for a
+        template that renders none, at the head of the first user message."""
         out = [render_history_message(m, template_takes_tools, self.format) for m in messages]
         if template_takes_tools:
             return out
         text = self.system_text()
-        if out and out[0]["role"] in ("system", "developer"):
+        first_user = next((i for i, m in enumerate(out) if m["role"] == "user"), None)
+        if not renders_system and first_user is not None:
+            out[first_user] = {**out[first_user], "content": f"{text}\n\n{out[first_user]['content']}".strip()}
+        elif out and out[0]["role"] in ("system", "developer"):
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{text}".strip()}
         else:
             out.insert(0, {"role": "system", "content": text})
