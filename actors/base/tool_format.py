@@ -86,9 +86,6 @@ class ToolCallFormat:
             rules = f'start: " "? call{repeat}\ncall: {call}\n'
         return Grammar.lark(f"{rules}body: %json {json.dumps(call_schema)}\n")
 
-    def with_native(self, native: bool) -> ToolCallFormat:
-        return replace(self, native=native)
-
 
 def _literal(text: str) -> str:
     """A Lark string literal (llguidance reads JSON string escapes)."""

@@ -3,8 +3,8 @@
 Every dialect's ``plan`` takes one: the transport's id for the request (each dialect prefixes
 its own: ``chatcmpl-``, ``msg_`` ...), the model that answers it -- its name, as responses name
 it, its sampling defaults, under which the body's options apply, and the format it writes tool
-calls in -- and when it was made. The
-server derives the rest of a caller's identity here too, never from the body.
+calls in -- and when it was made. The server derives the rest of a caller's identity here too,
+never from the body.
 """
 
 from __future__ import annotations
