@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 import llamactor
@@ -95,16 +96,24 @@ def test_smollm2s_own_template_knows_no_tools_so_the_fallback_goes_into_the_syst
 
 
 @pytest.fixture(scope="module")
-def mistral_daemon(instruct_path: str) -> Iterator[Daemon]:
-    d = start_daemon("--model", instruct_path, "--n-parallel", "2", "--api-key", API_KEY,
-                     "--chat-template", str(TEMPLATES / FAMILIES["mistral"]))
+def mistral_daemon(tmp_path_factory: pytest.TempPathFactory, instruct_path: str) -> Iterator[Daemon]:
+    """SmolLM2 under the Mistral template, not loaded until its first request: a request planned
+    before its model loaded is planned again, in the format the model turns out to write."""
+    template = (TEMPLATES / FAMILIES["mistral"]).read_text()
+    config = tmp_path_factory.mktemp("config") / "models.toml"
+    config.write_text(f'[[models]]\nname = "mistral"\npath = "{instruct_path}"\nn_parallel = 2\npreload = false\n'
+                      f"chat_template = '''{template}'''\n")  # a TOML literal string: kept as written
+    d = start_daemon("--config", str(config), "--api-key", API_KEY, wait_ready=False)  # no model loads at start
+    assert d.wait_for_log(lambda line: line.get("event") == "serving", timeout=120), d.log_lines[-5:]
     yield d
     assert d.stop() == 0
 
 
-def test_the_openai_sdk_gets_mistral_format_calls_whole_and_streamed(mistral_daemon: Daemon) -> None:
+def test_the_openai_sdk_gets_mistral_format_calls_whole_and_streamed_from_a_model_its_first_request_loads(
+        mistral_daemon: Daemon) -> None:
     client = mistral_daemon.client()
-    ask = {"model": "m", "messages": ASK, "tools": [WEATHER], "tool_choice": "required", "temperature": 0,
+    assert httpx.get(f"{mistral_daemon.url}/health").json()["models"]["mistral"]["status"] == "unloaded"
+    ask = {"model": "mistral", "messages": ASK, "tools": [WEATHER], "tool_choice": "required", "temperature": 0,
            "max_tokens": 64}
     whole = client.chat.completions.create(**ask)
     [call] = whole.choices[0].message.tool_calls or []
