@@ -27,6 +27,7 @@ from llamactor.base.completion import ChoiceUpdate, Completion, Embeddings
 from llamactor.base.errors import BatcherUnavailableError, CancelledError
 from llamactor.base.logging import get_logger
 from llamactor.base.request import EmbeddingRequest, GenerationRequest
+from llamactor.base.tool_format import FALLBACK
 from llamactor.dialects.context import RequestContext
 from llamactor.handles.limits import Limiter, embedding_estimate, generation_estimate
 from llamactor.handles.model import ModelClient
@@ -136,7 +137,7 @@ def context(request: Request, llm: ModelClient) -> RequestContext:
     """The request as the dialects see it: the app's id for it, the model's name, defaults and
     tool-call format (known once it is loaded; until then the fallback, and callers plan again)."""
     return RequestContext(request.state.request_id, llm.name, llm.config.sampling,
-                          **({"tool_format": llm.tool_format()} if llm.loaded else {}))
+                          tool_format=llm.tool_format() if llm.loaded else FALLBACK)
 
 
 async def answer(request: Request, call: Planned[P]) -> list[Completion]:
