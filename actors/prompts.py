@@ -142,7 +142,7 @@ class PromptBuilder:
         if self.system_prompt and not any(m.get("role") == "system" for m in chat):
             chat.insert(0, {"role": "system", "content": self.system_prompt})
         if tools is not None:
-            chat = tools.prepare(chat, self.template.takes_tools)
+            chat = tools.prepare(chat, self.template.takes_tools, self.template.renders_system)
         try:
             template_tools = tools.template_tools() if tools is not None and self.template.takes_tools else None
             return self.template.render(chat, tools=template_tools, template_kwargs=template_kwargs)

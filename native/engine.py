@@ -142,6 +142,7 @@ class Engine:
             looks_like_base_model=self.chat_template.base_model,
             metadata={k: v for k, v in metadata.items() if k != "tokenizer.chat_template"},
             devices=devices.devices(), gpu_offload=devices.gpu_offload(), n_gpu_layers=mparams.n_gpu_layers,
+            tool_format=self.chat_template.tool_format,
         )
         self._shadow = self.info.n_seq_max
         # Sliding-window layers (Gemma 3: 512 positions); 0 when the model has none.

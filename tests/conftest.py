@@ -63,11 +63,12 @@ def closing_what_the_test_started() -> Iterator[list[Any]]:
 
 @pytest.fixture
 def start_llm(model_path: str) -> Iterator[object]:
-    """Start a tree with the given options; every tree and actor the test started is stopped after it."""
+    """Start a tree with the given options (``model``: a GGUF other than the default Gemma); every
+    tree and actor the test started is stopped after it."""
     with closing_what_the_test_started() as handles:
-        def start(**options: object) -> llamactor.LLM:
+        def start(model: str | None = None, **options: object) -> llamactor.LLM:
             options.setdefault("n_ctx", 2048)
-            handles.append(llamactor.start(model_path, **options))
+            handles.append(llamactor.start(model or model_path, **options))
             return handles[-1]
 
         yield start

@@ -3,7 +3,8 @@ official ``anthropic`` client: messages, its stream helper, tools, structured ou
 counts, stop sequences, and errors in Anthropic's shape.
 
 The default model is a tiny base model: its answers are poor, so tests check the protocol and
-what is exact (token counts, constrained output), not what the model says."""
+what is exact (token counts, constrained output), not what the model says. The message, stream
+and tool round trips run on SmolLM2-135M-Instruct too (a daemon of its own): its GGUF's template."""
 
 from __future__ import annotations
 
@@ -44,6 +45,20 @@ def client(daemon: Daemon) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=daemon.url, api_key=API_KEY, max_retries=0)
 
 
+@pytest.fixture(scope="module")
+def instruct_client(instruct_path: str) -> Iterator[anthropic.Anthropic]:
+    """A daemon on SmolLM2-135M-Instruct: the chat routes through the GGUF's own template."""
+    d = start_daemon("--model", instruct_path, "--n-parallel", "2", "--api-key", API_KEY)
+    yield anthropic.Anthropic(base_url=d.url, api_key=API_KEY, max_retries=0)
+    assert d.stop() == 0
+
+
+@pytest.fixture(params=["base", "instruct"])
+def either_client(request: pytest.FixtureRequest) -> anthropic.Anthropic:
+    """The base model's daemon (the transcript), then the instruct model's (its template)."""
+    return request.getfixturevalue("client" if request.param == "base" else "instruct_client")
+
+
 def prompt_tokens(usage: anthropic.types.Usage) -> int:
     """Anthropic counts the prompt's cached tokens apart from the rest."""
     return usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
@@ -61,7 +76,8 @@ def test_a_message_has_a_text_block_usage_and_a_stop_reason(client: anthropic.An
     assert client.messages.create(model="some-other-name", max_tokens=2, messages=QUESTION).model == MODEL_ID
 
 
-def test_the_sdk_stream_helper_gets_the_text_deltas_and_the_final_message(client: anthropic.Anthropic) -> None:
+def test_the_sdk_stream_helper_gets_the_text_deltas_and_the_final_message(either_client: anthropic.Anthropic) -> None:
+    client = either_client
     with client.messages.stream(model=MODEL_ID, max_tokens=24, messages=QUESTION, system="Answer in one sentence.",
                                 extra_body=GREEDY) as stream:
         text = "".join(stream.text_stream)
@@ -77,7 +93,8 @@ def test_the_sdk_stream_helper_gets_the_text_deltas_and_the_final_message(client
     assert events[1] == "content_block_start" and "content_block_stop" in events  # (pings are skipped by the SDK)
 
 
-def test_a_forced_tool_call_and_its_result_make_a_round_trip(client: anthropic.Anthropic) -> None:
+def test_a_forced_tool_call_and_its_result_make_a_round_trip(either_client: anthropic.Anthropic) -> None:
+    client = either_client
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     m = client.messages.create(model=MODEL_ID, max_tokens=64, messages=ask, tools=[WEATHER],
                                tool_choice={"type": "tool", "name": "get_weather"})

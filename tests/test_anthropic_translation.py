@@ -152,13 +152,13 @@ def test_the_sdk_stream_helper_rebuilds_thinking_text_and_a_tool_call_from_the_e
     frames = [f for f in body.decode().split("\n\n") if f]
     assert all(f.startswith("event: ") for f in frames)  # the SDK drops frames without an event name
     starts = [json.loads(f.split("data: ", 1)[1]) for f in frames if f.startswith("event: content_block_start")]
-    assert [s["index"] for s in starts] == [0, 1]  # (the text went out first: the call is then text too)
+    assert [s["index"] for s in starts] == [0, 1, 2]  # a call after text is a call too, as in a whole answer
     with sdk_client(body).messages.stream(model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}]) as s:
         text = "".join(s.text_stream)
         final = s.get_final_message()
-    assert [b.type for b in final.content] == ["thinking", "text"]
-    assert final.content[0].thinking == "Paris is sunny?" and final.content[1].text == text
-    assert text.startswith("Let me check.<tool_call>")
+    assert [b.type for b in final.content] == ["thinking", "text", "tool_use"]
+    assert final.content[0].thinking == "Paris is sunny?" and final.content[1].text == text == "Let me check."
+    assert final.content[2].input == {"city": "Paris"}
     # An answer that is only a call: a tool_use block with an object input, arguments in one delta.
     body = sse_bytes(pieces[4:], completion("", "tool_calls", generated=7), tools=True)
     with sdk_client(body).messages.stream(model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}]) as s:

@@ -49,9 +49,10 @@ def test_a_bad_model_path_is_a_one_line_error_not_a_traceback(tmp_path) -> None:
 
 
 @contextlib.contextmanager
-def repl_session() -> Iterator[pexpect.spawn]:
-    """``llamactor chat`` on the default model, greedy, in a pseudo-terminal; killed if still running."""
-    child = pexpect.spawn(sys.executable, ["-m", "llamactor.cli", "chat", "--n-ctx", "2048", "--temperature", "0"],
+def repl_session(*args: str) -> Iterator[pexpect.spawn]:
+    """``llamactor chat`` (on its default model unless ``args`` name one), greedy, in a
+    pseudo-terminal; killed if still running."""
+    child = pexpect.spawn(sys.executable, ["-m", "llamactor.cli", "chat", "--n-ctx", "2048", "--temperature", "0", *args],
                           encoding="utf-8", timeout=60, dimensions=(40, 200))
     try:
         yield child
@@ -59,9 +60,21 @@ def repl_session() -> Iterator[pexpect.spawn]:
         child.close(force=True)
 
 
-def test_the_repl_on_the_default_model_answers_a_factual_question_in_one_line_and_stops() -> None:
+def test_the_repl_opens_the_instruct_model_by_default_and_it_answers_a_factual_question_in_one_line() -> None:
     with repl_session() as child:
+        child.expect("chat format: gguf")
         child.expect(r"Devices: [^\r\n]*CPU \([^\r\n]*GiB free")  # a GPU build lists its GPU first
+        child.expect(">>> ")
+        child.sendline("What is the capital of France?")
+        child.expect("France\\?\r\n")  # the terminal's echo of the line
+        child.expect(">>> ")  # the answer ended by itself (at the template's end-of-turn token)
+        answer = child.before.strip()
+        assert "Paris" in answer and "<|im_end|>" not in answer
+        child.sendeof()
+
+
+def test_the_repl_on_the_base_model_says_so_and_answers_through_the_transcript_in_one_line(model_path) -> None:
+    with repl_session("--model", model_path) as child:
         child.expect("base \\(pretrained\\) model")
         child.expect(">>> ")
         child.sendline("What is the capital of France?")
@@ -84,7 +97,7 @@ def test_the_repl_answers_resets_sets_and_ctrl_c_cancels_the_answer() -> None:
         child.expect(r'"requests_finished": 1')
         child.sendline("/set temperature -3")
         child.expect("temperature must be")
-        child.sendline("/set max_tokens 2000")
+        child.sendline("/set max_tokens 1900")  # the instruct template's default system message fills 60 tokens
         child.expect(">>> ")
         child.sendline("/set ignore_eos true")
         child.expect(">>> ")

@@ -1,6 +1,7 @@
 """Ollama's native API on the daemon's port, driven by the official ``ollama`` client (and raw
-httpx where the wire format itself is the point). One daemon serves the default model twice,
-as ``chat`` and ``spare``: an unknown name is a 404, and ``spare`` can be unloaded and reloaded."""
+httpx where the wire format itself is the point). One daemon serves two models: the base Gemma as
+``chat`` (the transcript) and SmolLM2-135M-Instruct as ``spare`` (its own template); the chat and
+tool tests run on both; an unknown name is a 404, and ``spare`` can be unloaded and reloaded."""
 
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ WEATHER_TOOL = {"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def daemon(model_path: str) -> Iterator[Daemon]:
-    d = start_daemon("--model", f"chat={model_path}", "--model", f"spare={model_path}")
+def daemon(model_path: str, instruct_path: str) -> Iterator[Daemon]:
+    # chat: the base Gemma (the transcript); spare: SmolLM2-135M-Instruct (its own ChatML template)
+    d = start_daemon("--model", f"chat={model_path}", "--model", f"spare={instruct_path}")
     yield d
     assert d.stop() == 0
 
@@ -39,14 +41,16 @@ def client(daemon: Daemon) -> ollama.Client:
     return ollama.Client(host=daemon.url)
 
 
-def test_chat_answers_whole_and_streamed_and_the_stream_ends_with_counts(client: ollama.Client, daemon: Daemon) -> None:
-    whole = client.chat(model="chat", messages=HI, options=GREEDY, logprobs=True, top_logprobs=2)
-    assert whole.model == "chat" and whole.done and whole.message.role == "assistant"
+@pytest.mark.parametrize("model", ["chat", "spare"])  # the transcript, and the instruct model's template
+def test_chat_answers_whole_and_streamed_and_the_stream_ends_with_counts(client: ollama.Client, daemon: Daemon,
+                                                                         model: str) -> None:
+    whole = client.chat(model=model, messages=HI, options=GREEDY, logprobs=True, top_logprobs=2)
+    assert whole.model == model and whole.done and whole.message.role == "assistant"
     assert whole.eval_count == len(whole.logprobs) and whole.prompt_eval_count > 3 and whole.total_duration > 0
-    chunks = list(client.chat(model="chat:latest", messages=HI, options=GREEDY, logprobs=True, top_logprobs=2,
+    chunks = list(client.chat(model=f"{model}:latest", messages=HI, options=GREEDY, logprobs=True, top_logprobs=2,
                               stream=True))
     last = chunks[-1]
-    assert [c.done for c in chunks] == [False] * (len(chunks) - 1) + [True] and last.model == "chat:latest"
+    assert [c.done for c in chunks] == [False] * (len(chunks) - 1) + [True] and last.model == f"{model}:latest"
     assert last.message.content == "" and last.eval_count == sum(len(c.logprobs or []) for c in chunks)
     streamed_text = "".join(c.message.content for c in chunks)
     # The same greedy prompt decoded twice (the second from its cached prefix) agrees up to a near-tie.
@@ -54,7 +58,7 @@ def test_chat_answers_whole_and_streamed_and_the_stream_ends_with_counts(client:
         (streamed_text, chat_steps([lp for c in chunks for lp in c.logprobs or []]), last.done_reason),
         (whole.message.content, chat_steps(whole.logprobs), whole.done_reason))
     scraped = httpx.get(f"{daemon.url}/metrics").text
-    counted = r'llamactor_generated_tokens_total\{(?=[^}]*model="chat")(?=[^}]*dialect="ollama")[^}]*\}'
+    counted = r'llamactor_generated_tokens_total\{(?=[^}]*model="' + model + r'")(?=[^}]*dialect="ollama")[^}]*\}'
     assert metric(scraped, counted) == whole.eval_count + last.eval_count
 
 
@@ -94,18 +98,19 @@ def test_format_json_and_a_json_schema_constrain_the_answer(client: ollama.Clien
     assert as_json.done_reason == "length" or isinstance(json.loads(as_json.response), dict)
 
 
-def test_tools_are_rendered_and_a_tool_result_round_trips(client: ollama.Client) -> None:
+@pytest.mark.parametrize("model", ["chat", "spare"])
+def test_tools_are_rendered_and_a_tool_result_round_trips(client: ollama.Client, model: str) -> None:
     question = [{"role": "user", "content": "What is the weather in Paris?"}]
-    plain = client.chat(model="chat", messages=question, options={"num_predict": 1})
-    with_tools = client.chat(model="chat", messages=question, tools=[WEATHER_TOOL], options={"num_predict": 1})
+    plain = client.chat(model=model, messages=question, options={"num_predict": 1})
+    with_tools = client.chat(model=model, messages=question, tools=[WEATHER_TOOL], options={"num_predict": 1})
     assert with_tools.prompt_eval_count > plain.prompt_eval_count + 20  # the tool's description is in the prompt
     history = question + [
         {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather",
                                                                           "arguments": {"city": "Paris"}}}]},
         {"role": "tool", "content": "18 degrees and sunny", "tool_name": "get_weather"}]
-    answered = client.chat(model="chat", messages=history, tools=[WEATHER_TOOL], options=GREEDY)
+    answered = client.chat(model=model, messages=history, tools=[WEATHER_TOOL], options=GREEDY)
     assert answered.done and answered.prompt_eval_count > with_tools.prompt_eval_count + 10
-    streamed = list(client.chat(model="chat", messages=history, tools=[WEATHER_TOOL], options=GREEDY, stream=True))
+    streamed = list(client.chat(model=model, messages=history, tools=[WEATHER_TOOL], options=GREEDY, stream=True))
     assert streamed[-1].done and streamed[-1].prompt_eval_count == answered.prompt_eval_count
 
 
@@ -135,6 +140,7 @@ def test_list_show_ps_and_version_describe_the_served_models(client: ollama.Clie
     details = entry.details
     assert (details.family, details.format, details.quantization_level) == ("gemma3", "gguf", "Q4_K_M")
     assert entry.details.parameter_size.endswith("M") and entry.modified_at is not None
+    assert listed["spare:latest"].details.family == "llama"  # SmolLM2-135M-Instruct
     shown = client.show("chat:latest")
     assert shown.modelinfo["general.architecture"] == "gemma3" and shown.modelinfo["gemma3.context_length"] == 32768
     assert shown.capabilities == ["completion"] and "User:" in shown.template and "temperature" in shown.parameters

@@ -1,6 +1,7 @@
 """Reasoning models: a chat template whose answers open with <think> (Qwen3 / DeepSeek-R1 style) gets
 its thinking split into reasoning_content, streamed or not, and chat_template_kwargs reach the
-template. The base model never thinks on its own, so a grammar makes it answer in that shape."""
+template -- on the base Gemma and on SmolLM2-135M-Instruct. Neither thinks on its own, so a grammar
+makes it answer in that shape."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ TEMPLATE = Path(__file__).parent / "templates" / "think.jinja"
 THINKING = 'root ::= "<think>\\nThe user greets me.\\n</think>\\n\\nHello there"'
 
 
-@pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
-    d = start_daemon("--n-parallel", "2", "--chat-template", str(TEMPLATE))
+@pytest.fixture(scope="module", params=["base", "instruct"])
+def daemon(request: pytest.FixtureRequest, instruct_path: str) -> Iterator[Daemon]:
+    """The template over the base Gemma, then over SmolLM2-135M-Instruct (whose own ChatML tokens it uses)."""
+    model = ("--model", instruct_path) if request.param == "instruct" else ()
+    d = start_daemon("--n-parallel", "2", "--chat-template", str(TEMPLATE), *model)
     yield d
     d.stop()
 

@@ -18,6 +18,8 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The weathe
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"],
                           "additionalProperties": False}}
 CALL_WEATHER = {"type": "function", "name": "get_weather"}
+INSTRUCT = "smollm2"
+BOTH = pytest.mark.parametrize("model", [MODEL_ID, INSTRUCT])  # the transcript, and the instruct model's template
 STORY = ("Once upon a time, in a small village by the sea, there lived an old fisherman who went out "
          "every morning before sunrise. What did he see one day?")
 
@@ -28,11 +30,12 @@ class Weather(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Iterator[Daemon]:
-    # a second model (never loaded) so that an unknown model name is a 404, not the default model
+def daemon(tmp_path_factory: pytest.TempPathFactory, model_path: str, instruct_path: str) -> Iterator[Daemon]:
+    # a second model, so that an unknown model name is a 404, not the default model: the instruct
+    # one (its own template), loaded by its first request
     config = tmp_path_factory.mktemp("config") / "models.toml"
     config.write_text(f'[[models]]\nname = "{MODEL_ID}"\npath = "{model_path}"\nn_parallel = 4\n\n'
-                      f'[[models]]\nname = "spare"\npath = "{model_path}"\npreload = false\n')
+                      f'[[models]]\nname = "{INSTRUCT}"\npath = "{instruct_path}"\npreload = false\n')
     d = start_daemon("--config", str(config), "--api-key", API_KEY)
     yield d
     assert d.stop() == 0
@@ -43,10 +46,11 @@ def client(daemon: Daemon) -> openai.OpenAI:
     return daemon.client()
 
 
-def test_a_plain_answer_is_a_completed_response_with_usage(client: openai.OpenAI) -> None:
-    r = client.responses.create(model=MODEL_ID, input="Name a colour of the sea.", instructions="Answer briefly.",
+@BOTH
+def test_a_plain_answer_is_a_completed_response_with_usage(client: openai.OpenAI, model: str) -> None:
+    r = client.responses.create(model=model, input="Name a colour of the sea.", instructions="Answer briefly.",
                                 max_output_tokens=12, temperature=0, metadata={"run": "1"})
-    assert r.id.startswith("resp_") and r.object == "response" and r.model == MODEL_ID
+    assert r.id.startswith("resp_") and r.object == "response" and r.model == model
     assert r.output_text.strip() and r.output[0].type == "message" and r.output[0].id.startswith("msg_")
     assert r.status in ("completed", "incomplete") and r.instructions == "Answer briefly."
     assert r.metadata == {"run": "1"}
@@ -55,9 +59,10 @@ def test_a_plain_answer_is_a_completed_response_with_usage(client: openai.OpenAI
     assert client.responses.retrieve(r.id).output_text == r.output_text  # stored
 
 
-def test_a_streamed_answer_through_the_sdk_helper_adds_up_to_its_final_response(client: openai.OpenAI) -> None:
+@BOTH
+def test_a_streamed_answer_through_the_sdk_helper_adds_up_to_its_final_response(client: openai.OpenAI, model: str) -> None:
     # (the helper's final response needs response.completed: an answer that ends before max_output_tokens)
-    with client.responses.stream(model=MODEL_ID, input="Say hi", max_output_tokens=24, temperature=0) as stream:
+    with client.responses.stream(model=model, input="Say hi", max_output_tokens=24, temperature=0) as stream:
         events = list(stream)
         final = stream.get_final_response()
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
@@ -106,26 +111,28 @@ def test_a_response_not_stored_cannot_be_continued_and_a_deleted_one_is_gone(cli
         client.responses.retrieve(kept.id)
 
 
-def test_a_forced_tool_call_and_its_result_make_a_round_trip(client: openai.OpenAI) -> None:
-    called = client.responses.create(model=MODEL_ID, input="What is the weather in Paris?", tools=[WEATHER],
+@BOTH
+def test_a_forced_tool_call_and_its_result_make_a_round_trip(client: openai.OpenAI, model: str) -> None:
+    called = client.responses.create(model=model, input="What is the weather in Paris?", tools=[WEATHER],
                                      tool_choice=CALL_WEATHER, temperature=0)
     [call] = [o for o in called.output if o.type == "function_call"]
     assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)
     assert call.call_id.startswith("call_") and call.id.startswith("fc_") and called.status == "completed"
     result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 C"}
-    answer = client.responses.create(model=MODEL_ID, previous_response_id=called.id, input=[result],
+    answer = client.responses.create(model=model, previous_response_id=called.id, input=[result],
                                      tools=[WEATHER], tool_choice="none", max_output_tokens=12, temperature=0)
     assert answer.output[0].type == "message" and answer.usage is not None and called.usage is not None
     assert answer.usage.input_tokens > called.usage.input_tokens + called.usage.output_tokens
     # stateless: the client replays the output items (with their ids and statuses) itself
     replayed = client.responses.create(
-        model=MODEL_ID, store=False, tools=[WEATHER], tool_choice="none", max_output_tokens=4,
+        model=model, store=False, tools=[WEATHER], tool_choice="none", max_output_tokens=4,
         input=[{"role": "user", "content": "What is the weather in Paris?"}, *called.output, result])
     assert replayed.usage is not None and replayed.usage.input_tokens == answer.usage.input_tokens
 
 
-def test_a_streamed_forced_tool_call_arrives_as_a_function_call_item(client: openai.OpenAI) -> None:
-    with client.responses.stream(model=MODEL_ID, input="Weather in Rome?", tools=[WEATHER],
+@BOTH
+def test_a_streamed_forced_tool_call_arrives_as_a_function_call_item(client: openai.OpenAI, model: str) -> None:
+    with client.responses.stream(model=model, input="Weather in Rome?", tools=[WEATHER],
                                  tool_choice=CALL_WEATHER, temperature=0) as stream:
         types = [e.type for e in stream]
         final = stream.get_final_response()

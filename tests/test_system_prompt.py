@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 SYSTEM = ("You are a helpful assistant for a bakery. You answer questions about bread, cakes and opening hours "
           "politely and briefly.\n")
 from .conftest import assert_equal_up_to_near_tie
@@ -29,8 +31,9 @@ def test_the_shared_system_prompt_is_computed_once_and_answers_match_the_inlined
         assert_equal_up_to_near_tie(reference_engine, reference_engine.tokenizer.tokenize(SYSTEM + q), a, b)
 
 
-def test_chat_requests_reuse_the_chat_formatted_system_prompt(start_llm) -> None:
-    llm = start_llm(n_parallel=2, system_prompt=SYSTEM)
+@pytest.mark.parametrize("instruct", [False, True], ids=["transcript", "instruct-template"])
+def test_chat_requests_reuse_the_chat_formatted_system_prompt(start_llm, instruct_path, instruct: bool) -> None:
+    llm = start_llm(model=instruct_path if instruct else None, n_parallel=2, system_prompt=SYSTEM)
     c = llm.chat([{"role": "user", "content": "Do you bake croissants?"}], max_tokens=8, temperature=0)
     assert c.usage.cached_tokens > 20  # BOS, the turn header and the system text
     own = llm.chat([{"role": "system", "content": "Be rude."}, {"role": "user", "content": "Hi"}], max_tokens=4)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 
@@ -32,7 +33,7 @@ def test_the_stream_parser_holds_back_a_possible_call_and_emits_it_whole() -> No
     pieces = [" <tool", "_call>\n{\"name\": \"get_weather\",", " \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"]
     results = [stream.feed(p) for p in pieces]
     assert [r[0] for r in results] == ["", "", ""]
-    assert results[-1][1][0].name == "get_weather" and stream.finish() == ""
+    assert results[-1][1][0].name == "get_weather" and stream.finish() == ("", [])
     plain = ToolCallStream(TOOLS)
     assert plain.feed(" <t") == ("", []) and plain.feed("able> is HTML") == (" <table> is HTML", [])
 
@@ -69,7 +70,18 @@ def test_only_required_and_named_choices_constrain_the_answer() -> None:
     assert Tools.from_openai([WEATHER], "required").grammar() is not None
 
 
-def test_chat_with_a_forced_tool_returns_tool_calls_and_the_history_goes_on(llm: llamactor.LLM) -> None:
+@pytest.fixture(scope="module")
+def instruct_llm(instruct_path: str) -> Iterator[llamactor.LLM]:
+    """SmolLM2-135M-Instruct: its template knows no tools, so they go into the system turn it renders."""
+    handle = llamactor.start(instruct_path, n_parallel=2, n_ctx=2048, batch_timeout_ms=5)
+    yield handle
+    handle.close()
+
+
+@pytest.mark.parametrize("which", ["llm", "instruct_llm"])
+def test_chat_with_a_forced_tool_returns_tool_calls_and_the_history_goes_on(request: pytest.FixtureRequest,
+                                                                            which: str) -> None:
+    llm: llamactor.LLM = request.getfixturevalue(which)
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     c = llm.chat(ask, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}},
                  temperature=0, max_tokens=64)

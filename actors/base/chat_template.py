@@ -7,11 +7,15 @@ here tokenizes to what llama-cpp-python's chat completion would send.
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from llamactor.base.tool_format import ToolCallFormat
 
 # Used when the GGUF carries no template: such a model is usually a *base* model, never trained
 # on any turn markers, but it continues a plain transcript sensibly -- and its next "User:" line
@@ -33,6 +37,13 @@ VALID_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 class ChatTemplateError(ValueError):
     """The messages could not be rendered (bad roles, or the template itself refused them)."""
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """Hugging Face's ``tojson``: plain JSON text, not Jinja's HTML-escaped ``Markup`` (templates
+    join it to strings: ``'{"name": "' + name + '", "arguments": ' + args | tojson``)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _raise_exception(message: str) -> None:
@@ -67,12 +78,29 @@ class ChatTemplate:
             self.stop, self.source = TRANSCRIPT_STOP, TRANSCRIPT_TEMPLATE
         check_template_syntax(self.source)
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+        env.filters["tojson"] = _tojson
         self._template = env.from_string(self.source)
         # Hugging Face templates that render tools read a ``tools`` variable; others get the
         # plain-text fallback of llamactor.base.tools.
         self.takes_tools = "tools" in self.source
         self._bos_token = bos_token
-        self._eos_token = eos_token
+        self.eos_token = eos_token
+
+    @functools.cached_property
+    def tool_format(self) -> ToolCallFormat:
+        """How this template's model writes a tool call (learned from the template once)."""
+        from llamactor.base.tool_probe import learn_tool_format  # it renders through this class
+
+        return learn_tool_format(self)
+
+    @functools.cached_property
+    def renders_system(self) -> bool:
+        """Whether a system message reaches the prompt (Gemma 2's template, for one, refuses it)."""
+        mark = "\x01llamactor-system\x01"
+        try:
+            return mark in self.render([{"role": "system", "content": mark}, {"role": "user", "content": "?"}])
+        except ChatTemplateError:
+            return False
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> str:
@@ -89,15 +117,17 @@ class ChatTemplate:
             if not isinstance(m.get("content"), str):
                 raise ChatTemplateError(f"messages[{i}].content must be a string")
         try:
-            return self._template.render(
+            return self._template.render({  # ours last: a template kwarg cannot replace them
                 **dict(template_kwargs or {}),
-                messages=[dict(m) for m in messages],
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self._bos_token,
-                eos_token=self._eos_token,
-                raise_exception=_raise_exception,
-                **({"tools": tools} if tools else {}),
-            )
+                "messages": [dict(m) for m in messages],
+                "add_generation_prompt": add_generation_prompt,
+                "bos_token": self._bos_token,
+                "eos_token": self.eos_token,
+                "raise_exception": _raise_exception,
+                # None without tools, as Hugging Face passes it: templates test ``{% if tools %}``,
+                # which StrictUndefined would refuse on a missing variable
+                "tools": tools or None,
+            })
         except ChatTemplateError:
             raise
         except jinja2.TemplateError as e:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llamactor.base.tool_format import FALLBACK, ToolCallFormat
+
 
 # ggml_backend_dev_type, in its enum's order (ggml-backend.h)
 DEVICE_TYPES = ("cpu", "gpu", "igpu", "accel", "meta")
@@ -59,3 +61,6 @@ class EngineInfo:
     devices: tuple[Device, ...] = ()
     gpu_offload: bool = False
     n_gpu_layers: int = 0  # layers offloaded as asked of llama.cpp (-1: all)
+    # How the model writes a tool call, learned from its chat template (llamactor.base.tool_probe):
+    # the caller's side builds the tool grammar and parses streamed calls in it.
+    tool_format: ToolCallFormat = FALLBACK

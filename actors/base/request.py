@@ -24,6 +24,7 @@ from llamactor.base.grammar import Grammar
 from llamactor.base.messages import MAX_EMBEDDING_INPUTS, POOLINGS, Generate, ReplyChannel
 from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
 from llamactor.base.tenants import DEFAULT, Tenant
+from llamactor.base.tool_format import ToolCallFormat
 from llamactor.base.tools import Tools
 
 MAX_CHOICES = 64  # choices of one prompt per request (the API's n; HTTP caps n and best_of at 16)
@@ -90,19 +91,23 @@ class GenerationRequest:
               chat_template_kwargs: Mapping[str, Any] | None = None, continuations: Sequence[Prompt] = (),
               echo_prompt: bool = False, clamp_max_tokens: bool = False, tenant: Tenant = DEFAULT,
               lora: Mapping[str, float] | None = None, adapters: Sequence[str] | None = None,
-              **sampling: Any) -> GenerationRequest:
+              tool_format: ToolCallFormat | None = None, **sampling: Any) -> GenerationRequest:
         """The one place loose arguments become a request: ``prompt`` (text or token ids) or
         ``messages``; ``json_schema`` / ``grammar`` compiled; OpenAI-style ``tools`` /
         ``tool_choice`` (or a ``Tools``) checked and, for a required or named choice, turned into
-        the grammar; ``echo`` (OpenAI's legacy name) into ``prompt_logprobs``; ``lora``
-        (``{adapter name: scale}``) checked against ``adapters``, the model's adapter names, when
-        given; every other name a ``SamplingParams`` field applied over ``defaults``."""
+        the grammar, in ``tool_format`` (the model's: ``EngineInfo.tool_format``; None: the
+        Hermes fallback, or a given ``Tools``' own); ``echo`` (OpenAI's legacy name) into
+        ``prompt_logprobs``; ``lora`` (``{adapter name: scale}``) checked against ``adapters``, the
+        model's adapter names, when given; every other name a ``SamplingParams`` field applied
+        over ``defaults``."""
         chat = messages is not None
         fields = {"messages": messages_tuple(messages)} if chat else prompt_fields(prompt)
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
             raise InvalidRequestError("chat_template_kwargs must be a mapping of template variables")
         constraint = _constraint(json_schema, grammar)
         parsed_tools = _tools(tools, tool_choice, parallel_tool_calls, chat)
+        if parsed_tools is not None and tool_format is not None:
+            parsed_tools = parsed_tools.in_format(tool_format)
         if parsed_tools is not None and (tool_grammar := parsed_tools.grammar()) is not None:
             if constraint is not None:
                 raise InvalidRequestError("a required or named tool_choice cannot be combined with json_schema or grammar")

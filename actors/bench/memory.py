@@ -75,7 +75,7 @@ def _rss_mib(pid: int) -> dict[str, float]:
     return {"rss_mib": round(fields["VmRSS"], 1), "peak_mib": round(fields["VmHWM"], 1)}
 
 
-def _after_one_request(command: Callable[[int], list[str]]) -> dict[str, float]:
+def after_one_request(command: Callable[[int], list[str]]) -> dict[str, float]:
     with running_server(command) as (url, pid):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
         client.completions.create(model="memory", prompt="Once upon a time", max_tokens=16, temperature=0.8)
@@ -86,15 +86,15 @@ def bench_memory(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
     n_ctx, threads = "8192", str(s.n_threads)
     common = ("--n-parallel", str(N_STREAMS), "--n-ctx", n_ctx, "--n-threads", threads)
     out: dict[str, Any] = {"n_parallel": N_STREAMS, "n_ctx": int(n_ctx),
-                           "llamactor": _after_one_request(serve_command(s.model_path, "memory", *common))}
+                           "llamactor": after_one_request(serve_command(s.model_path, "memory", *common))}
     tick()
-    out["llamactor_128_ids"] = _after_one_request(serve_command(s.model_path, "memory", *common,
+    out["llamactor_128_ids"] = after_one_request(serve_command(s.model_path, "memory", *common,
                                                                 "--n-seq-ids", str(MAX_SEQUENCES)))
     tick()
     if s.peer_server:
         theirs = [s.peer_server, "-m", s.model_path, "-np", str(N_STREAMS), "-c", n_ctx, "-t", threads, "-tb", threads,
                   "-kvu", "--host", "127.0.0.1"]
-        out["llama_server"] = _after_one_request(lambda port: [*theirs, "--port", str(port)])
+        out["llama_server"] = after_one_request(lambda port: [*theirs, "--port", str(port)])
         out["rss_ratio"] = out["llamactor"]["rss_mib"] / out["llama_server"]["rss_mib"]
     tick()
     return out

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from llamactor.bench.report_host import host_lines, streams_lines
+from llamactor.bench.two_models import model_lines
 
 # (name, how to read it from the results, comparison, target)
 TARGETS: list[tuple[str, str, str, float]] = [
@@ -105,7 +106,7 @@ def markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
     failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
     ok = {k: v for k, v in results.items() if k not in failed}
     for section in (_uniform, _others, _daemon, _multiturn, _few_shot, _tiers, _peer, _scheduling, host_lines,
-                    streams_lines):
+                    streams_lines, model_lines):
         lines += section(ok)
     lines += [f"**{name} failed**: {error}" for name, error in failed.items()] + ([""] if failed else [])
     measured = [v for v in verdicts(results) if v["value"] is not None]  # not the workloads left out

@@ -10,6 +10,7 @@ packed embeddings (``embeddings``), lm-eval-style prompt scoring (``scoring``), 
 router (``replicas``), durable batch jobs (``batch``: ``batch_jobs``), 16 streams across 3 batcher
 crashes (``resilience``), a q8_0 KV cache and the daemon's resident memory (``memory``), the cache
 tiers' *many_users* and *warm_restart* (``tiers``), fair shares between tenants (``tenants``), the
+throughput and memory legs on both installed models (``models``: ``two_models``), the
 batcher's host work per step with real and replayed decodes (``host``), a mixed base/LoRA-adapter
 load vs the base model alone (``adapters``), and with a llama-server
 binary the *peer* leg (``peer``) and N concurrent callers against it with and without backend
@@ -41,6 +42,7 @@ from llamactor.bench import (
     structured,
     tenants,
     tiers,
+    two_models,
 )
 from llamactor.bench.settings import BenchSettings
 
@@ -66,7 +68,8 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "memory": (3, memory.bench_memory),
         "many_users": (2, tiers.bench_many_users), "warm_restart": (3, tiers.bench_warm_restart),
         "tenants": (tenants.n_ticks(s), tenants.bench_tenants), "host": (host.n_ticks(), host.bench_host),
-        "adapters": (adapters.n_ticks(s), adapters.bench_adapters)}
+        "adapters": (adapters.n_ticks(s), adapters.bench_adapters),
+        "models": (two_models.N_TICKS, two_models.bench_models)}
     if s.peer_server:
         found["peer"] = (2, peer.bench_peer)
         found["streams"] = (len(streams.SERVERS), streams.bench_streams)

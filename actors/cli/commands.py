@@ -32,9 +32,12 @@ from llamactor.cli.top import top
 from llamactor.base.errors import LlamactorError
 
 
-def start_tree(opts: dict[str, Any], quiet: bool = False) -> llamactor.LLM:
-    """Configure logging, then start the actor tree from the engine options in ``opts``."""
+def start_tree(opts: dict[str, Any], quiet: bool = False, default_model: str | None = None) -> llamactor.LLM:
+    """Configure logging, then start the actor tree from the engine options in ``opts``
+    (``default_model``: the GGUF when neither ``--model``, ``$LLAMACTOR_MODEL`` nor a config file names one)."""
     opts = tree_options(opts)  # sampling options among them become the tree's defaults
+    if default_model is not None and not opts.get("model"):
+        opts["model"] = default_model
     status = contextlib.nullcontext() if quiet else _Status(
         f"loading {opts.get('model') or 'the default model (Gemma 3 270M)'} …")
     with status:
@@ -78,10 +81,14 @@ def main() -> None:
 @sampling_options
 @handle_errors
 def chat(**opts: Any) -> None:
-    """Interactive chat (REPL) with streaming answers. /help lists the commands."""
+    """Interactive chat (REPL) with streaming answers. /help lists the commands.
+
+    Without --model it opens SmolLM2-135M-Instruct, the instruct model installed with llamactor:
+    the base Gemma 3 270M rarely answers a plain question at the default sampling (README, Models)."""
+    from llamactor.base.models import instruct_model_path
     from llamactor.cli.repl import Repl
 
-    Repl(start_tree(opts)).run()
+    Repl(start_tree(opts, default_model=instruct_model_path())).run()
 
 
 @main.command()

@@ -2,7 +2,7 @@
 its content, and its tool calls -- piece by piece for a stream (``AnswerSplitter``) or at once for
 a finished ``Completion`` (``split_answer``). Pure.
 
-A stream's tool calls are sent whole, each once its ``<tool_call>`` block closes; text that is not
+A stream's tool calls are sent whole, each once it closes (in the model's own format); text that is not
 a call streams as content (``llamactor.base.tools.ToolCallStream``). A finished answer's calls are
 the engine's own (parsed from the whole text: ``Completion.tool_calls``), its text what surrounds
 them.
@@ -47,7 +47,8 @@ class AnswerSplitter:
         parts = self._content(reasoning, content)
         if self._calls is None:
             return parts
-        return Parts(parts.reasoning, parts.content + self._calls.finish(), parts.calls)
+        content, calls = self._calls.finish()
+        return Parts(parts.reasoning, parts.content + content, parts.calls + calls)
 
     def _content(self, reasoning: str, content: str) -> Parts:
         if self._calls is None or not content:

@@ -2,9 +2,9 @@
 
 Every dialect's ``plan`` takes one: the transport's id for the request (each dialect prefixes
 its own: ``chatcmpl-``, ``msg_`` ...), the model that answers it -- its name, as responses name
-it, and its sampling defaults, under which the body's options apply -- and when it was made; its
-LoRA adapters (a body picks them by id, or by naming one as its model). The server derives the
-rest of a caller's identity here too, never from the body.
+it, its sampling defaults, under which the body's options apply, and the format it writes tool
+calls in -- and when it was made; its LoRA adapters (a body picks them by id, or by naming one as
+its model). The server derives the rest of a caller's identity here too, never from the body.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 from llamactor.base.adapters import from_ids
 from llamactor.base.config import SamplingParams
 from llamactor.base.request import GenerationRequest
+from llamactor.base.tool_format import FALLBACK, ToolCallFormat
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,7 @@ class RequestContext:
     created: int = field(default_factory=lambda: int(time.time()))
     adapters: tuple[str, ...] | None = ()  # the model's LoRA adapters, in id order (None: not known here)
     adapter: str | None = None  # the adapter the body's ``model`` named (vLLM's convention), at scale 1
+    tool_format: ToolCallFormat = FALLBACK  # how the model writes a tool call (its EngineInfo's)
 
     def id(self, prefix: str) -> str:
         """The request's id in a dialect's form (``chatcmpl-<id>``, ``msg_<id>`` ...)."""

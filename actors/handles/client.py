@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
+from llamactor.base.tool_format import FALLBACK, ToolCallFormat
 from llamactor.base.completion import Completion, Embeddings, Score, Tokenized
 from llamactor.base.config import Config
 from llamactor.base.errors import InvalidRequestError
@@ -78,8 +79,15 @@ class Client:
         ``tenant``: whose (a name in ``Config.tenants`` gets its weight, limits and cache scope;
         any other name the defaults; None: the default tenant)."""
         options.setdefault("adapters", [name for name, _ in self.config.loras])  # lora= names are checked now
+        if options.get("tools") is not None:  # calls written in the model's own format
+            options.setdefault("tool_format", self.tool_format())
         return GenerationRequest.build(self.config.sampling, prompt=prompt, messages=messages,
                                        tenant=tenant_named(tenant, self.config.tenants), **options)
+
+    def tool_format(self) -> ToolCallFormat:
+        """How this model writes a tool call (its ``EngineInfo.tool_format``); the Hermes
+        fallback where the handle knows no model."""
+        return FALLBACK
 
     @overload
     def submit(self, prompt: GenerationRequest) -> list[Future[Completion]]: ...

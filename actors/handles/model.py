@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from llamactor.base.engine_info import EngineInfo
+from llamactor.base.tool_format import ToolCallFormat
 from llamactor.handles.client import Client
 
 
@@ -26,6 +27,9 @@ class ModelClient(Client):
     def info(self) -> EngineInfo:
         """The model's ``EngineInfo`` (context sizes, GGUF metadata); loads the model if needed."""
         raise NotImplementedError
+
+    def tool_format(self) -> ToolCallFormat:
+        return self.info.tool_format
 
     def load(self) -> None:
         """Start the model's replicas if they are not running (blocks while they load)."""

@@ -16,6 +16,7 @@ import pykka
 from llamactor.base.completion import Completion
 from llamactor.base.config import Config
 from llamactor.base.engine_info import EngineInfo
+from llamactor.base.tool_format import ToolCallFormat
 from llamactor.base.errors import BatcherUnavailableError, ModelLoadError
 from llamactor.base.messages import Cancel, Embed, Generate, GetStats, InjectCrash, Request
 from llamactor.base.models import resolve_model_path
@@ -63,6 +64,9 @@ class LLM(Client):
         self._lock = threading.Lock()
         self._pending: set[concurrent.futures.Future[Completion]] = set()
         self._closing = False
+
+    def tool_format(self) -> ToolCallFormat:
+        return self.info.tool_format
 
     def send(self, msg: Request) -> concurrent.futures.Future[Any]:
         """Deliver ``msg`` to the tree; its answer goes to ``msg.reply`` (whose future this returns)."""

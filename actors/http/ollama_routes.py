@@ -115,6 +115,9 @@ async def reply(request: Request, state: ServerState, body: ModelRequest, plan: 
 async def chat(body: ChatRequest, request: Request, state: State) -> Response:
     llm = lookup(state, body.model)
     plan = plan_chat(body, context(request, llm, body.model), llm.config.n_ctx)  # a bad body: 400 before the model loads
+    if plan is not None and plan.request.tools is not None and not llm.loaded:
+        await load(llm)
+        plan = plan_chat(body, context(request, llm, body.model), llm.config.n_ctx)  # in the model's own tool-call format
     return await reply(request, state, body, plan, "chat")
 
 

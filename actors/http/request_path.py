@@ -27,6 +27,7 @@ from llamactor.base.completion import ChoiceUpdate, Completion, Embeddings
 from llamactor.base.errors import BatcherUnavailableError, CancelledError
 from llamactor.base.logging import get_logger
 from llamactor.base.request import EmbeddingRequest, GenerationRequest
+from llamactor.base.tool_format import FALLBACK
 from llamactor.dialects.context import RequestContext
 from llamactor.handles.limits import Limiter, embedding_estimate, generation_estimate
 from llamactor.handles.model import ModelClient
@@ -83,8 +84,10 @@ class Planned(Generic[P]):
 async def planned(state: ServerState, request: Request, model: str | None, dialect: str,
                   make_plan: Callable[[RequestContext], P]) -> Planned[P]:
     llm = find_model(state, model)
-    plan = make_plan(context(request, llm, model))
-    await load(llm)
+    plan = make_plan(context(request, llm, model))  # a bad body: 4xx before the model loads
+    if not llm.loaded:
+        await load(llm)
+        plan = make_plan(context(request, llm, model))  # again, in the model's own tool-call format
     return Planned.of(state, request, llm, plan, dialect)
 
 
@@ -131,12 +134,13 @@ async def ready_model(state: ServerState, name: str | None) -> ModelClient:
 
 
 def context(request: Request, llm: ModelClient, name: str | None = None) -> RequestContext:
-    """The request as the dialects see it: the app's id for it, the model's name and defaults,
+    """The request as the dialects see it: the app's id for it, the model's name, defaults and
+    tool-call format (known once it is loaded; until then the fallback, and callers plan again),
     its LoRA adapters and the one ``name`` picks (vLLM's convention: answers name the adapter)."""
     adapters = tuple(a for a, _ in llm.config.loras)
     adapter = name if name in adapters and name != llm.name else None
     return RequestContext(request.state.request_id, adapter or llm.name, llm.config.sampling, adapters=adapters,
-                          adapter=adapter)
+                          adapter=adapter, tool_format=llm.tool_format() if llm.loaded else FALLBACK)
 
 
 async def answer(request: Request, call: Planned[P]) -> list[Completion]:

@@ -64,6 +64,7 @@ def plan_messages(body: MessagesRequest, ctx: RequestContext) -> MessagesPlan:
                                   ("stop", body.stop_sequences or None)) if v is not None}
     request = GenerationRequest.build(
         ctx.defaults, messages=rendering.messages, request_id=ctx.id("msg_"), tools=rendering.tools,
+        tool_format=ctx.tool_format,
         chat_template_kwargs=rendering.chat_template_kwargs, grammar=rendering.grammar, max_tokens=body.max_tokens,
         clamp_max_tokens=True, **ctx.lora(), **sampling)
     return MessagesPlan(ctx.id("msg_"), ctx.model, request, tuple(body.stop_sequences or ()), body.show_thinking,

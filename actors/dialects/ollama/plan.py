@@ -45,8 +45,8 @@ def plan_chat(body: ChatRequest, ctx: RequestContext, n_ctx: int) -> OllamaPlan 
         return None
     messages = chat_messages(body.messages, body.model)
     request = GenerationRequest.build(ctx.defaults, messages=messages, request_id=ctx.id("ollama-"),
-                                      tools=body.tools or None, **_options(body, n_ctx), **_template_kwargs(body),
-                                      **ctx.lora())
+                                      tools=body.tools or None, tool_format=ctx.tool_format,
+                                      **_options(body, n_ctx), **_template_kwargs(body), **ctx.lora())
     return OllamaPlan(body.model, request, "chat", body.think, True, _logprobs(body), body.streamed)
 
 

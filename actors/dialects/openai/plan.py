@@ -58,6 +58,7 @@ def plan_chat(body: ChatRequest, ctx: RequestContext) -> ChatPlan:
         sampling.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
     request = GenerationRequest.build(
         ctx.defaults, messages=body.message_dicts(), n=body.n, request_id=ctx.id("chatcmpl-"), grammar=constraint(body),
+        tool_format=ctx.tool_format,
         tools=body.tools or None, tool_choice=body.tool_choice, parallel_tool_calls=body.parallel_tool_calls,
         **_lora(body, ctx), **sampling)
     return ChatPlan(ctx.id("chatcmpl-"), ctx.model, ctx.created, request, body.logprobs, _include_usage(body),

@@ -52,7 +52,7 @@ def plan_response(body: ResponsesRequest, ctx: RequestContext,
     }.items() if v is not None}
     rid = ctx.id("resp_")  # also the engine's request id: one id in every log line
     request = GenerationRequest.build(
-        ctx.defaults, messages=messages, request_id=rid, grammar=text_format(body.text),
+        ctx.defaults, messages=messages, request_id=rid, grammar=text_format(body.text), tool_format=ctx.tool_format,
         tools=chat_tools(body.tools) if body.tools else None,
         tool_choice=chat_tool_choice(body.tool_choice) if body.tools else None,
         parallel_tool_calls=body.parallel_tool_calls,
