@@ -45,11 +45,13 @@ class Setup:
     flash: bool = False
     n_threads: int = 1
     n_ubatch: int = 512
+    n_ctx: int = 2048  # kv_unified off: each of the 8 streams gets an eighth
 
     def label(self) -> str:
         return (f"unified={'T' if self.unified else 'F'} repack={'T' if self.extra_bufts else 'F'} "
                 f"fa={'on' if self.flash else 'off'}" + (f" thr={self.n_threads}" if self.n_threads != 1 else "")
                 + (f" ub={self.n_ubatch}" if self.n_ubatch != 512 else ""))
+
 
 
 Entry = tuple[int, int, int, bool]  # token, position, sequence id, wants logits
@@ -70,7 +72,7 @@ class Ctx:
             self._models[key] = llama_cpp.llama_model_load_from_file(path.encode(), mp)
         self.model = self._models[key]
         cp = llama_cpp.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = 2048, 512, setup.n_ubatch, len(OTHERS)
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = setup.n_ctx, 2048, setup.n_ubatch, len(OTHERS)
         cp.n_threads = cp.n_threads_batch = setup.n_threads
         cp.kv_unified, cp.swa_full, cp.no_perf = setup.unified, True, True
         cp.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if setup.flash
@@ -247,6 +249,22 @@ def verify(name: str, path: str) -> None:
             _row(name, "8 targets", f"{label}, {setup.label()}", (verdict, "") if "decode" not in label else ("", verdict))
 
 
+def long_context(name: str, path: str) -> None:
+    """The exact settings with long sequences, where llama.cpp's CPU flash attention changes path:
+    a stream's ubatch of >= 64 query rows takes the tiled kernel (else one row at a time), and a
+    single query row over >= 512 KV cells with >= 2 threads splits the cells among the threads
+    (the split follows n_kv, the longest sequence in the ubatch's streams)."""
+    exact = Setup(unified=False, extra_bufts=False, flash=True, n_ctx=8 * 1024)
+    for setup, ctx, t in _contexts(path, [exact, replace(exact, n_ubatch=32), replace(exact, n_threads=2)]):
+        t.prompt = t.prompts[SLOT] = (t.prompt + t.prompt[1:] * 60)[:600]
+        t.prompts[0] = (t.others[0] + t.others[0][1:] * 150)[:900]
+        ref = alone(ctx, t)
+        _row(name, "long", f"600-token prompt whole vs 300+300, {setup.label()}", diff(ref, alone(ctx, t, (300,))))
+        _row(name, "long", f"600-token prompt whole vs 590+10, {setup.label()}", diff(ref, alone(ctx, t, (590,))))
+        _row(name, "long", f"decode beside a 900-token sequence (prefill apart), {setup.label()}",
+             diff(ref, batched(ctx, t, prefill_apart=True)[0]))
+
+
 def sampler_side(path: str) -> None:
     """Candidate 5: our reductions (native/scoring.py) on bit-equal logits rows at another address
     and alone, and the size of an fp32 (instead of fp64) softmax denominator."""
@@ -265,19 +283,23 @@ def sampler_side(path: str) -> None:
          "fp32 vs fp64 denominator", ("exact" if same else "differ", f"{max(abs(x - y) for x, y in zip(f32, a.logprobs)):.2g}"))
 
 
-def throughput(name: str, path: str, steps: int = 24) -> None:
-    """Decode tokens/s at 8 streams (prompts prefilled first, untimed), best of two runs."""
-    for setup, ctx, t in _contexts(path, [Setup(), Setup(unified=False), Setup(unified=False, extra_bufts=False),
-                                          Setup(flash=True), Setup(unified=False, flash=True)]):
-        best = 0.0
-        for _ in range(2):
+def throughput(name: str, path: str, steps: int = 16) -> None:
+    """8 streams: prefill tokens/s (8 prompts of 64 tokens in one decode) and decode tokens/s
+    (``steps`` steps of 8 rows), best of three. Run it once per ``GGML_CPU_TILED_MM`` value."""
+    for setup, ctx, t in _contexts(path, [Setup(), Setup(flash=True), Setup(unified=False, extra_bufts=False),
+                                          Setup(unified=False, extra_bufts=False, flash=True)]):
+        prompts = [(p * 64)[:64] for p in t.others]
+        pre = dec = 0.0
+        for _ in range(3):
             llama_cpp.llama_memory_clear(ctx.mem, True)
-            ctx.decode([e for s, p in enumerate(t.others) for e in _prompt(s, p, out=False)])
             t0 = time.perf_counter()
+            ctx.decode([e for s, p in enumerate(prompts) for e in _prompt(s, p, out=False)])
+            t1 = time.perf_counter()
             for k in range(steps):
-                ctx.decode([(t.cont[k % K], len(t.others[s]) + k, s, True) for s in range(len(OTHERS))])
-            best = max(best, steps * len(OTHERS) / (time.perf_counter() - t0))
-        _row(name, "speed", f"8 streams decoding, {setup.label()}", ("", f"{best:.0f} tok/s"))
+                ctx.decode([(t.cont[k % K], 64 + k, s, True) for s in range(len(prompts))])
+            t2 = time.perf_counter()
+            pre, dec = max(pre, 8 * 64 / (t1 - t0)), max(dec, steps * 8 / (t2 - t1))
+        _row(name, "speed", f"8 streams, {setup.label()}", (f"{pre:.0f} tok/s", f"{dec:.0f} tok/s"))
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
@@ -291,7 +313,7 @@ MODELS = [("gemma3-270m", default_model_path), ("smollm2-135m", instruct_model_p
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parts = ["candidates", "rows", "combos", "verify", "sampler", "trace", "speed"]
+    parts = ["candidates", "rows", "combos", "verify", "long", "sampler", "trace", "speed"]
     ap.add_argument("--part", choices=[*parts, "all"], default="all", help="all: every part but speed")
     args = ap.parse_args()
     llama_cpp.llama_backend_init()
@@ -300,7 +322,7 @@ def main() -> None:
     from batch_invariance_trace import trace  # beside this file
 
     run: dict[str, Callable[[str, str], None]] = {"candidates": candidates, "rows": rows_effect, "combos": combos,
-                                                  "verify": verify, "trace": trace, "speed": throughput}
+                                                  "verify": verify, "long": long_context, "trace": trace, "speed": throughput}
     print("| model | candidate | setting | prefill rows | decode rows |\n|---|---|---|---|---|")
     for part in parts:
         if args.part == part or (args.part == "all" and part != "speed"):
