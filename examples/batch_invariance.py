@@ -229,11 +229,14 @@ def combos(name: str, path: str) -> None:
 
 
 def verify(name: str, path: str) -> None:
-    """The settings that came out exact, on every one of the 8 sequences as the target: batch of 8
-    (prefill rows and decode rows) and the prompt cut in two or fed one token a step."""
-    exact = Setup(unified=False, extra_bufts=False, flash=True)
-    for setup, ctx, t in _contexts(path, [replace(exact, flash=False), exact, replace(exact, unified=True),
-                                          replace(exact, n_threads=2), replace(exact, n_ubatch=8)]):
+    """The settings that came out exact (``exact``; run it with ``GGML_CPU_TILED_MM=0``) and their
+    neighbours, on every one of the 8 sequences as the target: batch of 8 (prefill rows with the 8
+    prompts in one decode, decode rows after each prompt alone) and the prompt cut in two or fed
+    one token a step."""
+    exact = Setup(extra_bufts=False, flash=True, n_ubatch=32)  # and GGML_CPU_TILED_MM=0 in the environment
+    for setup, ctx, t in _contexts(path, [replace(exact, unified=False, flash=False, n_ubatch=512),
+                                          replace(exact, unified=False, n_ubatch=512), replace(exact, n_ubatch=512),
+                                          exact, replace(exact, n_threads=2)]):
         refs = [alone(ctx, t, seq=s) for s in range(len(OTHERS))]
         got = batched(ctx, t, everyone=True)
         apart = batched(ctx, t, everyone=True, prefill_apart=True)
@@ -253,9 +256,10 @@ def long_context(name: str, path: str) -> None:
     """The exact settings with long sequences, where llama.cpp's CPU flash attention changes path:
     a stream's ubatch of >= 64 query rows takes the tiled kernel (else one row at a time), and a
     single query row over >= 512 KV cells with >= 2 threads splits the cells among the threads
-    (the split follows n_kv, the longest sequence in the ubatch's streams)."""
-    exact = Setup(unified=False, extra_bufts=False, flash=True, n_ctx=8 * 1024)
-    for setup, ctx, t in _contexts(path, [exact, replace(exact, n_ubatch=32), replace(exact, n_threads=2)]):
+    (the split follows n_kv: the cache's used cells, with kv_unified off the ubatch's longest stream)."""
+    exact = Setup(extra_bufts=False, flash=True, n_ubatch=32, n_ctx=8 * 1024)
+    for setup, ctx, t in _contexts(path, [replace(exact, n_ubatch=512), exact, replace(exact, n_threads=2),
+                                          replace(exact, unified=False, n_threads=2)]):
         t.prompt = t.prompts[SLOT] = (t.prompt + t.prompt[1:] * 60)[:600]
         t.prompts[0] = (t.others[0] + t.others[0][1:] * 150)[:900]
         ref = alone(ctx, t)
@@ -286,8 +290,8 @@ def sampler_side(path: str) -> None:
 def throughput(name: str, path: str, steps: int = 16) -> None:
     """8 streams: prefill tokens/s (8 prompts of 64 tokens in one decode) and decode tokens/s
     (``steps`` steps of 8 rows), best of three. Run it once per ``GGML_CPU_TILED_MM`` value."""
-    for setup, ctx, t in _contexts(path, [Setup(), Setup(flash=True), Setup(unified=False, extra_bufts=False),
-                                          Setup(unified=False, extra_bufts=False, flash=True)]):
+    exact = Setup(extra_bufts=False, flash=True, n_ubatch=32)
+    for setup, ctx, t in _contexts(path, [Setup(), Setup(flash=True), replace(exact, n_ubatch=512), exact]):
         prompts = [(p * 64)[:64] for p in t.others]
         pre = dec = 0.0
         for _ in range(3):
