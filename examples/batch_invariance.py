@@ -6,12 +6,14 @@ minimal A/B. A *target* sequence (a short prompt, then ``K`` teacher-forced toke
 greedy divergence can hide or add a difference) runs once alone and once in each variant; its
 float32 logits rows are compared bit for bit (``np.array_equal``) and by the largest absolute
 difference, separately for its prompt rows ("prefill") and its one-token rows ("decode").
-``--part trace`` names the first graph tensor in which a decode row parts
-(``examples/batch_invariance_trace.py``).
+``--part trace`` names the first graph tensor in which a row parts
+(``examples/batch_invariance_trace.py``); ``--part verify / engine / long`` check the settings that
+came out exact (``examples/batch_invariance_recipe.py``; run them with ``GGML_CPU_TILED_MM=0``,
+which ggml reads once per process). Results: docs/performance.md, "Where the numbers part".
 
     RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1 .venv/bin/python examples/batch_invariance.py
 
-One thread by default (the thread count is a candidate of its own); about a minute on one core.
+One thread by default (the thread count is a candidate of its own); about a minute a part.
 """
 
 from __future__ import annotations
@@ -46,11 +48,12 @@ class Setup:
     n_threads: int = 1
     n_ubatch: int = 512
     n_ctx: int = 2048  # kv_unified off: each of the 8 streams gets an eighth
+    shadows: bool = False  # every token also carries sequence id + 8, as in llamactor's engine
 
     def label(self) -> str:
         return (f"unified={'T' if self.unified else 'F'} repack={'T' if self.extra_bufts else 'F'} "
                 f"fa={'on' if self.flash else 'off'}" + (f" thr={self.n_threads}" if self.n_threads != 1 else "")
-                + (f" ub={self.n_ubatch}" if self.n_ubatch != 512 else ""))
+                + (f" ub={self.n_ubatch}" if self.n_ubatch != 512 else "") + (" shadows" if self.shadows else ""))
 
 
 
@@ -72,7 +75,8 @@ class Ctx:
             self._models[key] = llama_cpp.llama_model_load_from_file(path.encode(), mp)
         self.model = self._models[key]
         cp = llama_cpp.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = setup.n_ctx, 2048, setup.n_ubatch, len(OTHERS)
+        self.n_ids = 2 if setup.shadows else 1
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = setup.n_ctx, 2048, setup.n_ubatch, len(OTHERS) * self.n_ids
         cp.n_threads = cp.n_threads_batch = setup.n_threads
         cp.kv_unified, cp.swa_full, cp.no_perf = setup.unified, True, True
         cp.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if setup.flash
@@ -95,11 +99,12 @@ class Ctx:
 
     def decode(self, entries: list[Entry]) -> list[np.ndarray]:
         """One ``llama_decode`` of ``entries``; the logits of those that asked, in order."""
-        batch = llama_cpp.llama_batch_init(len(entries), 0, 1)
+        batch = llama_cpp.llama_batch_init(len(entries), 0, self.n_ids)
         try:
             for i, (tok, pos, seq, out) in enumerate(entries):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos, 1, out
-                batch.seq_id[i][0] = seq
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos, self.n_ids, out
+                for j in range(self.n_ids):
+                    batch.seq_id[i][j] = seq + j * len(OTHERS)
             batch.n_tokens = len(entries)
             rc = llama_cpp.llama_decode(self.ctx, batch)
             assert rc == 0, f"llama_decode returned {rc}"
@@ -228,47 +233,6 @@ def combos(name: str, path: str) -> None:
         _row(name, "batch of 8", setup.label(), (pre, dec))
 
 
-def verify(name: str, path: str) -> None:
-    """The settings that came out exact (``exact``; run it with ``GGML_CPU_TILED_MM=0``) and their
-    neighbours, on every one of the 8 sequences as the target: batch of 8 (prefill rows with the 8
-    prompts in one decode, decode rows after each prompt alone) and the prompt cut in two or fed
-    one token a step."""
-    exact = Setup(extra_bufts=False, flash=True, n_ubatch=32)  # and GGML_CPU_TILED_MM=0 in the environment
-    for setup, ctx, t in _contexts(path, [replace(exact, unified=False, flash=False, n_ubatch=512),
-                                          replace(exact, unified=False, n_ubatch=512), replace(exact, n_ubatch=512),
-                                          exact, replace(exact, n_threads=2)]):
-        refs = [alone(ctx, t, seq=s) for s in range(len(OTHERS))]
-        got = batched(ctx, t, everyone=True)
-        apart = batched(ctx, t, everyone=True, prefill_apart=True)
-        checks = {"batch of 8, prefill rows": [diff(r, g)[0] for r, g in zip(refs, got)],
-                  "batch of 8, decode rows": [diff(r, g)[1] for r, g in zip(refs, apart)],
-                  "prompt in 2 chunks": [diff(r, alone(ctx, t, (len(t.prompts[s]) // 2,), seq=s))[0]
-                                         for s, r in enumerate(refs)],
-                  "prompt one token a step": [diff(r, alone(ctx, t, tuple(range(1, len(t.prompts[s]))), seq=s))[0]
-                                              for s, r in enumerate(refs)]}
-        for label, per in checks.items():
-            worst = max((float(x) for x in per if x != "exact"), default=0.0)
-            verdict = "exact" if not worst else f"{sum(x == 'exact' for x in per)}/8 exact, max {worst:.2g}"
-            _row(name, "8 targets", f"{label}, {setup.label()}", (verdict, "") if "decode" not in label else ("", verdict))
-
-
-def long_context(name: str, path: str) -> None:
-    """The exact settings with long sequences, where llama.cpp's CPU flash attention changes path:
-    a stream's ubatch of >= 64 query rows takes the tiled kernel (else one row at a time), and a
-    single query row over >= 512 KV cells with >= 2 threads splits the cells among the threads
-    (the split follows n_kv: the cache's used cells, with kv_unified off the ubatch's longest stream)."""
-    exact = Setup(extra_bufts=False, flash=True, n_ubatch=32, n_ctx=8 * 1024)
-    for setup, ctx, t in _contexts(path, [replace(exact, n_ubatch=512), exact, replace(exact, n_threads=2),
-                                          replace(exact, unified=False, n_threads=2)]):
-        t.prompt = t.prompts[SLOT] = (t.prompt + t.prompt[1:] * 60)[:600]
-        t.prompts[0] = (t.others[0] + t.others[0][1:] * 150)[:900]
-        ref = alone(ctx, t)
-        _row(name, "long", f"600-token prompt whole vs 300+300, {setup.label()}", diff(ref, alone(ctx, t, (300,))))
-        _row(name, "long", f"600-token prompt whole vs 590+10, {setup.label()}", diff(ref, alone(ctx, t, (590,))))
-        _row(name, "long", f"decode beside a 900-token sequence (prefill apart), {setup.label()}",
-             diff(ref, batched(ctx, t, prefill_apart=True)[0]))
-
-
 def sampler_side(path: str) -> None:
     """Candidate 5: our reductions (native/scoring.py) on bit-equal logits rows at another address
     and alone, and the size of an fp32 (instead of fp64) softmax denominator."""
@@ -317,16 +281,17 @@ MODELS = [("gemma3-270m", default_model_path), ("smollm2-135m", instruct_model_p
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parts = ["candidates", "rows", "combos", "verify", "long", "sampler", "trace", "speed"]
+    parts = ["candidates", "rows", "combos", "verify", "engine", "long", "sampler", "trace", "speed"]
     ap.add_argument("--part", choices=[*parts, "all"], default="all", help="all: every part but speed")
     args = ap.parse_args()
     llama_cpp.llama_backend_init()
     llama_cpp.llama_log_set(_quiet, ctypes.c_void_p(0))
     models = [(n, f()) for n, f in MODELS]
-    from batch_invariance_trace import trace  # beside this file
+    from batch_invariance_recipe import engine_like, long_context, verify  # beside this file
+    from batch_invariance_trace import trace
 
     run: dict[str, Callable[[str, str], None]] = {"candidates": candidates, "rows": rows_effect, "combos": combos,
-                                                  "verify": verify, "long": long_context, "trace": trace, "speed": throughput}
+                                                  "verify": verify, "engine": engine_like, "long": long_context, "trace": trace, "speed": throughput}
     print("| model | candidate | setting | prefill rows | decode rows |\n|---|---|---|---|---|")
     for part in parts:
         if args.part == part or (args.part == "all" and part != "speed"):
