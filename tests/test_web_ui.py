@@ -5,8 +5,8 @@ against a real daemon on the real Gemma model.
 Where Chromium or its driver is missing these tests skip, saying so -- except under CI
 (``CI=true``), where that is a failure: `make test` installs them. Every test saves a screenshot
 of the page it ends on under ``build/test-artifacts/web_ui/`` (in the repository), and checks that
-the browser logged no console error and that no request left the daemon's origin. With
-``LLAMACTOR_DOCS_IMAGES=docs/images`` the chat and engine tests also write the README's pictures.
+the browser logged no console error and that no request left the daemon's origin. (The README's
+pictures come from ``examples/web_screenshots.py``, on the instruct model.)
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts" / "web_ui"
 WAIT_S = 60
-DOCS_IMAGES = os.environ.get("LLAMACTOR_DOCS_IMAGES")
 
 
 def _missing() -> str | None:
@@ -82,11 +81,9 @@ def driver(browser_available: None, request: pytest.FixtureRequest, monkeypatch:
 
 
 def shoot(driver: Any, name: str) -> None:
-    """A screenshot of the page as it is now, among the artifacts (and in the docs, if asked)."""
+    """A screenshot of the page as it is now, among the artifacts."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
-    if DOCS_IMAGES:
-        driver.save_screenshot(str(Path(DOCS_IMAGES) / f"{name}.png"))
 
 
 def wait(driver: Any, condition: Any, timeout: float = WAIT_S) -> Any:

@@ -47,14 +47,19 @@ class RemoteReplicas(ModelClient):
 
     @property
     def loaded(self) -> bool:
-        return True  # Ray Serve starts (and autoscales) the replicas; nothing loads on first use
+        """Whether a replica's ``EngineInfo`` is here. Ray Serve starts (and autoscales) the
+        replicas; what "loading" leaves to do on first use is asking one for its info, which
+        blocks and so must not run on the event loop (Ray refuses a sync ``result()`` there)."""
+        return self._info is not None
 
     def load(self) -> None:
-        pass
+        """Asks a replica for its info (a worker thread: the request path's ``load``)."""
+        self.info
 
     @property
     def info(self) -> EngineInfo:
-        """Asked of a replica once, then kept (the first call waits for that answer)."""
+        """Asked of a replica once, then kept (the first call waits for that answer: never on the
+        event loop; front ends call ``load`` in a worker thread first)."""
         if self._info is None:
             self._info = self._handle.info.remote().result(timeout_s=60)
         return self._info
