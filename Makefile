@@ -96,7 +96,8 @@ $(VENV)/.chromium: | $(PY)
 	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
 	else echo "chromium / chromium-driver missing and not root: the browser tests will skip"; fi
-	touch $@
+	@# stamped only once both are there: a later run as root still installs what is missing
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then touch $@; fi
 
 test: install $(VENV)/.ray $(VENV)/.chromium
 	$(PY) -m pytest $(PYTEST_ARGS)
