@@ -24,7 +24,7 @@ PROMPTS = ["The quick brown fox jumps over the lazy dog, and then it", "Once upo
            "def fibonacci(n):\n    return", "The capital of France is", "1, 2, 3, 4, 5, 6,",
            "Water boils at a temperature of", "In the beginning was the word", "Rain fell all night on the"]
 LENGTHS = [6 + i for i in range(len(PROMPTS))]  # requests finish apart: their cached prefixes stay put
-PRESSURE = [f"Story {i}: the old ship" for i in range(4)]
+PRESSURE = [f"Story {i}: the old ship" for i in range(8)]
 GREEDY = {"temperature": 0, "ignore_eos": True, "logprobs": True, "top_logprobs": 2, "prompt_logprobs": 2}
 
 
@@ -48,7 +48,7 @@ def run(model: str) -> dict[str, Any]:
         alone[follow] = numbers(fresh.ask(follow, max_tokens=12, **GREEDY))
         crash_ref = numbers(fresh.ask(PROMPTS[1], max_tokens=24, **GREEDY))
         unpressured = [numbers(f.result(timeout=300)) for f in
-                       [fresh.submit(p, max_tokens=72, **GREEDY) for p in PRESSURE]]
+                       [fresh.submit(p, max_tokens=32, **GREEDY) for p in PRESSURE]]
         out["mode_reported"] = [fresh.info.batch_invariant, fresh.stats()["batch_invariant"]]
     with llamactor.start(n_parallel=8, **common) as llm:
         batch = [llm.submit(p, max_tokens=LENGTHS[i], **GREEDY) for i, p in enumerate(PROMPTS)]
@@ -63,8 +63,8 @@ def run(model: str) -> dict[str, Any]:
         list(pieces)
         out["restarts"] = llm.stats()["restarts"]
         out["across_a_crash"] = [[numbers(stream.completion), crash_ref]]
-    with llamactor.start(n_parallel=4, batch_timeout_ms=50, **{**common, "n_ctx": 256}) as tight:
-        pressured = [tight.submit(p, max_tokens=72, **GREEDY) for p in PRESSURE]  # 4 x ~80 tokens > 256 cells
+    with llamactor.start(n_parallel=8, batch_timeout_ms=50, **{**common, "n_ctx": 256}) as tight:
+        pressured = [tight.submit(p, max_tokens=32, **GREEDY) for p in PRESSURE]  # 8 x ~40 tokens > 256 cells
         out["preempted_vs_not"] = [[numbers(f.result(timeout=300)), u] for f, u in zip(pressured, unpressured)]
         out["preemptions"] = tight.stats()["preemptions"]
     return out
