@@ -16,6 +16,7 @@ from llamactor.base.config import Config, SamplingParams
 from llamactor.base.grammar import Grammar
 from llamactor.base.errors import (
     BatcherRestartedError,
+    BatchInvarianceError,
     BatcherUnavailableError,
     CancelledError,
     ContextExceededError,
@@ -34,4 +35,5 @@ __all__ = [
     "LLM", "start", "Client", "Router", "Replicas", "ModelSpec", "Completion", "Embeddings", "Tokenized", "Timings", "Usage", "Config", "SamplingParams", "Grammar",
     "LlamactorError", "InvalidRequestError", "QueueFullError", "RateLimitError", "PermissionDeniedError", "ContextFullError", "ContextExceededError", "CancelledError",
     "BatcherRestartedError", "BatcherUnavailableError", "EngineError", "ModelLoadError", "ModelNotFoundError",
+    "BatchInvarianceError",
 ]

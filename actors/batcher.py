@@ -88,7 +88,8 @@ class BatcherActor(pykka.ThreadingActor):
                                  n_seq_max=cfg.seq_ids, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
                                  chat_template=cfg.chat_template, kv_type=cfg.kv_type, flash_attn=cfg.flash_attn,
                                  test_hang=cfg.watchdog_test_hang and self.generation == 1,
-                                 graph_sampling=cfg.sample_in_graph, loras=cfg.loras)
+                                 graph_sampling=cfg.sample_in_graph, loras=cfg.loras,
+                                 batch_invariant=cfg.batch_invariant)
             self.chains = GraphChains(self.engine)
             self.sampler = GrammarSampler(self.engine.info.n_vocab)
             self.embeddings = EmbeddingSteps(
@@ -121,7 +122,7 @@ class BatcherActor(pykka.ThreadingActor):
                      n_ctx_seq=self.engine.info.n_ctx_seq, n_parallel=cfg.n_parallel,
                      n_seq_max=self.engine.info.n_seq_max, prefix_cache=cfg.prefix_cache,
                      n_pinned_tokens=self.index.pinned_cells(), sample_in_graph=self.engine.graph_sampling,
-                     loras=[name for name, _ in cfg.loras])
+                     loras=[name for name, _ in cfg.loras], batch_invariant=cfg.batch_invariant)
         except Exception as e:
             self._report_failure(e)
             raise

@@ -61,7 +61,7 @@ def batcher_stats(*, generation: int, watchdog_trips: int, counters: StepCounter
     return {"generation": generation, "running": len(s.running), "pending": len(s.pending),
             "free_seq_ids": s.n_free, "n_parallel": s.n_parallel,
             "adapter_sets_running": s.turns.running_sets(s.running), "adapter_switches": s.turns.switches,
-            "schedule_policy": s.policy.name, "preemptions": s.n_preemptions, "watchdog_trips": watchdog_trips,
+            "schedule_policy": s.policy.name, "batch_invariant": info.batch_invariant, "preemptions": s.n_preemptions, "watchdog_trips": watchdog_trips,
             "pending_by_priority": {str(p): n for p, n in s.waiting_by_priority().items()},
             "oldest_waiting_priority": round(oldest, 3) if oldest is not None else None,
             "kv_used": index.cells_used, "kv_size": info.n_ctx,

@@ -12,6 +12,7 @@ from typing import Any, overload
 from llamactor.base.config import Config
 from llamactor.base.errors import InvalidRequestError
 from llamactor.handles.tree import LLM, start_tree
+from llamactor.native import invariance
 from llamactor.serving.router import Router
 
 
@@ -38,6 +39,8 @@ def start(model: str | None = None, *, models: Sequence[Any] | None = None, max_
     if models is not None:
         if model is not None or config is not None:
             raise InvalidRequestError("pass either models= or model/config, not both")
+        if options.get("batch_invariant") or any(_spec_option(m, "batch_invariant") for m in models):
+            invariance.claim_tiled_mm_off()  # before any model of this process loads, or refused
         return Router(models, max_loaded=max_loaded, defaults=options)
     if max_loaded is not None:
         raise InvalidRequestError("max_loaded applies to models=[...]")
@@ -45,6 +48,11 @@ def start(model: str | None = None, *, models: Sequence[Any] | None = None, max_
         config = Config.from_kwargs(model=model, **options)
     elif model is not None or options:
         raise InvalidRequestError("pass either config= or model/options, not both")
+    if config.batch_invariant:
+        invariance.claim_tiled_mm_off()  # a typed error now rather than a failed batcher start
     return start_tree(config, start_timeout_s)
 
 
+def _spec_option(model: Any, name: str) -> Any:
+    """A Config field of a ``ModelSpec`` or of its dict form (Config fields at its top level)."""
+    return model.get(name) if isinstance(model, dict) else getattr(getattr(model, "config", None), name, None)

@@ -45,7 +45,8 @@ class Setup:
     unified: bool = True  # kv_unified: one cell pool for all sequences (llamactor's engine: True)
     extra_bufts: bool = True  # use_extra_bufts: repacked weights (CPU_REPACK GEMM/GEMV kernels)
     flash: bool = False
-    n_threads: int = 1
+    n_threads: int = 1  # llama.cpp's n_threads: what a ubatch of one token is computed with
+    n_threads_batch: int = 0  # larger ubatches; 0: n_threads (the batch-invariant mode: 1 and n)
     n_ubatch: int = 512
     n_ctx: int = 2048  # kv_unified off: each of the 8 streams gets an eighth
     shadows: bool = False  # every token also carries sequence id + 8, as in llamactor's engine
@@ -53,6 +54,7 @@ class Setup:
     def label(self) -> str:
         return (f"unified={'T' if self.unified else 'F'} repack={'T' if self.extra_bufts else 'F'} "
                 f"fa={'on' if self.flash else 'off'}" + (f" thr={self.n_threads}" if self.n_threads != 1 else "")
+                + (f" thr_batch={self.n_threads_batch}" if self.n_threads_batch else "")
                 + (f" ub={self.n_ubatch}" if self.n_ubatch != 512 else "") + (" shadows" if self.shadows else ""))
 
 
@@ -77,7 +79,7 @@ class Ctx:
         cp = llama_cpp.llama_context_default_params()
         self.n_ids = 2 if setup.shadows else 1
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = setup.n_ctx, 2048, setup.n_ubatch, len(OTHERS) * self.n_ids
-        cp.n_threads = cp.n_threads_batch = setup.n_threads
+        cp.n_threads, cp.n_threads_batch = setup.n_threads, setup.n_threads_batch or setup.n_threads
         cp.kv_unified, cp.swa_full, cp.no_perf = setup.unified, True, True
         cp.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if setup.flash
                               else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
@@ -281,17 +283,18 @@ MODELS = [("gemma3-270m", default_model_path), ("smollm2-135m", instruct_model_p
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parts = ["candidates", "rows", "combos", "verify", "engine", "long", "sampler", "trace", "speed"]
+    parts = ["candidates", "rows", "combos", "verify", "engine", "long", "holes", "sampler", "trace", "speed"]
     ap.add_argument("--part", choices=[*parts, "all"], default="all", help="all: every part but speed")
     args = ap.parse_args()
     llama_cpp.llama_backend_init()
     llama_cpp.llama_log_set(_quiet, ctypes.c_void_p(0))
     models = [(n, f()) for n, f in MODELS]
-    from batch_invariance_recipe import engine_like, long_context, verify  # beside this file
+    from batch_invariance_recipe import engine_like, holes, long_context, verify  # beside this file
     from batch_invariance_trace import trace
 
     run: dict[str, Callable[[str, str], None]] = {"candidates": candidates, "rows": rows_effect, "combos": combos,
-                                                  "verify": verify, "engine": engine_like, "long": long_context, "trace": trace, "speed": throughput}
+                                                  "verify": verify, "engine": engine_like, "long": long_context, "holes": holes, "trace": trace,
+                                                  "speed": throughput}
     print("| model | candidate | setting | prefill rows | decode rows |\n|---|---|---|---|---|")
     for part in parts:
         if args.part == part or (args.part == "all" and part != "speed"):

@@ -75,7 +75,8 @@ def long_context(name: str, path: str) -> None:
     (the split follows n_kv: the cache's used cells, with kv_unified off the ubatch's longest stream)."""
     exact = Setup(extra_bufts=False, flash=True, n_ubatch=32, n_ctx=8 * 1024)
     for setup, ctx, t in _contexts(path, [replace(exact, n_ubatch=512), exact, replace(exact, n_threads=2),
-                                          replace(exact, unified=False, n_threads=2)]):
+                                          replace(exact, unified=False, n_threads=2),
+                                          replace(exact, n_threads_batch=2)]):  # the mode's threads
         t.prompt = t.prompts[SLOT] = (t.prompt + t.prompt[1:] * 60)[:600]
         t.prompts[0] = (t.others[0] + t.others[0][1:] * 150)[:900]
         ref = alone(ctx, t)
@@ -83,3 +84,26 @@ def long_context(name: str, path: str) -> None:
         _row(name, "long", f"600-token prompt whole vs 590+10, {setup.label()}", diff(ref, alone(ctx, t, (590,))))
         _row(name, "long", f"decode beside a 900-token sequence (prefill apart), {setup.label()}",
              diff(ref, batched(ctx, t, prefill_apart=True)[0]))
+
+
+def holes(name: str, path: str) -> None:
+    """The recipe with freed cells (issue 30, part 2): another sequence's cells removed
+    (``llama_memory_seq_rm``) below or above the target's, then the target's decode tokens land
+    in the hole below (out of position order) or after its cells. Single thread, so the two
+    flash-attention paths are not mixed in."""
+    recipe = Setup(extra_bufts=False, flash=True, n_ubatch=32)
+    for setup, ctx, t in _contexts(path, [recipe]):
+        ref = alone(ctx, t)
+        for below in (True, False):
+            llama_cpp.llama_memory_clear(ctx.mem, True)
+            filler = _prompt(0, (t.others[0] * 64)[:16], out=False)
+            if below:
+                ctx.decode(filler)
+            first = ctx.decode(_prompt(SLOT, t.prompt))
+            if not below:
+                ctx.decode(filler)
+            llama_cpp.llama_memory_seq_rm(ctx.mem, 0, -1, -1)
+            dec = [ctx.decode([(tok, len(t.prompt) + k, SLOT, True)])[0] for k, tok in enumerate(t.cont)]
+            where = "below" if below else "above"
+            _row(name, "holes", f"16 freed cells {where} the target's, {setup.label()}",
+                 diff(ref, Rows(np.stack(first), np.stack(dec))))

@@ -32,7 +32,7 @@ from llamactor.native.batch import ReusableBatch
 from llamactor.base.chat_template import ChatTemplate
 from llamactor.native.embedding import Embedder, default_pooling
 from llamactor.native.graph_sampling import TOKEN_NULL, GraphChain, GraphSamplers, probe_chain
-from llamactor.native import devices, host_pages, kv_state
+from llamactor.native import devices, host_pages, invariance, kv_state
 from llamactor.native.kv_state import SeqState
 from llamactor.native.tokenizer import Tokenizer
 
@@ -76,8 +76,11 @@ class Engine:
     def __init__(self, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
                  n_threads: int, n_gpu_layers: int | None = None, chat_template: str | None = None,
                  kv_type: str = "f16", flash_attn: str = "auto", test_hang: bool = False,
-                 graph_sampling: bool | None = None, loras: tuple[tuple[str, str], ...] = ()) -> None:
+                 graph_sampling: bool | None = None, loras: tuple[tuple[str, str], ...] = (),
+                 batch_invariant: bool = False) -> None:
         _init_backend()
+        if batch_invariant:
+            invariance.claim_tiled_mm_off()  # before this process's first matmul, or refused
         if not 1 <= n_seq_max <= MAX_SEQUENCES:
             raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}], got {n_seq_max}")
         if not os.path.isfile(model_path):
@@ -85,16 +88,19 @@ class Engine:
         mparams = llama_cpp.llama_model_default_params()
         # None: every layer on a GPU build, none on a CPU one
         mparams.n_gpu_layers = devices.default_n_gpu_layers() if n_gpu_layers is None else n_gpu_layers
+        cparams = llama_cpp.llama_context_default_params()
+        if batch_invariant:
+            invariance.invariant_params(mparams, cparams, n_threads)
         self.model = llama_cpp.llama_model_load_from_file(model_path.encode(), mparams)
         if not self.model:
             raise ModelLoadError(f"llama.cpp could not load {model_path} (not a GGUF model?)")
-        cparams = llama_cpp.llama_context_default_params()
+        invariance.mark_model_loaded()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_ubatch
         cparams.n_seq_max = 2 * n_seq_max  # each sequence and its shadow
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = n_threads
+        if not batch_invariant:
+            cparams.n_threads = cparams.n_threads_batch = n_threads
         cparams.kv_unified = True  # one KV pool: a shared prefix is stored once, not per sequence
         # Shadows keep sliding-window cells alive as long as their sequence holds them, so the
         # SWA cache must have as many cells as the full one (it does anyway once n_swa * n_seq_max
@@ -104,7 +110,8 @@ class Engine:
         cparams.type_k = cparams.type_v = _KV_GGML_TYPES[kv_type]
         # A quantized V cache exists only inside flash attention: "auto" could resolve to off
         # (and fail the context), so a quantized cache asks for it outright.
-        cparams.flash_attn_type = _FLASH_ATTN_TYPES["on" if kv_type != "f16" and flash_attn == "auto" else flash_attn]
+        if not batch_invariant:
+            cparams.flash_attn_type = _FLASH_ATTN_TYPES["on" if kv_type != "f16" and flash_attn == "auto" else flash_attn]
         self.abort_flag = AbortFlag()  # set from the watchdog's thread: stops the running decode
         cparams.abort_callback = self.abort_flag.callback
         cparams.abort_callback_data = self.abort_flag.data
@@ -142,7 +149,7 @@ class Engine:
             looks_like_base_model=self.chat_template.base_model,
             metadata={k: v for k, v in metadata.items() if k != "tokenizer.chat_template"},
             devices=devices.devices(), gpu_offload=devices.gpu_offload(), n_gpu_layers=mparams.n_gpu_layers,
-            tool_format=self.chat_template.tool_format,
+            tool_format=self.chat_template.tool_format, batch_invariant=batch_invariant,
         )
         self._shadow = self.info.n_seq_max
         # Sliding-window layers (Gemma 3: 512 positions); 0 when the model has none.
@@ -160,7 +167,7 @@ class Engine:
         self.graph = GraphSamplers(self.ctx, self.memory, self._shadow, self.n_swa)
         if graph_sampling is None:  # where it pays: a GPU (docs/operations.md, "Sampling inside the graph")
             graph_sampling = mparams.n_gpu_layers != 0 and devices.gpu_offload()
-        self.graph_sampling = graph_sampling and self._probe_graph_sampling()
+        self.graph_sampling = graph_sampling and not batch_invariant and self._probe_graph_sampling()
         self.release_logits_rows(keep=0)
 
     def _metadata(self) -> dict[str, str]:

@@ -127,6 +127,18 @@ def default_n_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
+def _check_batch_invariant(c: Config) -> None:
+    """Refuse what batch-invariant mode cannot make (or has not been checked to make) bit-exact."""
+    _require(c.flash_attn != "off", "batch_invariant needs flash attention (its one-row kernel is the invariant "
+             "one): use flash_attn 'auto' or 'on'")
+    _require(c.n_ubatch <= 32, f"batch_invariant needs n_ubatch <= 32 (flash attention tiles 64 query rows "
+             f"differently), got {c.n_ubatch}")
+    _require(c.n_gpu_layers in (None, 0), "batch_invariant is verified on CPU only: use n_gpu_layers 0")
+    _require(c.sample_in_graph is not True, "batch_invariant samples on the host: sample_in_graph must be off")
+    _require(c.kv_type == "f16", f"batch_invariant is verified with an f16 KV cache only, got kv_type {c.kv_type}")
+    _require(not c.loras, "batch_invariant is not verified with LoRA adapters (their matmuls pick kernels by rows)")
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """One model, one llama context, one batcher. ``model=None`` means the default Gemma 3 270M."""
@@ -147,10 +159,9 @@ class Config:
     n_gpu_layers: int | None = None
     kv_type: str = "f16"  # the KV cache's element type: f16, q8_0 (about half the bytes), q4_0
     # llama.cpp's flash attention: "auto" (on where the backend has it, CPU included), "on", "off". A
-    # quantized KV cache needs it. On CPU it accumulates in f16, which moves some tokens'
-    # log-probabilities by up to ~0.4 nats and makes them depend on how a prompt was split into
-    # steps; "off" gives f32 attention, the same numbers as llama-cpp-python's default for a prompt
-    # scored alone (use it for evaluations), at a cost in prefill speed.
+    # quantized KV cache needs it. On and off are different algorithms (a token's log-probability
+    # moves by up to ~0.4 nats between them); "off" gives llama-cpp-python's default numbers for a
+    # prompt scored alone. Neither is batch-independent: for that, batch_invariant.
     flash_attn: str = "auto"
     # Draw tokens inside llama.cpp's decode graph for requests whose sampler chain it can run there
     # (greedy; bias, penalties, top-k/p, min-p, temperature, seeded draws): only the chosen token
@@ -158,6 +169,10 @@ class Config:
     # None: on when layers run on a GPU; off on a CPU-only engine, where ggml's per-sequence
     # samplers cost the decode more than they save the host (docs/performance.md, "Host work").
     sample_in_graph: bool | None = None
+    # Bit-exact logits alone or in any batch, before or after a cache hit, preemption or restart
+    # (docs/performance.md, "Batch-invariant mode"): flash attention on, no repacked weights,
+    # n_ubatch <= 32, one thread for single-token steps, GGML_CPU_TILED_MM=0 in the environment.
+    batch_invariant: bool = False
     batch_size: int | None = None  # pending requests that flush at once; None = n_parallel
     batch_timeout_ms: float = 20.0  # the longest a lone request waits for company
     max_queue: int = 256  # requests waiting for a free seq_id beyond which QueueFullError
@@ -203,8 +218,10 @@ class Config:
         _require(self.n_batch >= self.n_parallel,
                  f"n_batch ({self.n_batch}) must be >= n_parallel ({self.n_parallel}): every running "
                  "sequence needs one token per step")
-        if self.n_ubatch == 0:
-            object.__setattr__(self, "n_ubatch", min(self.n_batch, 512))
+        if self.n_ubatch == 0:  # flash attention's tiled kernel starts at 64 query rows: 32 is invariant
+            object.__setattr__(self, "n_ubatch", min(self.n_batch, 32 if self.batch_invariant else 512))
+        if self.batch_invariant:
+            _check_batch_invariant(self)
         _require(1 <= self.n_ubatch <= self.n_batch, f"n_ubatch must be in [1, n_batch], got {self.n_ubatch}")
         _require(self.flash_attn in ("auto", "on", "off"), f"flash_attn must be auto, on or off, got {self.flash_attn!r}")
         _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")

@@ -64,3 +64,4 @@ class EngineInfo:
     # How the model writes a tool call, learned from its chat template (llamactor.base.tool_probe):
     # the caller's side builds the tool grammar and parses streamed calls in it.
     tool_format: ToolCallFormat = FALLBACK
+    batch_invariant: bool = False  # Config.batch_invariant: bit-exact logits in any company

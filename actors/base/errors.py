@@ -119,6 +119,13 @@ class ModelLoadError(LlamactorError):
     code = "model_load_error"
 
 
+class BatchInvarianceError(LlamactorError):
+    """Batch-invariant mode was asked for too late: a model was already loaded in this process
+    without ``GGML_CPU_TILED_MM=0`` in the environment (ggml reads it once per process)."""
+
+    code = "batch_invariance_error"
+
+
 class ModelNotFoundError(LlamactorError, KeyError):
     """The request names a model the router does not serve (OpenAI answers 404)."""
 

@@ -6,8 +6,9 @@ lm-eval's ``local-completions`` sends them: one request per choice, the context'
 choice's token ids joined, ``echo`` with ``logprobs: 1``, ``max_tokens: 1``, greedy, from 8
 concurrent callers in lm-eval's order (longest first). The yardstick is llama-cpp-python's
 ``Llama(logits_all=True)``, one request at a time: every row's log-softmax (numpy, vectorized) and
-its top token -- what a llama-cpp-python user has. Both with f32 attention (``flash_attn`` off, as
-for evaluations: the same numbers in any batch). Then memory (peak RSS while scoring against
+its top token -- what a llama-cpp-python user has. Both with f32 attention (``flash_attn`` off: a
+prompt alone gets llama-cpp-python's numbers; batch-independent ones need ``batch_invariant``, whose
+price is the ``batch_invariant`` leg). Then memory (peak RSS while scoring against
 while generating, in the same tree) and generation beside a scoring load.
 """
 

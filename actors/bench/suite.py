@@ -12,7 +12,8 @@ crashes (``resilience``), a q8_0 KV cache and the daemon's resident memory (``me
 tiers' *many_users* and *warm_restart* (``tiers``), fair shares between tenants (``tenants``), the
 throughput and memory legs on both installed models (``models``: ``two_models``), the
 batcher's host work per step with real and replayed decodes (``host``), a mixed base/LoRA-adapter
-load vs the base model alone (``adapters``), and with a llama-server
+load vs the base model alone (``adapters``), uniform and scoring at 8 streams in batch-invariant mode
+vs the default, each in its own process (``batch_invariant``), and with a llama-server
 binary the *peer* leg (``peer``) and N concurrent callers against it with and without backend
 sampling (``streams``). The shared pieces live beside them: ``settings``
 (``BenchSettings``, re-exported here for the CLI), ``measure``, ``prompts``, ``conversations``,
@@ -26,6 +27,7 @@ from typing import Any
 
 from llamactor.bench import (
     adapters,
+    batch_invariant,
     batch_jobs,
     daemon,
     embeddings,
@@ -69,7 +71,8 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "many_users": (2, tiers.bench_many_users), "warm_restart": (3, tiers.bench_warm_restart),
         "tenants": (tenants.n_ticks(s), tenants.bench_tenants), "host": (host.n_ticks(), host.bench_host),
         "adapters": (adapters.n_ticks(s), adapters.bench_adapters),
-        "models": (two_models.N_TICKS, two_models.bench_models)}
+        "models": (two_models.N_TICKS, two_models.bench_models),
+        "batch_invariant": (1 if s.quick else 3, batch_invariant.bench_batch_invariant)}
     if s.peer_server:
         found["peer"] = (2, peer.bench_peer)
         found["streams"] = (len(streams.SERVERS), streams.bench_streams)

@@ -68,11 +68,13 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
     "n_gpu_layers": Tweak("Layers offloaded to the GPU (-1: all).", show_default="all on a GPU build, else 0"),
     "kv_type": Tweak("KV cache element type: f16, or q8_0 (about half the memory) / q4_0 (a quarter); "
                      "quantized needs flash attention.", type=click.Choice(KV_TYPES)),
-    "flash_attn": Tweak("llama.cpp's flash attention; off: f32 attention, batch-independent log-probabilities "
-                        "(evaluations), slower.", type=click.Choice(FLASH_ATTN)),
+    "flash_attn": Tweak("llama.cpp's flash attention; off: f32 attention, slower prefill. Neither makes "
+                        "log-probabilities batch-independent: --batch-invariant does.", type=click.Choice(FLASH_ATTN)),
     "sample_in_graph": Tweak("Sample inside llama.cpp's decode graph where a request's sampler chain allows "
                              "(only tokens cross to the host); grammars and logprobs stay on the host.",
                              show_default="on with GPU layers, off on a CPU-only engine"),
+    "batch_invariant": Tweak("Bit-exact logits, log-probabilities and greedy tokens whatever else runs beside "
+                             "a request (evaluations, audits); CPU only, flash attention on, n_ubatch <= 32."),
     "batch_size": Tweak("Pending requests that flush at once.", show_default="--n-parallel"),
     "batch_timeout_ms": Tweak("How long a lone request waits for company."),
     "max_queue": Tweak("Waiting requests beyond which new ones are refused."),

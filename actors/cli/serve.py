@@ -139,6 +139,9 @@ def serve(host: str, port: int, uds: str | None, api_key: str | None, keys: str 
     except LlamactorError as e:
         print(f"llamactor serve: {e}", file=sys.stderr)
         sys.exit(1)
+    if opts.get("batch_invariant") or any(spec.config.batch_invariant for spec in specs):
+        # ggml reads it once, at this process's (or a Ray worker's, which inherits it) first matmul
+        os.environ["GGML_CPU_TILED_MM"] = "0"
     if use_ray:
         # Ray Serve's worker processes configure their logging from these (configure_from_env);
         # a local Ray instance started by this process inherits its environment.

@@ -27,7 +27,8 @@ async def health(request: Request, state: State) -> JSONResponse:
     models: dict[str, Any] = {name: {"status": "unloaded", "replicas": []} for name in state.model_names}
     for name, i, s in replicas:
         models[name]["replicas"].append({"replica": i, "status": s.get("state"), "running": s.get("running"),
-                                         "pending": s.get("pending"), "devices": s.get("devices")})
+                                         "pending": s.get("pending"), "devices": s.get("devices"),
+                                         "batch_invariant": s.get("batch_invariant")})
     for entry in models.values():
         entry["status"] = model_status({r["status"] for r in entry["replicas"]})
     ready = not state.draining and all(m["status"] in ("ready", "degraded", "unloaded") for m in models.values())
