@@ -17,10 +17,33 @@ moves the median by nats.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+
+TASK = Path(__file__).parent / "data" / "tiny_mc.jsonl"
+# The prompts start with Gemma's BOS (lm-eval adds none through a remote tokenizer): without it
+# this model's attention is so ill-conditioned that KV placement alone moves scores by ~1 nat.
+TASK_YAML = """task: tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {task}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "<bos>Question: {{{{question}}}}\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+"""
 
 EXACT = 1e-4
 MEDIAN_BATCHED = 5e-3  # over >= 50 positions
@@ -75,3 +98,20 @@ def assert_close_in_a_batch(got: Sequence[float], expected: Sequence[float]) -> 
         and float(d.max()) <= MAX_BATCHED, (
         f"median |delta| {np.median(d):.2e}, 99th percentile {np.percentile(d, 99):.3f}, max {d.max():.3f} "
         f"at position {int(d.argmax()) + 1}")
+
+
+def run_lm_eval(url: str, model_id: str, api_key: str, folder: Path, num_concurrent: int) -> list[dict[str, Any]]:
+    """lm-evaluation-harness' ``local-completions`` on the tiny multiple-choice task against the
+    daemon at ``url``: its logged samples (each with ``arguments`` and ``resps``), by ``doc_id``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tiny_mc.yaml").write_text(TASK_YAML.format(task=TASK))
+    model_args = (f"model={model_id},base_url={url}/v1/completions,tokenizer_backend=remote,"
+                  f"num_concurrent={num_concurrent},auth_token={api_key}")
+    run = subprocess.run(
+        [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", model_args,
+         "--tasks", "tiny_mc", "--include_path", str(folder), "--output_path", str(folder / "out"),
+         "--log_samples"], capture_output=True, text=True, timeout=600, cwd=folder,
+        env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": api_key})
+    assert run.returncode == 0, run.stderr[-3000:]
+    [samples] = list((folder / "out").rglob("samples_tiny_mc_*.jsonl"))
+    return sorted((json.loads(line) for line in samples.read_text().splitlines()), key=lambda d: d["doc_id"])

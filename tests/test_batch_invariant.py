@@ -26,8 +26,8 @@ from llamactor.base.errors import BatchInvarianceError, InvalidRequestError
 from llamactor.native import invariance
 
 from .daemon_helpers import API_KEY, MODEL_ID, start_daemon
+from .scoring_helpers import TASK, run_lm_eval
 
-TASK = Path(__file__).parent / "data" / "tiny_mc.jsonl"
 ROOT = Path(__file__).parent.parent
 
 
@@ -81,32 +81,9 @@ def lm_eval_loglikelihoods(tmp_path: Path, num_concurrent: int) -> list[list[Any
     try:
         health = httpx.get(f"{daemon.url}/health", headers={"Authorization": f"Bearer {API_KEY}"}).json()
         assert [r["batch_invariant"] for m in health["models"].values() for r in m["replicas"]] == [True]
-        (tmp_path / "tiny_mc.yaml").write_text(f"""task: tiny_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {TASK}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "<bos>Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-metric_list:
-  - metric: acc
-""")
-        out = tmp_path / f"out{num_concurrent}"
-        model_args = (f"model={MODEL_ID},base_url={daemon.url}/v1/completions,tokenizer_backend=remote,"
-                      f"num_concurrent={num_concurrent},auth_token={API_KEY}")
-        run = subprocess.run(
-            [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", model_args,
-             "--tasks", "tiny_mc", "--include_path", str(tmp_path), "--output_path", str(out), "--log_samples"],
-            capture_output=True, text=True, timeout=600, cwd=tmp_path,
-            env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": API_KEY})
-        assert run.returncode == 0, run.stderr[-3000:]
+        docs = run_lm_eval(daemon.url, MODEL_ID, API_KEY, tmp_path / f"run{num_concurrent}", num_concurrent)
     finally:
         assert daemon.stop() == 0
-    [samples] = list(out.rglob("samples_tiny_mc_*.jsonl"))
-    docs = sorted((json.loads(line) for line in samples.read_text().splitlines()), key=lambda d: d["doc_id"])
     return [d["resps"] for d in docs]
 
 

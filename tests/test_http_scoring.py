@@ -4,10 +4,6 @@ against ``llamactor serve``. Values are checked against llama-cpp-python (scorin
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +13,7 @@ import openai
 import pytest
 
 from .daemon_helpers import API_KEY, MODEL_ID, Daemon, start_daemon
-from .scoring_helpers import assert_close_in_a_batch, reference  # noqa: F401 (fixture)
-
-TASK = Path(__file__).parent / "data" / "tiny_mc.jsonl"
+from .scoring_helpers import TASK, assert_close_in_a_batch, reference, run_lm_eval  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="module")
@@ -85,31 +79,7 @@ def test_prompt_logprobs_are_refused_where_they_cannot_be_given(daemon: Daemon) 
 @pytest.mark.timeout(600)  # lm_eval's own start-up (datasets, pandas) is most of it
 def test_lm_eval_local_completions_runs_a_multiple_choice_task_and_matches_llama_cpp_python(
         daemon: Daemon, reference: Any, tmp_path: Path) -> None:
-    # The prompts start with Gemma's BOS (lm-eval adds none through a remote tokenizer): without it
-    # this model's attention is so ill-conditioned that KV placement alone moves scores by ~1 nat.
-    (tmp_path / "tiny_mc.yaml").write_text(f"""task: tiny_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {TASK}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "<bos>Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-metric_list:
-  - metric: acc
-""")
-    model_args = (f"model={MODEL_ID},base_url={daemon.url}/v1/completions,tokenizer_backend=remote,"
-                  f"num_concurrent=8,auth_token={API_KEY}")
-    run = subprocess.run(
-        [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", model_args,
-         "--tasks", "tiny_mc", "--include_path", str(tmp_path), "--output_path", str(tmp_path / "out"),
-         "--log_samples"], capture_output=True, text=True, timeout=600, cwd=tmp_path,
-        env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": API_KEY})
-    assert run.returncode == 0, run.stderr[-3000:]
-    [samples] = list((tmp_path / "out").rglob("samples_tiny_mc_*.jsonl"))
-    docs = [json.loads(line) for line in samples.read_text().splitlines()]
+    docs = run_lm_eval(daemon.url, MODEL_ID, API_KEY, tmp_path, num_concurrent=8)
     assert len(docs) == len(TASK.read_text().splitlines())
     got, expected = [], []
     for doc in docs:
