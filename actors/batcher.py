@@ -122,7 +122,7 @@ class BatcherActor(pykka.ThreadingActor):
                      n_ctx_seq=self.engine.info.n_ctx_seq, n_parallel=cfg.n_parallel,
                      n_seq_max=self.engine.info.n_seq_max, prefix_cache=cfg.prefix_cache,
                      n_pinned_tokens=self.index.pinned_cells(), sample_in_graph=self.engine.graph_sampling,
-                     loras=[name for name, _ in cfg.loras], batch_invariant=cfg.batch_invariant)
+                     loras=list(cfg.lora_names), batch_invariant=cfg.batch_invariant)
         except Exception as e:
             self._report_failure(e)
             raise

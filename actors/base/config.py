@@ -276,6 +276,11 @@ class Config:
         return min(MAX_SEQUENCES, self.n_parallel + PINNED_SEQ_IDS + cached)
 
     @property
+    def lora_names(self) -> tuple[str, ...]:
+        """The LoRA adapters' names in ``loras`` order: llama-server's adapter ids are these indexes."""
+        return tuple(name for name, _ in self.loras)
+
+    @property
     def flush_batch_size(self) -> int:
         return self.batch_size if self.batch_size is not None else self.n_parallel
 

@@ -78,7 +78,7 @@ class Client:
         (text or token ids) or chat ``messages``, ``n`` choices (default 1) and the options above;
         ``tenant``: whose (a name in ``Config.tenants`` gets its weight, limits and cache scope;
         any other name the defaults; None: the default tenant)."""
-        options.setdefault("adapters", [name for name, _ in self.config.loras])  # lora= names are checked now
+        options.setdefault("adapters", self.config.lora_names)  # lora= names are checked now
         if options.get("tools") is not None:  # calls written in the model's own format
             options.setdefault("tool_format", self.tool_format())
         return GenerationRequest.build(self.config.sampling, prompt=prompt, messages=messages,

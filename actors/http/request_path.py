@@ -137,7 +137,7 @@ def context(request: Request, llm: ModelClient, name: str | None = None) -> Requ
     """The request as the dialects see it: the app's id for it, the model's name, defaults and
     tool-call format (known once it is loaded; until then the fallback, and callers plan again),
     its LoRA adapters and the one ``name`` picks (vLLM's convention: answers name the adapter)."""
-    adapters = tuple(a for a, _ in llm.config.loras)
+    adapters = llm.config.lora_names
     adapter = name if name in adapters and name != llm.name else None
     return RequestContext(request.state.request_id, adapter or llm.name, llm.config.sampling, adapters=adapters,
                           adapter=adapter, tool_format=llm.tool_format() if llm.loaded else FALLBACK)

@@ -55,7 +55,7 @@ class ServerState:
 
     def adapter_parent(self, router: ModelRouter, name: str) -> str | None:
         """The model that has a LoRA adapter called ``name`` (``Config.loras``), if one has."""
-        return next((m for m in self.model_names if any(a == name for a, _ in router.model(m).config.loras)), None)
+        return next((m for m in self.model_names if name in router.model(m).config.lora_names), None)
 
     def replica_stats(self) -> list[tuple[str, int, dict[str, Any]]]:
         """(model, replica, stats) of every replica of every model, as last published (in-process

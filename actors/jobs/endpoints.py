@@ -120,7 +120,7 @@ def start_line(client: Client, endpoint: str, body: dict[str, Any], request_id: 
     if endpoint not in PLANS:
         raise InvalidRequestError(f"unsupported batch endpoint {endpoint}")
     line = PLANS[endpoint](body, RequestContext(request_id, model_name, client.config.sampling,
-                                                adapters=tuple(a for a, _ in client.config.loras),
+                                                adapters=client.config.lora_names,
                                                 tool_format=client.tool_format()))
     if line.embedding is not None:  # embedding steps have their own queue and time share: no priority
         return PendingLine(request_id, [client.submit_embed(dataclasses.replace(line.embedding, tenant=tenant))],
