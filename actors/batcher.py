@@ -46,6 +46,7 @@ from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
 from llamactor.scheduling.tier_index import RestoreOp
 from llamactor.prompts import PromptBuilder
 from llamactor.requests import finish_request, resume_sequence, start_sequence
+from llamactor.scheduling.packed_kv import PackedScheduler
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Sequence, StepPlan
 from llamactor.step_outputs import OutputRows, record_scores
@@ -101,16 +102,10 @@ class BatcherActor(pykka.ThreadingActor):
             if self.tiers is not None and not self.engine.seq_state_supported:
                 self.tiers = None
             self.index = PrefixIndex(n_seq_ids=self.engine.info.n_seq_max, n_cells=self.engine.info.n_ctx,
-                                     offer_evicted=self.tiers is not None)
+                                     offer_evicted=self.tiers is not None, packed=cfg.batch_invariant)
             for tokens in self.prompts.shared_prefix_tokens():
                 self._prefill_pinned(tokens)
-            self.scheduler = Scheduler(n_parallel=cfg.n_parallel, n_batch=self.engine.info.n_batch,
-                                       batch_size=cfg.flush_batch_size, batch_timeout_s=cfg.batch_timeout_ms / 1000,
-                                       max_queue=cfg.max_queue, index=self.index, keep_finished=cfg.prefix_cache,
-                                       cache_budget_cells=cfg.prefix_cache_cells, score_rows=cfg.score_rows_per_step,
-                                       score_share=cfg.score_time_share,
-                                       policy=Policy(cfg.schedule_policy, cfg.priority_aging_per_s),
-                                       tier=self.tiers.lookup if self.tiers is not None else None)
+            self.scheduler = self._make_scheduler(cfg)
             if cfg.watchdog_timeout_s > 0:
                 self.watchdog = Watchdog(cfg.watchdog_timeout_s, self.engine.abort_flag, self._on_watchdog_fired)
             if self.engine.test_hang is not None:
@@ -126,6 +121,20 @@ class BatcherActor(pykka.ThreadingActor):
         except Exception as e:
             self._report_failure(e)
             raise
+
+    def _make_scheduler(self, cfg: Config) -> Scheduler:
+        """The pure scheduler over ``self.index`` (batcher thread, at start); batch-invariant
+        mode's keeps the KV cache packed, so each sequence's cells stay in position order."""
+        options: dict[str, Any] = dict(
+            n_parallel=cfg.n_parallel, n_batch=self.engine.info.n_batch, batch_size=cfg.flush_batch_size,
+            batch_timeout_s=cfg.batch_timeout_ms / 1000, max_queue=cfg.max_queue, index=self.index,
+            keep_finished=cfg.prefix_cache, cache_budget_cells=cfg.prefix_cache_cells,
+            score_rows=cfg.score_rows_per_step, score_share=cfg.score_time_share,
+            policy=Policy(cfg.schedule_policy, cfg.priority_aging_per_s),
+            tier=self.tiers.lookup if self.tiers is not None else None)
+        if cfg.batch_invariant:
+            return PackedScheduler(sliding_window=self.engine.n_swa, **options)
+        return Scheduler(**options)
 
     def _prefill_pinned(self, tokens: list[int]) -> None:
         """Compute a system prompt's KV on a fresh seq_id and pin it in the index."""
@@ -289,6 +298,9 @@ class BatcherActor(pykka.ThreadingActor):
             self.chains.release(seq, finished=False)
             log.info("request_preempted", request_id=seq.request_id, n_tokens=len(seq.token_ids),
                      n_preempted=seq.n_preempted, priority=seq.priority)
+        if plan.flushed:
+            log.info("kv_flushed", n_preempted=len(plan.preempted), n_flushes=self.scheduler.n_flushes,
+                     kv_used=self.index.cells_used)
         for seq in plan.failed:
             self._finish(seq, "context_full", ContextFullError(
                 f"this sequence ({len(seq.token_ids)} tokens) does not fit in the KV cache even alone "

@@ -66,7 +66,8 @@ def run(model: str) -> dict[str, Any]:
     with llamactor.start(n_parallel=8, batch_timeout_ms=50, **{**common, "n_ctx": 256}) as tight:
         pressured = [tight.submit(p, max_tokens=32, **GREEDY) for p in PRESSURE]  # 8 x ~40 tokens > 256 cells
         out["preempted_vs_not"] = [[numbers(f.result(timeout=300)), u] for f, u in zip(pressured, unpressured)]
-        out["preemptions"] = tight.stats()["preemptions"]
+        stats = tight.stats()
+        out["preemptions"], out["kv_flushes"] = stats["preemptions"], stats["kv_flushes"]
     return out
 
 

@@ -272,7 +272,8 @@ class Config:
         """The sequence ids the context is made with (``n_seq_ids``, or what this configuration needs)."""
         if self.n_seq_ids is not None:
             return self.n_seq_ids
-        cached = max(self.n_parallel, DEFAULT_CACHED_SEQ_IDS) if self.prefix_cache else 0
+        # batch-invariant mode keeps finished requests' cells even without the prefix cache (packed_kv)
+        cached = max(self.n_parallel, DEFAULT_CACHED_SEQ_IDS) if self.prefix_cache or self.batch_invariant else 0
         return min(MAX_SEQUENCES, self.n_parallel + PINNED_SEQ_IDS + cached)
 
     @property

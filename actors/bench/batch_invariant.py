@@ -1,8 +1,10 @@
 """The *batch_invariant* leg of ``llamactor bench``: what ``batch_invariant=True`` costs (issue 30).
 
-The uniform workload (8 streams, distinct short prompts, greedy, EOG ignored) and the scoring
-workload (lm-eval-style choices from 8 callers, ``echo`` + ``logprobs``, ``max_tokens`` 1) in the
-default mode and in batch-invariant mode, each in a fresh process of its own
+The uniform workload (8 streams, distinct short prompts, greedy, EOG ignored), the scoring
+workload (lm-eval-style choices from 8 callers, ``echo`` + ``logprobs``, ``max_tokens`` 1) and the
+uniform workload again in a cache with half the cells it needs (KV pressure: the default mode
+preempts, batch-invariant mode flushes the cache, ``packed_kv.py``) in the default mode and in
+batch-invariant mode, each in a fresh process of its own
 (``python -m llamactor.bench.batch_invariant MODE MODEL THREADS TOKENS``): ggml reads
 ``GGML_CPU_TILED_MM`` once per process, so the two modes cannot share one. Best of ``repeats``
 bursts per figure, the modes alternating, so a shared machine's drift hits both alike.
@@ -38,8 +40,22 @@ def one_mode(mode: str, model: str, n_threads: int, max_tokens: int) -> dict[str
         start = time.perf_counter()
         _score_all(llm, requests)  # the questions' shared rows come from the score cache after the first
         seconds = time.perf_counter() - start
-        return {"uniform_tokens_per_s": uniform, "scoring_requests_per_s": len(requests) / seconds,
-                "prompt_tokens": sum(len(r) for r in requests), "n_ubatch": llm.info.n_ubatch}
+        figures = {"uniform_tokens_per_s": uniform, "scoring_requests_per_s": len(requests) / seconds,
+                   "prompt_tokens": sum(len(r) for r in requests), "n_ubatch": llm.info.n_ubatch}
+    return {**figures, **_under_pressure(mode, model, n_threads, max_tokens)}
+
+
+def _under_pressure(mode: str, model: str, n_threads: int, max_tokens: int) -> dict[str, float]:
+    """The uniform burst where the cells hold about half of what the 8 streams reach."""
+    n_ctx = max(256, STREAMS * max_tokens // 2 + 128)
+    with llamactor.start(model, n_parallel=STREAMS, n_threads=n_threads, n_ctx=n_ctx, cache_ram_mib=0,
+                         batch_invariant=mode == "invariant") as llm:
+        llm.ask("warm up", max_tokens=2)
+        tokens_per_s = llamactor_burst(llm, uniform_prompts(STREAMS), max_tokens)["tokens_per_s"]
+        stats = llm.stats()
+        return {"pressure_tokens_per_s": tokens_per_s, "pressure_n_ctx": n_ctx,
+                "pressure_preemptions": stats["preemptions"], "pressure_kv_flushes": stats["kv_flushes"],
+                "pressure_tokens_recomputed": stats["tokens_recomputed"]}
 
 
 def _in_a_process(mode: str, s: BenchSettings) -> dict[str, float]:
@@ -61,7 +77,8 @@ def bench_batch_invariant(s: BenchSettings, tick: Callable[[], None]) -> dict[st
     best = {m: {k: max(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}
     return {**best, "streams": STREAMS,
             "uniform_ratio": best["invariant"]["uniform_tokens_per_s"] / best["default"]["uniform_tokens_per_s"],
-            "scoring_ratio": best["invariant"]["scoring_requests_per_s"] / best["default"]["scoring_requests_per_s"]}
+            "scoring_ratio": best["invariant"]["scoring_requests_per_s"] / best["default"]["scoring_requests_per_s"],
+            "pressure_ratio": best["invariant"]["pressure_tokens_per_s"] / best["default"]["pressure_tokens_per_s"]}
 
 
 if __name__ == "__main__":

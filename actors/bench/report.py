@@ -70,6 +70,9 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("tenants: throughput, two backlogged tenants / one", "tenants.two_tenant_throughput_ratio", ">=", 0.97),
     ("tenants: service shares of backlogged tenants, largest error vs weights", "tenants.share_error", "<=", 0.10),
     ("adapters c=16: tok/s, half under a LoRA adapter / all on the base model", "adapters.mixed_ratio", ">=", 0.5),
+    # issue 30: what bit-exact numbers cost at 8 streams (each mode in its own process)
+    ("batch-invariant c=8: uniform tok/s, invariant / default", "batch_invariant.uniform_ratio", ">=", 0.7),
+    ("batch-invariant c=8: scoring requests/s, invariant / default", "batch_invariant.scoring_ratio", ">=", 0.7),
 ]
 
 

@@ -59,6 +59,7 @@ class _BatcherCollector(Collector):
             "tokens_cached": ("llamactor_prompt_tokens_cached", "Prompt tokens attached from cached KV, not computed"),
             "prompt_tokens_computed": ("llamactor_prompt_tokens_computed", "Prompt tokens computed by llama_decode"),
             "preemptions": ("llamactor_preemptions", "Running sequences preempted for KV room (resumed later)"),
+            "kv_flushes": ("llamactor_kv_flushes", "Batch-invariant mode: KV cache emptied at once for room or a seq_id"),
             "adapter_switches": ("llamactor_lora_switches", "Steps decoded under another LoRA adapter set than the one before"),
             "tokens_recomputed": ("llamactor_tokens_recomputed", "Tokens recomputed when resuming preempted sequences"),
             "watchdog_trips": ("llamactor_watchdog_trips", "Steps aborted by the watchdog (each restarts the batcher)"),

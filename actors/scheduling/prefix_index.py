@@ -15,6 +15,11 @@ its own scope and the pinned entries, so one tenant never attaches -- nor learns
 prompt runs -- another's prefix; the operator's system prompt stays shared by all. The index also owns the pool of seq_ids. What it decides about the KV cache (drop an
 entry, trim its tail) it returns as ``KvOp`` values for the batcher to apply to the engine, in
 order, before the step that follows.
+
+A *packed* index (batch-invariant mode: ``packed_kv.py`` says why) frees cells only in
+``flush``, which drops every unpinned entry at once: a finished sequence always stays as an entry
+(seen by lookups only where entries may be), ``evict`` frees nothing, and ``allocate`` takes only
+a free seq_id or a covered entry's.
 """
 
 from __future__ import annotations
@@ -74,11 +79,12 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 class PrefixIndex:
     """Radix tree of KV cells, the seq_id pool and LRU eviction. Batcher thread only."""
 
-    def __init__(self, *, n_seq_ids: int, n_cells: int, offer_evicted: bool = False) -> None:
+    def __init__(self, *, n_seq_ids: int, n_cells: int, offer_evicted: bool = False, packed: bool = False) -> None:
         if n_seq_ids < 1 or n_cells < 1:
             raise ValueError("the index needs at least one seq_id and one cell")
         self.n_cells = n_cells  # KV cells in the context
         self.offer_evicted = offer_evicted  # evicting KvOps carry the entry's tokens (a lower tier keeps them)
+        self.packed = packed  # cells are freed only by flush()
         self.root = Node([], 0, None)
         self.leaf: dict[int, Node] = {}  # every tracked seq_id -> the node its KV ends in
         self.scopes: dict[int, str | None] = {}  # every tracked seq_id -> its cache scope (None: shared)
@@ -127,6 +133,11 @@ class PrefixIndex:
     def pinned_cells(self) -> int:
         return sum(len(n.tokens) for n in self._nodes() if any(self.entries.get(s) for s in n.seq_ids))
 
+    def spare_id(self) -> bool:
+        """Whether ``allocate`` can give a seq_id without freeing any cell: a free one, or a
+        covered entry's (another sequence holds all its cells)."""
+        return bool(self.free_ids) or self._redundant_entry() is not None
+
     def stats(self) -> dict[str, int]:
         n_pinned = sum(self.entries.values())
         return {"entries": len(self.entries) - n_pinned, "cells": self.cache_cells(), "pinned": n_pinned,
@@ -141,6 +152,8 @@ class PrefixIndex:
         if not self.free_ids:
             victim = self._redundant_entry()
             if victim is None:
+                if self.packed:
+                    raise IndexError("no seq_id is free without freeing cells: a packed index needs a flush()")
                 victim = self._lru_entry(any_owner=True)
                 if victim is None:
                     raise IndexError("every seq_id is running or pinned")
@@ -191,8 +204,11 @@ class PrefixIndex:
     def finish(self, seq_id: int, now: float, *, keep: bool, budget_cells: int | None = None) -> list[KvOp]:
         """A running sequence ends. With ``keep`` its KV becomes a cached entry (entries it
         extends are dropped: it holds their cells now), then LRU tails go until the entries hold
-        at most ``budget_cells``; without, its cells are released."""
+        at most ``budget_cells``; without, its cells are released. A packed index keeps them always
+        and has no budget."""
         leaf = self.leaf[seq_id]
+        if self.packed:
+            keep, budget_cells = True, None
         if not keep or leaf is self.root or self._covered(seq_id, entries_only=True):
             return [self._drop(seq_id)]
         self.entries[seq_id] = False
@@ -214,9 +230,10 @@ class PrefixIndex:
     def evict(self, n_cells: int) -> list[KvOp]:
         """Free at least ``n_cells`` cells held by entries alone, least recently used tails first;
         a tail is trimmed (``seq_rm`` from a position) rather than its entry dropped where that
-        is enough. Running sequences lose nothing. Returns the operations (maybe too few)."""
+        is enough. Running sequences lose nothing. Returns the operations (maybe too few; none in
+        a packed index, where only ``flush`` frees cells)."""
         ops: list[KvOp] = []
-        while n_cells > 0:
+        while n_cells > 0 and not self.packed:
             victim = self._lru_entry(any_owner=False)
             if victim is None:
                 break
@@ -230,6 +247,17 @@ class PrefixIndex:
                 break
             n_cells -= own
             self.counters["evicted_cells"] += own
+            self.counters["evicted_entries"] += 1
+            ops.append(KvOp(self._drop(victim).seq_id, save=save, scope=scope))
+        return ops
+
+    def flush(self) -> list[KvOp]:
+        """Drop every unpinned entry, each offered to the lower tier: the cells that only entries
+        held are freed, and the seq_ids of entries come free. Running sequences lose nothing."""
+        ops = []
+        for victim in [e for e, pinned in self.entries.items() if not pinned]:
+            save, scope = self._offered(victim)
+            self.counters["evicted_cells"] += self._own_tail(victim)
             self.counters["evicted_entries"] += 1
             ops.append(KvOp(self._drop(victim).seq_id, save=save, scope=scope))
         return ops

@@ -82,6 +82,7 @@ class Scheduler:
         self.pending: list[Sequence] = []  # in arrival order; the policy orders them at admission
         self.running: list[Sequence] = []
         self.n_preemptions = 0
+        self.n_flushes = 0  # the KV cache emptied at once (only batch-invariant mode's PackedScheduler does)
         self.fair = FairShare()
         self.turns = AdapterTurns()
 
@@ -114,6 +115,7 @@ class Scheduler:
     def schedule(self, now: float) -> StepPlan:
         """Admit what may start now, pack this step's token budget, make KV room for it."""
         plan = StepPlan()
+        self._before_admission(plan, now)
         if self.flush_due(now):
             self._preempt_for_fairness(plan, now)
             self._admit_pending(plan, now)
@@ -134,8 +136,12 @@ class Scheduler:
             self.score_cache.put(seq.scope, seq.token_ids, seq.scoring)
 
     def finish(self, seq: Sequence, now: float, *, kv_lost: bool = False) -> list[KvOp]:
-        """Forget ``seq`` wherever it is. A running one's KV becomes a cached entry (or is freed);
-        ``kv_lost``: llama.cpp already removed its cells (a failed decode)."""
+        """``seq`` ended: forget it wherever it is. A running one's KV becomes a cached entry (or is
+        freed); ``kv_lost``: llama.cpp already removed its cells (a failed decode)."""
+        return self._release(seq, now, kv_lost=kv_lost)
+
+    def _release(self, seq: Sequence, now: float, *, kv_lost: bool = False) -> list[KvOp]:
+        """Take ``seq`` out of the waiting or running set (ended or preempted); what its cells become."""
         if seq in self.pending:
             self.pending.remove(seq)
             return []
@@ -165,6 +171,8 @@ class Scheduler:
         for seq in self._admission_order(now):
             if self.n_free == 0:
                 break
+            if not self._may_admit(seq):
+                continue
             if seq.scoring is not None:
                 self.score_cache.fill(seq.scope, seq.token_ids, seq.scoring)
             reusable = self._reusable(seq)
@@ -175,6 +183,8 @@ class Scheduler:
             if needed > room - match.n_tokens and self.running:
                 break  # the most urgent waits for room; admitting others past it could starve it
             room -= needed
+            if not self._seq_id_ready(plan, now):
+                break
             seq_id, ops = self.index.allocate(seq.scope)
             restore = self._plan_restore(seq, seq_id, reusable, match, ops, now)
             if restore is not None:
@@ -306,12 +316,26 @@ class Scheduler:
     def _preempt(self, seq: Sequence, now: float) -> list[KvOp]:
         """Release ``seq``'s seq_id (its KV stays as a cached prefix while room allows) and queue it
         again with every token it has; it resumes from the longest prefix still cached."""
-        ops = self.finish(seq, now)
+        ops = self._release(seq, now)
         seq.seq_id, seq.n_past = -1, 0
         seq.n_preempted += 1
         self.n_preemptions += 1
         self.pending.append(seq)
         return ops
+
+    # -- hooks (batch-invariant mode's ``PackedScheduler`` overrides them) ------------------------
+
+    def _before_admission(self, plan: StepPlan, now: float) -> None:
+        """Anything the KV cache needs before this step admits or packs work (nothing here)."""
+
+    def _may_admit(self, seq: Sequence) -> bool:
+        """Whether ``seq`` may be admitted now, room and order aside (always, here)."""
+        return True
+
+    def _seq_id_ready(self, plan: StepPlan, now: float) -> bool:
+        """Whether the next admission may take a seq_id now (here always: ``allocate`` drops an
+        entry for one when none is free)."""
+        return True
 
     # -- observability --------------------------------------------------------------------------
 

@@ -121,6 +121,7 @@ class StepPlan:
     failed: list[Sequence] = field(default_factory=list)  # cannot fit even alone: to end with an error
     kv_ops: list[KvOp | RestoreOp] = field(default_factory=list)  # to apply, in order, before the decode
     adapters: AdapterSet = BASE  # the LoRA adapter set every chunk's sequence decodes under
+    flushed: bool = False  # every running sequence preempted, every unpinned entry dropped (packed_kv)
 
     def rows(self) -> tuple[list[int], list[int], list[int], list[int]]:
         """The step's batch as (tokens, positions, seq_ids, wants_logits): each chunk's tokens
