@@ -63,11 +63,19 @@ def run(model: str) -> dict[str, Any]:
         list(pieces)
         out["restarts"] = llm.stats()["restarts"]
         out["across_a_crash"] = [[numbers(stream.completion), crash_ref]]
-    with llamactor.start(n_parallel=8, batch_timeout_ms=50, **{**common, "n_ctx": 256}) as tight:
-        pressured = [tight.submit(p, max_tokens=32, **GREEDY) for p in PRESSURE]  # 8 x ~40 tokens > 256 cells
-        out["preempted_vs_not"] = [[numbers(f.result(timeout=300)), u] for f, u in zip(pressured, unpressured)]
-        stats = tight.stats()
-        out["preemptions"], out["kv_flushes"] = stats["preemptions"], stats["kv_flushes"]
+    with llamactor.start(n_parallel=4, n_seq_ids=7, **common) as few_ids:  # 3 seq_ids for cached prefixes
+        batch = [few_ids.submit(p, max_tokens=LENGTHS[i], **GREEDY) for i, p in enumerate(PROMPTS)]
+        out["seq_id_pressure_vs_alone"] = [[numbers(f.result(timeout=300)), alone[p]] for f, p in zip(batch, PROMPTS)]
+        out["seq_id_pressure_flushes"] = few_ids.stats()["kv_flushes"]
+    for ram_tier, name in ((True, "preempted_vs_not"), (False, "preempted_recomputed_vs_not")):
+        # 8 x ~40 tokens > 256 cells: flushed, resumed from the RAM tier or (without one) recomputed
+        with llamactor.start(n_parallel=8, batch_timeout_ms=50, **{**common, "n_ctx": 256},
+                             cache_ram_mib=1024 if ram_tier else 0) as tight:
+            pressured = [tight.submit(p, max_tokens=32, **GREEDY) for p in PRESSURE]
+            out[name] = [[numbers(f.result(timeout=300)), u] for f, u in zip(pressured, unpressured)]
+            stats = tight.stats()
+            out[f"{name}_stats"] = {"preemptions": stats["preemptions"], "kv_flushes": stats["kv_flushes"],
+                                    "restored": stats.get("cache_ram", {}).get("restored", 0)}
     return out
 
 

@@ -67,10 +67,21 @@ def test_a_stream_resumed_after_a_batcher_crash_gets_the_numbers_of_an_uninterru
 
 
 def test_sequences_preempted_for_kv_cells_get_the_numbers_of_unpressured_ones(scenarios: dict[str, Any]) -> None:
-    """8 x 40 tokens in 256 cells: the cache is flushed (packed_kv.py) and sequences resume, by
-    recomputing or from the RAM tier, with the very numbers they get with room to spare."""
-    assert scenarios["preemptions"] > 0 and scenarios["kv_flushes"] > 0
+    """8 x 40 tokens in 256 cells: the cache is flushed (packed_kv.py) and the sequences resume from
+    the RAM tier, or recompute without one, with the very numbers they get with room to spare."""
+    tiered, recomputed = scenarios["preempted_vs_not_stats"], scenarios["preempted_recomputed_vs_not_stats"]
+    assert tiered["kv_flushes"] > 0 and tiered["restored"] > 0
+    assert recomputed["kv_flushes"] > 0 and recomputed["preemptions"] > 0 and recomputed["restored"] == 0
     assert_pairs_equal(scenarios["preempted_vs_not"])
+    assert_pairs_equal(scenarios["preempted_recomputed_vs_not"])
+
+
+def test_sequences_flushed_for_a_seq_id_while_they_run_get_the_numbers_they_get_alone(
+        scenarios: dict[str, Any]) -> None:
+    """8 requests on 4 sequences and 3 seq_ids for cached prefixes: admissions flush the cache
+    while others run, and those resume with the very numbers they get alone."""
+    assert scenarios["seq_id_pressure_flushes"] > 0
+    assert_pairs_equal(scenarios["seq_id_pressure_vs_alone"])
 
 
 def lm_eval_loglikelihoods(tmp_path: Path, num_concurrent: int) -> list[list[Any]]:
