@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from typing import Any
 
 import llamactor
@@ -25,7 +26,12 @@ PROMPTS = ["The quick brown fox jumps over the lazy dog, and then it", "Once upo
            "Water boils at a temperature of", "In the beginning was the word", "Rain fell all night on the"]
 LENGTHS = [6 + i for i in range(len(PROMPTS))]  # requests finish apart: their cached prefixes stay put
 PRESSURE = [f"Story {i}: the old ship" for i in range(8)]
+STORY = ("In a quiet village at the edge of a dark forest there lived an old clockmaker who repaired every "
+         "clock in the valley, and each morning the children")  # long enough that a restore pays
 GREEDY = {"temperature": 0, "ignore_eos": True, "logprobs": True, "top_logprobs": 2, "prompt_logprobs": 2}
+# Prompt scores need every row's logits, so their KV is not taken from a tier (the score cache is
+# what spares a scored prompt's rows, and it does not outlive its tree): restores are seen without.
+UNSCORED = {k: v for k, v in GREEDY.items() if k != "prompt_logprobs"}
 
 
 def _entry(e: TokenLogprob | None) -> Any:
@@ -46,6 +52,7 @@ def run(model: str) -> dict[str, Any]:
         alone = {p: numbers(fresh.ask(p, max_tokens=LENGTHS[i], **GREEDY)) for i, p in enumerate(PROMPTS)}
         follow = PROMPTS[0] + " ran into the barn"
         alone[follow] = numbers(fresh.ask(follow, max_tokens=12, **GREEDY))
+        alone[STORY + " ran"] = numbers(fresh.ask(STORY + " ran", max_tokens=12, **UNSCORED))
         crash_ref = numbers(fresh.ask(PROMPTS[1], max_tokens=24, **GREEDY))
         unpressured = [numbers(f.result(timeout=300)) for f in
                        [fresh.submit(p, max_tokens=32, **GREEDY) for p in PRESSURE]]
@@ -67,6 +74,13 @@ def run(model: str) -> dict[str, Any]:
         batch = [few_ids.submit(p, max_tokens=LENGTHS[i], **GREEDY) for i, p in enumerate(PROMPTS)]
         out["seq_id_pressure_vs_alone"] = [[numbers(f.result(timeout=300)), alone[p]] for f, p in zip(batch, PROMPTS)]
         out["seq_id_pressure_flushes"] = few_ids.stats()["kv_flushes"]
+    with tempfile.TemporaryDirectory() as cache_dir:  # the second tree restores the first one's prefix from disk
+        with llamactor.start(n_parallel=8, cache_dir=cache_dir, **common) as first:
+            first.ask(STORY, max_tokens=4, **UNSCORED)
+        with llamactor.start(n_parallel=8, cache_dir=cache_dir, **common) as second:
+            from_disk = second.ask(STORY + " ran", max_tokens=12, **UNSCORED)
+            out["disk_restored"] = second.stats()["cache_ram"]["restored"]
+        out["disk_restore_vs_recomputed"] = [[numbers(from_disk), alone[STORY + " ran"]]]
     for ram_tier, name in ((True, "preempted_vs_not"), (False, "preempted_recomputed_vs_not")):
         # 8 x ~40 tokens > 256 cells: flushed, resumed from the RAM tier or (without one) recomputed
         with llamactor.start(n_parallel=8, batch_timeout_ms=50, **{**common, "n_ctx": 256},

@@ -10,9 +10,9 @@ from llamactor.scheduling.sequence import Sequence
 
 
 def make_seq(n_prompt: int, *, at: float = 0.0, rid: str = "r", tokens: list[int] | None = None,
-             priority: int = 1, lora: tuple[tuple[str, float], ...] = ()) -> Sequence:
-    msg = Generate(request_id=rid, params=SamplingParams(), reply=ReplyChannel(), submitted_at=at, text="x",
-                   priority=priority, lora=lora)
+             priority: int = 1, lora: tuple[tuple[str, float], ...] = (), max_tokens: int | None = 256) -> Sequence:
+    msg = Generate(request_id=rid, params=SamplingParams(max_tokens=max_tokens), reply=ReplyChannel(), submitted_at=at,
+                   text="x", priority=priority, lora=lora)
     ids = tokens if tokens is not None else list(range(1, n_prompt + 1))
     return Sequence(request=msg, token_ids=ids, n_prompt=len(ids))
 

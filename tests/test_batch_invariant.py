@@ -76,6 +76,12 @@ def test_sequences_preempted_for_kv_cells_get_the_numbers_of_unpressured_ones(sc
     assert_pairs_equal(scenarios["preempted_recomputed_vs_not"])
 
 
+def test_a_prompt_restored_from_the_disk_tier_after_a_restart_gets_the_numbers_of_one_computed_cold(
+        scenarios: dict[str, Any]) -> None:
+    assert scenarios["disk_restored"] == 1
+    assert_pairs_equal(scenarios["disk_restore_vs_recomputed"])
+
+
 def test_sequences_flushed_for_a_seq_id_while_they_run_get_the_numbers_they_get_alone(
         scenarios: dict[str, Any]) -> None:
     """8 requests on 4 sequences and 3 seq_ids for cached prefixes: admissions flush the cache

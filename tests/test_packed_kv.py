@@ -192,6 +192,19 @@ def test_running_sequences_that_outgrow_the_cells_are_flushed_and_the_least_urge
     assert s.held == [] and s.running == [least]
 
 
+def test_a_flush_holds_back_as_many_of_the_least_urgent_as_the_others_need_to_reach_their_end() -> None:
+    s = packed_scheduler(n_cells=64, n_parallel=4)
+    seqs = [make_seq(8, rid=f"r{k}", at=k / 10, max_tokens=16) for k in range(4)]  # each may reach 24 cells
+    for seq in seqs:
+        s.add(seq)
+    now, preempted = 0.0, []
+    while not preempted:
+        now += 1.0
+        preempted = decode_step(s, now)
+    assert s.held == [seqs[3], seqs[2]]  # the newest first; two that may reach 48 cells fit in 64
+    assert s.n_flushes == 1
+
+
 def test_a_lone_sequence_that_outgrows_the_cells_fails_rather_than_flushing_itself_forever() -> None:
     s = packed_scheduler(n_cells=8, n_parallel=2)
     lone = make_seq(5, rid="lone")

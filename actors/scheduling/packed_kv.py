@@ -10,16 +10,17 @@ packed cache -- every used cell below every free one -- new cells always land ab
 held, in the order a step lists them, and each sequence's cells stay in position order.
 
 So cells are never freed below held ones. A finished or preempted sequence keeps its cells as an
-entry (attached later only with the prefix cache on), and when a step needs room or an admission a
-seq_id, or the entries outgrow ``cache_budget_cells``, the scheduler *flushes*: every running sequence is preempted and every unpinned entry is
-dropped (each offered to the RAM/disk tier, as eviction does), leaving only the pinned system
-prompt, which was computed first, into the empty cache. The preempted sequences resume as
-preempted ones do, by recomputing their tokens -- bit for bit what they held, in this mode -- or by
-a restore from the tier, which writes an entry's cells contiguously at the top -- except an entry
-longer than the model's sliding window: its older sliding-window cells come back after the newer
-ones (``native/kv_state.py``), out of order, so it is recomputed instead. When the running
-sequences alone overflow the cells, the least urgent one (the usual preemption victim) is held back
-until a sequence ends, so the others fit once resumed instead of overflowing again at once.
+entry (attached later only with the prefix cache on), and when a step needs room, an admission a
+seq_id, or the entries outgrow ``cache_budget_cells``, the scheduler *flushes*: every running
+sequence is preempted and every unpinned entry dropped (each offered to the RAM/disk tier, as
+eviction does), leaving only the pinned system prompt, computed first into the empty cache. The
+preempted sequences resume as preempted ones do: by recomputing their tokens -- bit for bit what
+they held, in this mode -- or by a restore from the tier, which llama.cpp writes into the lowest
+free cells in position order; not an entry longer than the model's sliding window, whose older
+window cells come back after the newer ones (``native/kv_state.py``): that one is recomputed. When
+the running sequences alone overflow the cells, the least urgent ones (the usual preemption
+victims) are held back until a sequence ends: one, and more until what the others may still reach
+(``max_tokens``) fits, so that they do not overflow and flush again a few steps on.
 """
 
 from __future__ import annotations
@@ -75,16 +76,28 @@ class PackedScheduler(Scheduler):
         shortfall = self._shortfall(plan)
         if shortfall <= 0:
             return
-        victim = None
+        to_hold = []
         if shortfall > self.index.cache_cells():
-            victim = self.policy.preemption_victim(self.running, now, self.fair.rank)
             if len(self.running) == 1:
                 plan.chunks = []
-                plan.failed.append(victim)  # it cannot fit even alone; the batcher ends it
+                plan.failed += self.running  # it cannot fit even alone; the batcher ends it
                 return
+            to_hold = self._to_hold(now)
         self._flush(plan, now)
-        if victim is not None:
-            self.held.append(victim)
+        self.held += to_hold
+
+    def _to_hold(self, now: float) -> list[Sequence]:
+        """The least urgent running sequences: one, then more until what the others may reach by
+        their end fits in the cells a flush leaves (double-counting shared prefixes: cautious)."""
+        room = self.index.n_cells - self.index.pinned_cells()
+        rest, held = list(self.running), []
+        while len(rest) > 1:
+            victim = self.policy.preemption_victim(rest, now, self.fair.rank)
+            held.append(victim)
+            rest.remove(victim)
+            if sum(_reach(s, room) for s in rest) <= room:
+                break
+        return held
 
     def _flush(self, plan: StepPlan, now: float) -> None:
         """Preempt every running sequence and drop every unpinned entry: only pinned cells stay."""
@@ -98,6 +111,13 @@ class PackedScheduler(Scheduler):
         plan.flushed = True
         self.n_flushes += 1
         self._flush_next = False
+
+
+def _reach(seq: Sequence, cap: int) -> int:
+    """The cells ``seq`` holds at its end at the most: its tokens and what ``max_tokens`` leaves
+    (unbounded: ``cap``)."""
+    limit = seq.request.params.max_tokens
+    return cap if limit is None else min(cap, len(seq.token_ids) + max(0, limit - seq.n_generated))
 
 
 def _within_window(lookup: TierLookup, window: int) -> TierLookup:
