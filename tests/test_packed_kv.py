@@ -158,7 +158,8 @@ def test_a_flush_preempts_every_running_sequence_drops_every_entry_and_keeps_the
 
 
 def packed_scheduler(n_cells: int, n_parallel: int, **options: Any) -> PackedScheduler:
-    return PackedScheduler(n_parallel=n_parallel, n_batch=64, batch_size=1, batch_timeout_s=0.0, max_queue=10,
+    options = {"n_batch": 64, **options}
+    return PackedScheduler(n_parallel=n_parallel, batch_size=1, batch_timeout_s=0.0, max_queue=10,
                            index=PrefixIndex(n_seq_ids=n_parallel + 4, n_cells=n_cells, packed=True), **options)
 
 
@@ -194,7 +195,7 @@ def test_running_sequences_that_outgrow_the_cells_are_flushed_and_the_least_urge
 
 def test_a_flush_holds_back_as_many_of_the_least_urgent_as_the_others_need_to_reach_their_end() -> None:
     s = packed_scheduler(n_cells=64, n_parallel=4)
-    seqs = [make_seq(8, rid=f"r{k}", at=k / 10, max_tokens=16) for k in range(4)]  # each may reach 24 cells
+    seqs = [make_seq(8, rid=f"r{k}", at=k / 10, max_tokens=16, tokens=[k + 1] * 8) for k in range(4)]  # may reach 24
     for seq in seqs:
         s.add(seq)
     now, preempted = 0.0, []
@@ -203,6 +204,18 @@ def test_a_flush_holds_back_as_many_of_the_least_urgent_as_the_others_need_to_re
         preempted = decode_step(s, now)
     assert s.held == [seqs[3], seqs[2]]  # the newest first; two that may reach 48 cells fit in 64
     assert s.n_flushes == 1
+
+
+def test_answers_without_max_tokens_are_expected_to_add_a_few_hundred_tokens_not_the_whole_context() -> None:
+    s = packed_scheduler(n_cells=1200, n_parallel=4, n_batch=1024)  # the prompts in one step: in lockstep
+    seqs = [make_seq(250, rid=f"r{k}", at=k / 10, max_tokens=None, tokens=[k + 1] * 250) for k in range(4)]
+    for seq in seqs:
+        s.add(seq)
+    now, preempted = 0.0, []
+    while not preempted:
+        now += 1.0
+        preempted = decode_step(s, now)
+    assert s.held == [seqs[3], seqs[2]]  # each holds 300 cells: the other two may reach 2 x 556 of 1200
 
 
 def test_a_lone_sequence_that_outgrows_the_cells_fails_rather_than_flushing_itself_forever() -> None:

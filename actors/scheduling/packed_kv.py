@@ -33,6 +33,9 @@ from llamactor.scheduling.sequence import Sequence, StepPlan
 from llamactor.scheduling.tier_index import NO_MATCH, TierMatch
 
 
+UNBOUNDED_GUESS = 256  # tokens an answer without max_tokens is expected to add (rate_limits guesses alike)
+
+
 class PackedScheduler(Scheduler):
     """A ``Scheduler`` whose index is packed (``PrefixIndex(packed=True)``). Batcher thread only.
     ``sliding_window``: the model's (0: none); longer tier entries are not restored."""
@@ -114,10 +117,12 @@ class PackedScheduler(Scheduler):
 
 
 def _reach(seq: Sequence, cap: int) -> int:
-    """The cells ``seq`` holds at its end at the most: its tokens and what ``max_tokens`` leaves
-    (unbounded: ``cap``)."""
+    """The cells ``seq`` may hold at its end, at most ``cap``: its tokens and what ``max_tokens``
+    leaves (unbounded: ``UNBOUNDED_GUESS`` more, since counting the whole context would hold back
+    all but one sequence)."""
     limit = seq.request.params.max_tokens
-    return cap if limit is None else min(cap, len(seq.token_ids) + max(0, limit - seq.n_generated))
+    more = UNBOUNDED_GUESS if limit is None else max(0, limit - seq.n_generated)
+    return min(cap, len(seq.token_ids) + more)
 
 
 def _within_window(lookup: TierLookup, window: int) -> TierLookup:
