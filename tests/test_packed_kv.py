@@ -174,15 +174,21 @@ def decode_step(s: Scheduler, now: float) -> list[Sequence]:
     return plan.preempted
 
 
+def step_until_preempted(s: Scheduler, seqs: list[Sequence], now: float = 0.0) -> tuple[float, list[Sequence]]:
+    """Add ``seqs``, then step until a step preempts; returns its time and whom it preempted."""
+    for seq in seqs:
+        s.add(seq)
+    preempted: list[Sequence] = []
+    while not preempted:
+        now += 1.0
+        preempted = decode_step(s, now)
+    return now, preempted
+
+
 def test_running_sequences_that_outgrow_the_cells_are_flushed_and_the_least_urgent_waits_for_one_to_end() -> None:
     s = packed_scheduler(n_cells=24, n_parallel=2)
     urgent, least = make_seq(5, rid="urgent", priority=0), make_seq(5, rid="least", priority=2, at=0.5)
-    s.add(urgent)
-    s.add(least)
-    now, preempted = 1.0, []
-    while not preempted:  # both grow a cell a step until the 24 cells are short
-        now += 1.0
-        preempted = decode_step(s, now)
+    now, preempted = step_until_preempted(s, [urgent, least], 1.0)  # each grows a cell a step: 24 run short
     assert set(preempted) == {urgent, least} and s.held == [least] and s.n_flushes == 1
     for _ in range(6):
         now += 1.0
@@ -196,12 +202,7 @@ def test_running_sequences_that_outgrow_the_cells_are_flushed_and_the_least_urge
 def test_a_flush_holds_back_as_many_of_the_least_urgent_as_the_others_need_to_reach_their_end() -> None:
     s = packed_scheduler(n_cells=64, n_parallel=4)
     seqs = [make_seq(8, rid=f"r{k}", at=k / 10, max_tokens=16, tokens=[k + 1] * 8) for k in range(4)]  # may reach 24
-    for seq in seqs:
-        s.add(seq)
-    now, preempted = 0.0, []
-    while not preempted:
-        now += 1.0
-        preempted = decode_step(s, now)
+    step_until_preempted(s, seqs)
     assert s.held == [seqs[3], seqs[2]]  # the newest first; two that may reach 48 cells fit in 64
     assert s.n_flushes == 1
 
@@ -209,12 +210,7 @@ def test_a_flush_holds_back_as_many_of_the_least_urgent_as_the_others_need_to_re
 def test_answers_without_max_tokens_are_expected_to_add_a_few_hundred_tokens_not_the_whole_context() -> None:
     s = packed_scheduler(n_cells=1200, n_parallel=4, n_batch=1024)  # the prompts in one step: in lockstep
     seqs = [make_seq(250, rid=f"r{k}", at=k / 10, max_tokens=None, tokens=[k + 1] * 250) for k in range(4)]
-    for seq in seqs:
-        s.add(seq)
-    now, preempted = 0.0, []
-    while not preempted:
-        now += 1.0
-        preempted = decode_step(s, now)
+    step_until_preempted(s, seqs)
     assert s.held == [seqs[3], seqs[2]]  # each holds 300 cells: the other two may reach 2 x 556 of 1200
 
 

@@ -238,29 +238,21 @@ class PrefixIndex:
             if victim is None:
                 break
             own = self._own_tail(victim)
-            save, scope = self._offered(victim)
             if own > n_cells:
+                save, scope = self._offered(victim)
                 keep = self.leaf[victim].end - n_cells
                 self._truncate(victim, keep)
                 ops.append(KvOp(victim, keep, save=save, scope=scope))
                 self.counters["evicted_cells"] += n_cells
                 break
             n_cells -= own
-            self.counters["evicted_cells"] += own
-            self.counters["evicted_entries"] += 1
-            ops.append(KvOp(self._drop(victim).seq_id, save=save, scope=scope))
+            ops.append(self._evict_entry(victim))
         return ops
 
     def flush(self) -> list[KvOp]:
         """Drop every unpinned entry, each offered to the lower tier: the cells that only entries
         held are freed, and the seq_ids of entries come free. Running sequences lose nothing."""
-        ops = []
-        for victim in [e for e, pinned in self.entries.items() if not pinned]:
-            save, scope = self._offered(victim)
-            self.counters["evicted_cells"] += self._own_tail(victim)
-            self.counters["evicted_entries"] += 1
-            ops.append(KvOp(self._drop(victim).seq_id, save=save, scope=scope))
-        return ops
+        return [self._evict_entry(e) for e, pinned in list(self.entries.items()) if not pinned]
 
     def restored(self, seq_id: int, tokens: Sequence[int], now: float) -> None:
         """The fresh ``seq_id`` got the KV of ``tokens`` from a lower tier (new cells of its own)."""
@@ -310,6 +302,13 @@ class PrefixIndex:
         self.entries.pop(seq_id, None)
         self.free_ids.append(seq_id)
         return KvOp(seq_id)
+
+    def _evict_entry(self, seq_id: int) -> KvOp:
+        """Drop the entry ``seq_id`` whole, counted as evicted and offered to the lower tier."""
+        save, scope = self._offered(seq_id)
+        self.counters["evicted_cells"] += self._own_tail(seq_id)
+        self.counters["evicted_entries"] += 1
+        return KvOp(self._drop(seq_id).seq_id, save=save, scope=scope)
 
     def _offered(self, seq_id: int) -> tuple[tuple[int, ...], str | None]:
         """What an evicting ``KvOp`` of ``seq_id`` carries to the lower tier: its tokens and scope."""
