@@ -7,6 +7,7 @@ construction with a message naming the field, never later inside the batcher thr
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,8 @@ from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import Grammar
 from llamactor.base.chat_template import ChatTemplateError, check_template_syntax
 from llamactor.base.priority import check_policy
+from llamactor.base.request_checks import check_text
+from llamactor.base.stop_scanner import stop_failure
 from llamactor.base.tenants import Tenant
 
 
@@ -79,7 +82,7 @@ class SamplingParams:
         _require(-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         _require(-2.0 <= self.frequency_penalty <= 2.0,
                  f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        _require(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+        object.__setattr__(self, "seed", _seed(self.seed))
         _require(isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= 20,
                  f"top_logprobs must be in [0, 20], got {self.top_logprobs!r}")
         if not isinstance(self.logprobs, bool) and isinstance(self.logprobs, int):
@@ -101,8 +104,7 @@ class SamplingParams:
                  "logit_bias must map at most 1024 token ids to biases in [-100, 100]")
         _require(self.grammar is None or isinstance(self.grammar, Grammar),
                  "grammar must be a llamactor Grammar (the API also takes GBNF text or json_schema=)")
-        _require(len(self.stop) <= 16 and all(isinstance(s, str) and s for s in self.stop),
-                 "stop must be at most 16 non-empty strings")
+        _check_stops(self.stop)
 
     @property
     def has_penalties(self) -> bool:
@@ -113,6 +115,38 @@ class SamplingParams:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
         _require(not unknown, f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
         return dataclasses.replace(self, **overrides)
+
+
+# Seeds as OpenAI takes them (64-bit integers): a negative one means "a random seed", as
+# llama-server's -1 and Ollama's -1 do. llama-server keeps 32 bits (a larger seed wraps around,
+# and 0xFFFFFFFF is its random seed); llamactor keeps the whole value for host sampling (numpy's
+# generator) and the low 32 bits for in-graph sampling, so 0xFFFFFFFF is an ordinary seed here.
+SEED_LIMIT = 2**64
+MAX_STOPS = 16
+# A stop string's length: OpenAI and llama-server publish no limit, Bedrock takes 1,000. Long
+# ones cost little to match (``llamactor.base.stop_scanner``) but delay a stream by their length.
+MAX_STOP_CHARS = 256
+
+
+def _seed(seed: Any) -> int | None:
+    """``seed`` checked: None or negative -> None (random); an integer below 2**64 kept."""
+    if seed is None:
+        return None
+    _require(isinstance(seed, numbers.Integral) and not isinstance(seed, bool),
+             f"seed must be an integer (negative: random), got {seed!r}")
+    _require(seed < SEED_LIMIT, f"seed must be below 2**64 (negative: random), got {seed}")
+    return int(seed) if seed >= 0 else None
+
+
+def _check_stops(stop: tuple[Any, ...]) -> None:
+    """At most ``MAX_STOPS`` non-empty strings of at most ``MAX_STOP_CHARS`` characters, valid
+    Unicode; their matchers' tables built now, on the caller's thread (cached for the batcher)."""
+    _require(len(stop) <= MAX_STOPS and all(isinstance(s, str) and s for s in stop),
+             f"stop must be at most {MAX_STOPS} non-empty strings")
+    for i, s in enumerate(stop):
+        _require(len(s) <= MAX_STOP_CHARS, f"stop[{i}] is {len(s)} characters long: at most {MAX_STOP_CHARS}")
+        check_text(s, f"stop[{i}]")
+        stop_failure(s)
 
 
 def _bias_items(bias: dict[Any, Any]) -> list[tuple[int, float]]:

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from llamactor.base.adapters import AdapterSet, adapter_set
-from llamactor.base.config import SamplingParams
+from llamactor.base.config import SEED_LIMIT, SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import Grammar
 from llamactor.base.messages import MAX_EMBEDDING_INPUTS, POOLINGS, Generate, ReplyChannel
 from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
+from llamactor.base.request_checks import check_messages, check_text
 from llamactor.base.tenants import DEFAULT, Tenant
 from llamactor.base.tool_format import ToolCallFormat
 from llamactor.base.tools import Tools
@@ -82,6 +83,19 @@ class GenerationRequest:
         if self.continuations and (self.messages is not None or self.params.prompt_logprobs is None
                                    or len(self.continuations) != self.n):
             raise InvalidRequestError("scored continuations need a raw prompt, prompt_logprobs, and one choice each")
+        self._check_text()
+
+    def _check_text(self) -> None:
+        """What the batcher will render and tokenize, checked here: valid Unicode everywhere,
+        messages within the cap and their earlier tool calls well formed (a constructed request
+        too: ``build`` checks the loose arguments before it compiles anything)."""
+        if self.text is not None:
+            check_text(self.text, "prompt")
+        if self.messages is not None:
+            check_messages(self.messages)
+        if self.chat_template_kwargs is not None:
+            check_text(self.chat_template_kwargs, "chat_template_kwargs")
+        check_text(self.continuations, "continuations")
 
     @classmethod
     def build(cls, defaults: SamplingParams, *, prompt: Prompt | None = None, messages: Messages | None = None,
@@ -104,6 +118,8 @@ class GenerationRequest:
         fields = {"messages": messages_tuple(messages)} if chat else prompt_fields(prompt)
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
             raise InvalidRequestError("chat_template_kwargs must be a mapping of template variables")
+        if chat:  # before tools and grammars are compiled: a 400 for what is cheap to check first
+            check_messages(fields["messages"])
         constraint = _constraint(json_schema, grammar)
         parsed_tools = _tools(tools, tool_choice, parallel_tool_calls, chat)
         if parsed_tools is not None and tool_format is not None:
@@ -114,11 +130,11 @@ class GenerationRequest:
             constraint = tool_grammar
         sampling = _echo_options(sampling) if echo else sampling
         params = defaults.replace(**sampling, **({"grammar": constraint} if constraint is not None else {}))
-        return cls(params=params, n=n, tools=parsed_tools, priority=parse_priority(priority),
+        return cls(params=params, n=n, tools=parsed_tools, priority=tenant.priority(parse_priority(priority)),
                    chat_template_kwargs=dict(chat_template_kwargs) if chat_template_kwargs else None,
                    continuations=tuple(continuation_field(c) for c in continuations), request_id=request_id,
                    echo_prompt=echo_prompt, clamp_max_tokens=clamp_max_tokens, lora=adapter_set(lora, adapters),
-                   **fields).for_tenant(tenant)
+                   tenant=tenant, **fields)  # as for_tenant makes it, without checking it all twice
 
     def for_tenant(self, tenant: Tenant) -> GenerationRequest:
         """This request made by ``tenant``: its priority no more urgent than the tenant's ceiling."""
@@ -132,11 +148,11 @@ class GenerationRequest:
     def generate_messages(self, request_id: str, replies: Sequence[ReplyChannel], submitted_at: float) -> list[Generate]:
         """One ``Generate`` per choice: choice ``i`` is ``<request_id>-<i>`` (the id itself when
         ``n`` is 1), seeded ``seed + i``, scoring ``continuations[i]``."""
-        seed = self.params.seed
+        seed = self.params.seed  # choice i: seed + i, wrapping around below 2**64 (the largest seed)
         return [Generate(request_id=choice_request_id(request_id, i, self.n), reply=reply, submitted_at=submitted_at,
                          priority=self.priority, tools=self.tools, text=self.text, messages=self.messages,
                          token_ids=self.token_ids,
-                         params=self.params.replace(seed=seed + i) if seed is not None and i else self.params,
+                         params=self.params.replace(seed=(seed + i) % SEED_LIMIT) if seed is not None and i else self.params,
                          chat_template_kwargs=dict(self.chat_template_kwargs) if self.chat_template_kwargs else None,
                          continuation=self.continuations[i] if self.continuations else None,
                          echo_prompt=self.echo_prompt, clamp_max_tokens=self.clamp_max_tokens, tenant=self.tenant,
@@ -162,6 +178,7 @@ class EmbeddingRequest:
         if not all(isinstance(x, str) or (isinstance(x, tuple) and all(isinstance(t, int) for t in x))
                    for x in self.inputs):
             raise InvalidRequestError("each input must be a string or a list of token ids")
+        check_text(self.inputs if len(self.inputs) > 1 else self.inputs[0], "input")
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise InvalidRequestError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         if self.dimensions is not None and (not isinstance(self.dimensions, int) or self.dimensions < 1):

@@ -33,6 +33,7 @@ from typing import Any
 
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import Grammar
+from llamactor.base.request_checks import check_text
 from llamactor.base.tool_format import FALLBACK, ToolCall, ToolCallFormat
 from llamactor.base.tool_parser import ToolCallParser
 
@@ -53,6 +54,7 @@ class Tools:
     format: ToolCallFormat = FALLBACK  # how this model writes a call (the caller's model says; see tool_probe)
 
     def __post_init__(self) -> None:
+        check_text(self.functions, "tools")  # rendered into the prompt: valid Unicode (from_openai named where)
         names = [f["name"] for f in self.functions]
         if len(set(names)) != len(names):
             raise InvalidRequestError("tool names must be unique")
@@ -130,12 +132,14 @@ def _function(tool: Any, i: int) -> dict[str, Any]:
     if not isinstance(tool, Mapping) or tool.get("type", "function") != "function" or not isinstance(tool.get("function"), Mapping):
         raise InvalidRequestError(f'tools[{i}] must be {{"type": "function", "function": {{"name": ...}}}}')
     f = dict(tool["function"])
+    check_text({k: v for k, v in f.items() if k != "parameters"}, f"tools[{i}].function")  # the schema: below
     if not isinstance(f.get("name"), str) or not _NAME.match(f["name"]):
         raise InvalidRequestError(f"tools[{i}].function.name must be 1-64 letters, digits, _ or -")
     if f.get("parameters") is not None:
         if not isinstance(f["parameters"], Mapping):
             raise InvalidRequestError(f"tools[{i}].function.parameters must be a JSON Schema object")
-        Grammar.json_schema(dict(f["parameters"]), strict=bool(f.get("strict")))  # a bad schema: 400 now
+        Grammar.json_schema(dict(f["parameters"]), strict=bool(f.get("strict")),  # a bad schema: 400 now
+                            where=f"tools[{i}].function.parameters")
     return {k: f[k] for k in ("name", "description", "parameters") if f.get(k) is not None}
 
 

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from llamactor.base.completion import Tokenized
 from llamactor.base.engine_info import EngineInfo
+from llamactor.base.request_checks import check_messages, check_text
 from llamactor.base.tools import Tools
 from llamactor.dialects.openai.schema import ChatMessage
 
@@ -82,16 +83,28 @@ class TokenizeCall:
 def plan_tokenize(body: TokenizeRequest) -> TokenizeCall:
     pieces = body.with_pieces or body.return_token_strs
     if body.messages is not None:
-        return TokenizeCall([m.as_dict() for m in body.messages], with_pieces=pieces,
-                            tools=Tools.from_openai(body.tools) if body.tools else None,
-                            chat_template_kwargs=body.chat_template_kwargs)
+        return _chat_call(body.messages, body.tools, body.chat_template_kwargs, with_pieces=pieces)
     if body.prompt is not None:
         special = body.add_special_tokens if body.add_special_tokens is not None else True
+        check_text(body.prompt, "prompt")
         return TokenizeCall(body.prompt, special, pieces)
     if body.content is not None:  # strings and ids mixed: strings tokenized (BOS only before the first), ids kept
+        check_text(body.content, "content")
         return TokenizeCall(body.content if isinstance(body.content, str) else list(body.content),
                             body.add_special, pieces)
     return TokenizeCall(None)
+
+
+def _chat_call(messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
+               template_kwargs: dict[str, Any] | None, with_pieces: bool = False) -> TokenizeCall:
+    """A chat to render, checked as a chat request's is (``GenerationRequest``): at most
+    ``MAX_MESSAGES``, earlier tool calls well formed, valid Unicode everywhere."""
+    chat = [m.as_dict() for m in messages]
+    check_messages(chat)
+    if template_kwargs is not None:
+        check_text(template_kwargs, "chat_template_kwargs")
+    return TokenizeCall(chat, with_pieces=with_pieces, tools=Tools.from_openai(tools) if tools else None,
+                        chat_template_kwargs=template_kwargs)
 
 
 def tokenize_reply(body: TokenizeRequest, done: Tokenized | None, info: EngineInfo) -> dict[str, Any]:
@@ -103,8 +116,7 @@ def tokenize_reply(body: TokenizeRequest, done: Tokenized | None, info: EngineIn
 
 
 def plan_apply_template(body: ApplyTemplateRequest) -> TokenizeCall:
-    return TokenizeCall([m.as_dict() for m in body.messages], tools=Tools.from_openai(body.tools) if body.tools else None,
-                        chat_template_kwargs=body.chat_template_kwargs)
+    return _chat_call(body.messages, body.tools, body.chat_template_kwargs)
 
 
 def special_token_ids(info: EngineInfo) -> dict[str, int]:

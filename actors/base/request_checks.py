@@ -1,0 +1,143 @@
+"""Checks at the edge that every front end's request passes before anything is queued (pure).
+
+A request is built on the caller's thread (``llamactor.base.request``, the tokenizer routes'
+plans); what it carries is then read on the batcher thread, where a value the engine cannot take
+would fail late -- or, worse, outside ``LlamactorError``. These checks make such values a 400 that
+says what and where, in linear time on any input:
+
+- ``check_text``: no lone surrogate (``"\\ud800"`` is valid JSON, but no UTF-8 text, so the
+  tokenizer and the template cannot take it) in any string of a nested value, keys included.
+  OpenAI's API replaces them; llamactor refuses them, naming the JSON path, so a caller learns
+  that its text was corrupted instead of having the model read something else.
+- ``json_depth``: how deeply a value nests (a JSON Schema's cap is ``llamactor.base.grammar``'s).
+- ``check_messages``: at most ``MAX_MESSAGES`` messages, and every ``tool_calls`` entry shaped as
+  OpenAI's (a ``function`` with a ``name`` and ``arguments`` as text or an object), whether or
+  not the request gives tools: a template may render them either way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llamactor.base.errors import InvalidRequestError
+
+# Messages in one chat. The longest real conversations (agents' tool loops) reach hundreds;
+# 60,001 cost 51 s of rendering on the batcher thread before the context check refused them.
+MAX_MESSAGES = 4096
+# Nesting a walk follows; deeper is refused (a request body's JSON is already bounded by the
+# HTTP layer's depth check: this bounds what the Python API is handed, cycles included).
+MAX_NESTING = 512
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(text: str) -> int | None:
+    """The index of the first lone surrogate in ``text`` (a str cannot hold a valid pair as two
+    code points that UTF-8 could take: any surrogate code point is lone), or None."""
+    if text.isascii():
+        return None
+    found = _SURROGATE.search(text)
+    return found.start() if found else None
+
+
+def path_key(where: str, key: Any) -> str:
+    """``where`` followed by ``key`` as a JSON path: ``.name`` or ``["odd key"]``."""
+    if isinstance(key, str) and key.isidentifier() and lone_surrogate(key) is None:
+        return f"{where}.{key}"
+    if isinstance(key, str):
+        escaped = key.encode("ascii", "backslashreplace").decode("ascii").replace('"', '\\"')
+        return f'{where}["{escaped}"]'
+    return f"{where}[{key!r}]"
+
+
+def check_text(value: Any, where: str) -> None:
+    """``InvalidRequestError`` naming the path (``messages[2].content[0].text``) of the first
+    string in ``value`` -- a str, or mappings and sequences of them, nested -- that holds a lone
+    surrogate. Iterative, each string read once: linear in the value's size."""
+    stack: list[tuple[Any, str, int]] = [(value, where, 0)]
+    while stack:
+        item, at, depth = stack.pop()
+        if isinstance(item, str):
+            _check_string(item, at)
+        elif isinstance(item, Mapping):
+            _check_depth(depth, where)
+            for key, sub in reversed(list(item.items())):
+                if isinstance(key, str):
+                    _check_string(key, f"a key of {at}")
+                stack.append((sub, path_key(at, key), depth + 1))
+        elif isinstance(item, Sequence) and not isinstance(item, (bytes, bytearray)):
+            _check_depth(depth, where)
+            stack.extend((sub, f"{at}[{i}]", depth + 1) for i, sub in reversed(list(enumerate(item))))
+
+
+def _check_string(text: str, at: str) -> None:
+    i = lone_surrogate(text)
+    if i is not None:
+        raise InvalidRequestError(
+            f"{at} holds a lone surrogate (U+{ord(text[i]):04X}) at character {i}: text must be valid "
+            "Unicode (a lone \\ud800-\\udfff escape is not a character)", param=at)
+
+
+def _check_depth(depth: int, where: str) -> None:
+    if depth >= MAX_NESTING:
+        raise InvalidRequestError(f"{where} nests more than {MAX_NESTING} levels deep", param=where)
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """How many levels of objects and arrays ``value`` nests (a scalar: 0), counted up to
+    ``limit + 1`` only: iterative, so a deep (or cyclic) value never reaches Python's recursion
+    limit."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, Sequence) and not isinstance(item, (str, bytes, bytearray)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        if deepest > limit:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def check_messages(messages: Sequence[Any], where: str = "messages") -> None:
+    """At most ``MAX_MESSAGES`` messages, each a mapping whose ``tool_calls`` (if any) are well
+    formed, and no lone surrogate in any of their strings."""
+    if len(messages) > MAX_MESSAGES:
+        raise InvalidRequestError(f"{where} holds {len(messages)} messages: at most {MAX_MESSAGES} per request",
+                                  param=where)
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise InvalidRequestError(f"{where}[{i}] must be an object with a role and content", param=f"{where}[{i}]")
+        calls = message.get("tool_calls")
+        if calls is not None:
+            check_tool_calls(calls, f"{where}[{i}].tool_calls")
+    check_text(messages, where)
+
+
+def check_tool_calls(calls: Any, where: str) -> None:
+    """An assistant's earlier calls as OpenAI writes them: a list of ``{"type": "function",
+    "function": {"name": str, "arguments": JSON text or object}}`` (``id`` and ``type`` optional)."""
+    if not isinstance(calls, Sequence) or isinstance(calls, (str, bytes)):
+        raise InvalidRequestError(f"{where} must be a list of tool calls", param=where)
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
+            raise InvalidRequestError(f'{at} must be {{"type": "function", "function": {{"name": ..., '
+                                      f'"arguments": ...}}}}', param=at)
+        if call.get("type", "function") != "function":
+            raise InvalidRequestError(f'{at}.type must be "function"', param=f"{at}.type")
+        if call.get("id") is not None and not isinstance(call["id"], str):
+            raise InvalidRequestError(f"{at}.id must be a string", param=f"{at}.id")
+        function = call["function"]
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise InvalidRequestError(f"{at}.function.name must be a non-empty string", param=f"{at}.function.name")
+        if not isinstance(function.get("arguments"), (str, Mapping, type(None))):
+            raise InvalidRequestError(f"{at}.function.arguments must be JSON text or an object",
+                                      param=f"{at}.function.arguments")
