@@ -20,6 +20,7 @@ from typing import Any
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import Grammar
 from llamactor.base.request import GenerationRequest
+from llamactor.base.request_checks import check_messages
 from llamactor.base.tools import Tools
 from llamactor.dialects.anthropic.schema import Conversation, InputMessage, MessagesRequest, ToolChoice
 from llamactor.dialects.context import OneRequest, RequestContext
@@ -55,7 +56,9 @@ def plan_rendering(body: Conversation) -> Rendering:
     tools = anthropic_tools(body.tools, body.tool_choice)
     # Qwen3-style templates read enable_thinking; others ignore it
     kwargs = {"enable_thinking": body.thinking.type != "disabled"} if body.thinking is not None else None
-    return Rendering(chat_messages(body.system, body.messages), tools, kwargs, _output_format(body, tools))
+    messages = chat_messages(body.system, body.messages)
+    check_messages(messages)  # count_tokens renders them without a GenerationRequest: checked as one is
+    return Rendering(messages, tools, kwargs, _output_format(body, tools))
 
 
 def plan_messages(body: MessagesRequest, ctx: RequestContext) -> MessagesPlan:
