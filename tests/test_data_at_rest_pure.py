@@ -22,6 +22,7 @@ from llamactor import disk_tier
 from llamactor.base.private_files import open_private, private_dir, read_or_create_secret
 from llamactor.cache_tiers import CacheTiers
 from llamactor.disk_tier import DiskTier
+from llamactor.jobs.store import JobStore
 from llamactor.native.kv_state import SeqState
 
 pytestmark = pytest.mark.pure
@@ -188,3 +189,19 @@ def test_private_helpers_make_0600_files_in_0700_folders_whatever_the_umask(tmp_
     user_folder.mkdir(mode=0o755)
     private_dir(user_folder, tighten=False)  # a folder that is not llamactor's alone is left as it is
     assert mode(user_folder) == 0o755
+
+
+def test_the_batch_jobs_journal_and_files_are_private(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    store = JobStore.in_data_dir(data)
+    row = store.add_file(b'{"custom_id": "a tenant\'s prompt"}\n', "in.jsonl", "batch", tenant="alice")
+    made = [data / "jobs.sqlite3", data / "jobs.sqlite3-wal", data / "jobs.sqlite3-shm", data / "jobs.sqlite3.lock",
+            store.file_path(row["id"])]
+    assert mode(data) == 0o700 and mode(data / "files") == 0o700
+    assert {p.name: mode(p) for p in made} == {p.name: 0o600 for p in made}
+    store.close()
+
+    for p in [data, data / "files", *(p for p in made if p.exists())]:  # an older version's data dir
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    JobStore.in_data_dir(data).close()
+    assert mode(data) == 0o700 and mode(data / "files") == 0o700 and mode(data / "jobs.sqlite3") == 0o600
