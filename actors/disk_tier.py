@@ -22,6 +22,7 @@ Runs on the batcher's thread, under ``CacheTiers``' lock.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -97,7 +98,8 @@ class DiskTier:
             self._remove_invalid(path, _reason(e))
             return None
         self.index.touch(key)
-        os.utime(path)
+        with contextlib.suppress(OSError):  # its last use, for the LRU after a restart: not worth a miss
+            os.utime(path)
         self.counters["loaded"] += 1
         return state
 
@@ -193,7 +195,10 @@ class DiskTier:
         self.counters["removed_invalid"] += 1
         if path.name in self.index:
             self.index.remove(path.name)
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as e:  # a folder we may not write (not ours): the file stays, unindexed, a miss still
+            log.warning("disk_tier_file_not_removed", file=path.name, error=str(e))
 
 
 def _check_header(header: Any, validity: dict[str, Any], payload_size: int) -> None:

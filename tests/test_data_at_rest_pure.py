@@ -205,3 +205,14 @@ def test_the_batch_jobs_journal_and_files_are_private(tmp_path: Path) -> None:
         p.chmod(0o755 if p.is_dir() else 0o644)
     JobStore.in_data_dir(data).close()
     assert mode(data) == 0o700 and mode(data / "files") == 0o700 and mode(data / "jobs.sqlite3") == 0o600
+
+
+def test_a_bad_file_that_cannot_be_removed_is_still_only_a_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = written(tmp_path)
+    tiers = CacheTiers(1 << 20, DiskTier(str(tmp_path), 1 << 20, VALIDITY))
+    rewrite(good, good, lambda h: h.update(n_tokens=2), secret_of(tmp_path))
+
+    def refuse(self: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(13, "Permission denied", str(self))  # a folder this user may not write
+    monkeypatch.setattr(Path, "unlink", refuse)
+    assert tiers.lookup("alice", TOKENS).key is None and tiers.lookup("alice", TOKENS).key is None

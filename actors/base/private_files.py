@@ -93,7 +93,10 @@ def read_or_create_secret(path: str | Path, nbytes: int = 32) -> bytes:
             log.warning("secret_replaced", file=str(path), reason=str(e))
             path.unlink(missing_ok=True)
         _create_secret(path, nbytes)
-    return _read_secret(path, nbytes)
+    try:
+        return _read_secret(path, nbytes)
+    except ValueError as e:  # a file system without Unix modes or owners: no private secret can be kept there
+        raise PermissionError(f"cannot keep a private secret in {path}: {e}") from None
 
 
 def _read_secret(path: Path, nbytes: int) -> bytes:
