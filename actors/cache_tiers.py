@@ -70,17 +70,23 @@ class CacheTiers:
         with self.lock:
             match = self.ram.lookup(scope, tokens)
             if self.disk is not None:
-                on_disk = self.disk.lookup(scope, tokens)
-                if on_disk.key is not None and on_disk.n_tokens > match.n_tokens:
-                    entry_tokens = self.disk.index.entry(on_disk.key).tokens
-                    state = self.disk.load(on_disk.key)
-                    if state is not None:
-                        key = self._add(scope, entry_tokens, state)
-                        if key in self.ram:
-                            match = TierMatch(on_disk.n_tokens, key, state.n_tokens)
+                match = self._from_disk(scope, tokens, match)
             if match.key is not None:
                 self.ram.touch(match.key)
             return match if match.key is not None else NO_MATCH
+
+    def _from_disk(self, scope: str, tokens: list[int], match: TierMatch) -> TierMatch:
+        """A file's entry loaded into RAM when it matches longer than ``match`` (RAM's); else ``match``."""
+        assert self.disk is not None
+        on_disk = self.disk.lookup(scope, tokens)
+        if on_disk.key is None or on_disk.n_tokens <= match.n_tokens:
+            return match
+        entry_tokens = self.disk.index.entry(on_disk.key).tokens
+        state = self.disk.load(on_disk.key)  # None (the file removed) when it fails any check
+        if state is None or state.n_tokens != len(entry_tokens):  # load checks it: a file never breaks a lookup
+            return match
+        key = self._add(scope, entry_tokens, state)
+        return TierMatch(on_disk.n_tokens, key, state.n_tokens) if key in self.ram else match
 
     def save(self, engine: Engine, seq_id: int, scope: str, tokens: Sequence[int]) -> None:
         """Copy the KV of ``seq_id`` (holding exactly ``tokens``, of cache scope ``scope``) into

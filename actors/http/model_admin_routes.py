@@ -1,6 +1,6 @@
 """llama-server's router-mode model management: ``POST /models/load`` and ``POST /models/unload``
 with ``{"model": NAME}`` (uvicorn's event loop; loading and unloading run off it). ``GET /models``
-(each model's ``status``, ``path``, ``size``) is the OpenAI list's (``openai_routes``).
+(each model's ``status``, ``path`` -- for admins -- and ``size``) is the OpenAI list's (``openai_routes``).
 
 As llama-server answers: an unknown name is a 404, loading a loaded model or unloading one that
 is not loaded a 400, ``{"success": true}`` otherwise. Unlike llama-server, ``load`` answers once

@@ -29,7 +29,7 @@ from llamactor.handles.model import ModelClient
 from llamactor.http.errors import error_response
 from llamactor.http.framing import NDJSON, stream_response
 from llamactor.http.ollama_routes import lookup
-from llamactor.http.state import ServerState, State
+from llamactor.http.state import ServerState, State, tenant_of
 from llamactor.native.gguf_header import GgufFile, read_gguf
 
 # What /api/version reports: numeric (Open WebUI parses it into ints) and >= 0.6.4 (VS Code
@@ -80,10 +80,11 @@ async def ps(state: State) -> dict[str, Any]:
 
 
 @router.post("/api/show")
-async def show(body: ShowRequest, state: State) -> dict[str, Any]:
+async def show(body: ShowRequest, request: Request, state: State) -> dict[str, Any]:
+    """The Modelfile (the model's path) and the system prompt for admins only (keyless: everyone)."""
     name = body.model or body.name or ""
     llm, gguf = await describe(state, name, bool(body.verbose))
-    return show_body(name, llm.config, gguf)
+    return show_body(name, llm.config, gguf, operator=tenant_of(request).admin)
 
 
 @router.post("/api/pull", response_model=None)

@@ -16,7 +16,7 @@ from llamactor.dialects.openai.embeddings import EmbeddingsBody, embeddings_repl
 from llamactor.dialects.openai.schema import ChatRequest, CompletionRequest
 from llamactor.http.framing import OPENAI_SSE
 from llamactor.http.request_path import context, embed, find_model, load, planned, respond, warn_ignored
-from llamactor.http.state import ServerState, State
+from llamactor.http.state import ServerState, State, tenant_of
 
 DIALECT = plan.DIALECT
 router = APIRouter()
@@ -46,39 +46,48 @@ async def embeddings(body: EmbeddingsBody, request: Request, state: State) -> An
     return embeddings_reply(await embed(state, request, await load(llm), embedding), body, ctx)
 
 
+# The model listings name files on the server's disk (a model's and its adapters' paths) only to
+# admins (keyless, every caller is: the local user); a tenant sees the names alone.
 @router.get("/models")
-async def models(state: State) -> dict[str, Any]:
-    return {"object": "list", "data": [_model_object(state, name) for name in state.model_names]
-            + _adapter_objects(state)}
+async def models(request: Request, state: State) -> dict[str, Any]:
+    admin = tenant_of(request).admin
+    return {"object": "list", "data": [_model_object(state, name, admin) for name in state.model_names]
+            + _adapter_objects(state, admin)}
 
 
 @router.get("/models/{model_id:path}")
-async def model(model_id: str, state: State) -> dict[str, Any]:
+async def model(model_id: str, request: Request, state: State) -> dict[str, Any]:
+    admin = tenant_of(request).admin
     if model_id not in state.model_names:
-        if adapter := [a for a in _adapter_objects(state) if a["id"] == model_id]:
+        if adapter := [a for a in _adapter_objects(state, admin) if a["id"] == model_id]:
             return adapter[0]
         raise ModelNotFoundError.among(model_id, state.model_names)
-    return _model_object(state, model_id)
+    return _model_object(state, model_id, admin)
 
 
 @router.get("/lora-adapters")
-async def lora_adapters(state: State, model: str | None = None) -> list[dict[str, Any]]:
+async def lora_adapters(request: Request, state: State, model: str | None = None) -> list[dict[str, Any]]:
     """llama-server's list of a model's LoRA adapters (``?model=``; default: the first): id (the
-    order of ``--lora``), name, path, and scale 0 -- each is off unless a request asks for it."""
+    order of ``--lora``), name, path (admins only), and scale 0 -- each is off unless a request asks for it."""
     llm = find_model(state, model)
-    return [replies.adapter_entry(i, name, path) for i, (name, path) in enumerate(llm.config.loras)]
+    admin = tenant_of(request).admin
+    entries = [replies.adapter_entry(i, name, path) for i, (name, path) in enumerate(llm.config.loras)]
+    return entries if admin else [{k: v for k, v in e.items() if k != "path"} for e in entries]
 
 
-def _adapter_objects(state: ServerState) -> list[dict[str, Any]]:
+def _adapter_objects(state: ServerState, admin: bool) -> list[dict[str, Any]]:
     """vLLM's ``/v1/models`` entries of LoRA adapters: each names its model as ``parent``."""
     if state.router is None:
         return []
-    return [replies.adapter_object(a, name, path) for name in state.model_names
+    # vLLM's ``root`` is an adapter's path: a tenant reads its name there
+    return [replies.adapter_object(a, name, path if admin else a) for name in state.model_names
             for a, path in state.router.model(name).config.loras]
 
 
-def _model_object(state: ServerState, name: str) -> dict[str, Any]:
+def _model_object(state: ServerState, name: str, admin: bool) -> dict[str, Any]:
     router = state.router
     describe = getattr(router, "describe", None)  # the in-process Router (not Ray Serve's ingress)
-    return replies.model_object(name, bool(router is not None and router.model(name).loaded),
-                                describe(name) if describe is not None else None)
+    fields = describe(name) if describe is not None else None
+    if fields is not None and not admin:
+        fields = {k: v for k, v in fields.items() if k != "path"}
+    return replies.model_object(name, bool(router is not None and router.model(name).loaded), fields)

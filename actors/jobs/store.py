@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from llamactor.base.private_files import open_private, private_dir, tighten_file, touch_private
 from llamactor.base.tenants import DEFAULT_TENANT
 from llamactor.jobs.plan import TERMINAL, TIMESTAMP_OF, PlannedLine, RequestCounts, check_transition
 from llamactor.jobs.records import FILE_TTL_S
@@ -69,16 +70,21 @@ class JobStore:
                  clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self.db_path = Path(db_path)
-        self.db_path.parent.mkdir(parents=True, exist_ok=True)
+        # tenants' prompts and answers: files 0600 in 0700 folders (a journal's existing folder, the
+        # CLI's output folder, is left as it is)
+        private_dir(self.db_path.parent, tighten=False)
         self.files_dir = Path(files_dir) if files_dir is not None else None
         if self.files_dir is not None:
-            self.files_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(self.db_path.with_name(self.db_path.name + ".lock"), "a+")  # noqa: SIM115 - held open
+            private_dir(self.files_dir)
+        self._lock_file = open_private(self.db_path.with_name(self.db_path.name + ".lock"), "a+")
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._lock_file.close()
             raise StoreLockedError(f"{self.db_path} is in use by another llamactor process") from None
+        touch_private(self.db_path)  # SQLite gives its -wal and -shm files the database file's mode
+        for left in ("-wal", "-shm"):  # an older version's, made 0644
+            tighten_file(self.db_path.with_name(self.db_path.name + left))
         # autocommit mode: every transaction is an explicit BEGIN IMMEDIATE ... COMMIT below.
         self._db = sqlite3.connect(self.db_path, check_same_thread=False, isolation_level=None, timeout=30)
         self._db.row_factory = sqlite3.Row
@@ -93,7 +99,7 @@ class JobStore:
     @classmethod
     def in_data_dir(cls, data_dir: str | Path) -> JobStore:
         """The daemon's store: ``<data_dir>/jobs.sqlite3`` and ``<data_dir>/files/``."""
-        return cls(Path(data_dir) / "jobs.sqlite3", Path(data_dir) / "files")
+        return cls(private_dir(data_dir) / "jobs.sqlite3", Path(data_dir) / "files")
 
     def close(self) -> None:
         with self._mutex:
@@ -138,7 +144,7 @@ class JobStore:
         file_id = file_id or f"file-{uuid.uuid4().hex[:24]}"
         path = self.file_path(file_id)
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
+        with open_private(tmp) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -42,9 +42,11 @@ def ps_entry(name: str, gguf: GgufFile | None, offloaded: bool, expires_at: date
             "size_vram": listed["size"] if offloaded else 0, "context_length": context_length}
 
 
-def show_body(name: str, config: Config, gguf: GgufFile | None) -> dict[str, Any]:
+def show_body(name: str, config: Config, gguf: GgufFile | None, operator: bool = True) -> dict[str, Any]:
     """``/api/show``: a Modelfile as Ollama would write it, the parameters, the template, the
-    model's details and key-values, its capabilities."""
+    model's details and key-values, its capabilities. The Modelfile (it names the model's file on
+    the server) and the operator's system prompt only for the ``operator`` (an admin; keyless,
+    the local user): a tenant's body has neither (Ollama omits both when empty)."""
     meta = gguf.metadata if gguf else {}
     template = config.chat_template or meta.get("tokenizer.chat_template") or TRANSCRIPT_TEMPLATE
     stops = list(config.sampling.stop) + (list(TRANSCRIPT_STOP) if template == TRANSCRIPT_TEMPLATE else [])
@@ -60,15 +62,16 @@ def show_body(name: str, config: Config, gguf: GgufFile | None) -> dict[str, Any
                            *([f'SYSTEM """{config.system_prompt}"""'] if config.system_prompt else []),
                            *(f"PARAMETER {line}" for line in lines)]) + "\n"
     entry = tag_entry(name, gguf)
-    out: dict[str, Any] = {"modelfile": modelfile, "parameters": "\n".join(lines), "template": template,
-                           "details": entry["details"], "model_info": gguf.model_info() if gguf else {},
-                           "capabilities": capabilities}
+    out: dict[str, Any] = {"parameters": "\n".join(lines), "template": template, "details": entry["details"],
+                           "model_info": gguf.model_info() if gguf else {}, "capabilities": capabilities}
     if gguf:
         out["modified_at"] = entry["modified_at"]
     if isinstance(meta.get("general.license"), str):
         out["license"] = meta["general.license"]
-    if config.system_prompt:
-        out["system"] = config.system_prompt
+    if operator:
+        out["modelfile"] = modelfile
+        if config.system_prompt:
+            out["system"] = config.system_prompt
     return out
 
 
