@@ -150,7 +150,7 @@ def serve(host: str, port: int, uds: str | None, api_key: str | None, keys: str 
         os.environ["LLAMACTOR_LOG_FORMAT"], os.environ["LLAMACTOR_LOG_LEVEL"] = opts["log_format"], opts["log_level"]
         from llamactor.rayserve.app import serve_on_ray
         sys.exit(serve_on_ray(specs, host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes,
-                              keys=key_table))
+                              keys=key_table, transport=transport))  # Ray's proxy: Host, Origin, body deadline
     from llamactor.http.daemon import serve as run_daemon
 
     sys.exit(run_daemon(host=host, port=port, uds=uds, api_key=api_key, drain_timeout_s=drain_timeout_s,
