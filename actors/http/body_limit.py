@@ -15,7 +15,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
+
+from llamactor.dialects.errors import ErrorInfo
+from llamactor.http.errors import error_response
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -32,11 +35,6 @@ async def refuse(response: Response, scope: Scope, receive: Receive, send: Send)
     await response(scope, receive, send)
 
 
-def _error(status: int, message: str, code: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                   "code": code}}, status_code=status)
-
-
 class BodyLimitMiddleware:
     def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = 60.0) -> None:
         self.app = app
@@ -49,14 +47,15 @@ class BodyLimitMiddleware:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
-            await refuse(self._too_large(), scope, receive, send)
+            await refuse(self._too_large(scope), scope, receive, send)
             return
         try:
             async with asyncio.timeout(self.body_timeout_s):
-                chunks = await self._read(receive)
+                chunks = await self._read(scope, receive)
         except TimeoutError:
-            await refuse(_error(408, f"the request body was not received within {self.body_timeout_s:g} s",
-                                "request_timeout"), scope, receive, send)
+            error = ErrorInfo(408, f"the request body was not received within {self.body_timeout_s:g} s",
+                              "invalid_request_error", "request_timeout")
+            await refuse(error_response(scope["path"], error), scope, receive, send)
             return
         if chunks is None:  # the client went away
             return
@@ -74,7 +73,7 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _read(self, receive: Receive) -> list[bytes] | Response | None:
+    async def _read(self, scope: Scope, receive: Receive) -> list[bytes] | Response | None:
         """The body's chunks; a 413 once they pass the limit; None if the client disconnected."""
         chunks: list[bytes] = []
         size = 0
@@ -85,9 +84,11 @@ class BodyLimitMiddleware:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_body_bytes:
-                return self._too_large()
+                return self._too_large(scope)
             if not message.get("more_body", False):
                 return chunks
 
-    def _too_large(self) -> JSONResponse:
-        return _error(413, f"request body over {self.max_body_bytes} bytes", "body_too_large")
+    def _too_large(self, scope: Scope) -> Response:
+        """A 413 in the dialect of the request's path."""
+        return error_response(scope["path"], ErrorInfo(413, f"request body over {self.max_body_bytes} bytes",
+                                                       "invalid_request_error", "body_too_large"))
