@@ -104,8 +104,8 @@ def test_the_host_check(bind: str | None, host: str, allowed: bool) -> None:
     ("http://box.lan:8000", True),  # same origin as the request's Host
     ("https://app.example", True), ("https://APP.example/", True), ("http://app.example", False),
     ("https://evil.example", False), ("null", False), ("file://", False), ("chrome-extension://abc", False),
-    ("http://0.0.0.0:8000", False)])
+    ("http://0.0.0.0:8000", False), ("app://desktop", True), ("app://other", False)])
 def test_the_origin_check(origin: str, allowed: bool) -> None:
-    policy = OriginPolicy(allowed_origins=("https://app.example",), bind_host="0.0.0.0")
+    policy = OriginPolicy(allowed_origins=("https://app.example", "app://desktop"), bind_host="0.0.0.0")
     assert policy.origin_allowed(origin, "box.lan:8000") is allowed
     assert OriginPolicy(allowed_origins=("*",)).origin_allowed(origin)

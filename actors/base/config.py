@@ -218,10 +218,8 @@ class Config:
     # (llama-server's ids); "NAME=PATH" strings or a {name: path} mapping are accepted. A request
     # runs under the ones it names, each with its scale (``lora=``); the others stay off.
     loras: tuple[tuple[str, str], ...] = ()
-    # -- transport (issue 36): the HTTP daemon's edge (``llamactor serve``), not one tree's; see
-    # docs/operations.md, "Threat model". Bodies, headers and idle connections are bounded in time
-    # and size, connections in number; Host and Origin are checked against these lists (a comma
-    # list or repeated; "*": any) beside the loopback names and the bind address.
+    # -- transport (issue 36): the HTTP daemon's edge (``serve``'s options, not a tree's; llamactor.http.origins).
+    # The lists: a comma list or repeated, "*" for any; beside the loopback names and the bind address.
     body_timeout_s: float = 60.0  # a request body not all received by then: 408, connection closed
     header_timeout_s: float = 10.0  # a request head (line and headers) not all received by then: closed
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this

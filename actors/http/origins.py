@@ -89,16 +89,15 @@ class OriginPolicy:
         """Whether a browser at ``origin`` may call (``host_header``: the request's own Host, so
         that the daemon's own pages are allowed under whatever name they were opened)."""
         origin = origin.strip().lower().rstrip("/")
-        if self.any_origin:
+        if self.any_origin or origin in {o.lower().rstrip("/") for o in self.allowed_origins}:
             return True
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            return False  # "null", file:, extensions: only by name in --allowed-origins
+            return False  # "null", file:, app:, extensions: only by name in --allowed-origins
         if host_header and parts.netloc == host_header.strip().lower():
             return True  # same origin
         host = host_name(parts.netloc)
-        return (is_loopback(host) or (host == self._bind_name() and host not in WILDCARD_BINDS)
-                or origin in {o.lower().rstrip("/") for o in self.allowed_origins})
+        return is_loopback(host) or (host == self._bind_name() and host not in WILDCARD_BINDS)
 
     def _bind_name(self) -> str:
         return host_name(self.bind_host or "")
