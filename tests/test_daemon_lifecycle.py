@@ -53,7 +53,8 @@ def test_while_the_model_loads_health_and_requests_answer_503_json() -> None:
     from llamactor.http.server import create_app
     from llamactor.http.state import ServerState
 
-    client = TestClient(create_app(ServerState([MODEL_ID], api_key=None, max_body_bytes=1 << 20)))
+    client = TestClient(create_app(ServerState([MODEL_ID], api_key=None, max_body_bytes=1 << 20)),
+                        base_url="http://127.0.0.1")  # keyless: the Host must be one of ours
     health = client.get("/health")
     assert health.status_code == 503 and health.json()["status"] == "loading"
     r = client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}]})

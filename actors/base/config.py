@@ -173,6 +173,17 @@ def _check_batch_invariant(c: Config) -> None:
     _require(not c.loras, "batch_invariant is not verified with LoRA adapters (their matmuls pick kernels by rows)")
 
 
+def _check_transport(c: Config) -> None:
+    """The daemon's HTTP edge (issue 36): positive limits, host and origin names without spaces."""
+    for name in ("body_timeout_s", "header_timeout_s", "keep_alive_s"):
+        _require(getattr(c, name) > 0, f"{name} must be > 0, got {getattr(c, name)}")
+    _require(c.limit_concurrency >= 1, f"limit_concurrency must be >= 1, got {c.limit_concurrency}")
+    _require(c.max_header_bytes >= 1024, f"max_header_bytes must be >= 1024, got {c.max_header_bytes}")
+    for name in ("allowed_hosts", "allowed_origins"):
+        object.__setattr__(c, name, tuple(v.strip() for item in getattr(c, name) for v in item.split(",") if v.strip()))
+        _require(all(" " not in v for v in getattr(c, name)), f"{name}: a name holds a space: {getattr(c, name)}")
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """One model, one llama context, one batcher. ``model=None`` means the default Gemma 3 270M."""
@@ -241,6 +252,15 @@ class Config:
     # (llama-server's ids); "NAME=PATH" strings or a {name: path} mapping are accepted. A request
     # runs under the ones it names, each with its scale (``lora=``); the others stay off.
     loras: tuple[tuple[str, str], ...] = ()
+    # -- transport (issue 36): the HTTP daemon's edge (``serve``'s options, not a tree's; llamactor.http.origins).
+    # The lists: a comma list or repeated, "*" for any; beside the loopback names and the bind address.
+    body_timeout_s: float = 60.0  # a request body not all received by then: 408, connection closed
+    header_timeout_s: float = 10.0  # a request head (line and headers) not all received by then: closed
+    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    limit_concurrency: int = 1024  # connections and requests at once; beyond: 503
+    max_header_bytes: int = 16384  # a request line and headers larger: refused (431 or 400) and closed
+    allowed_hosts: tuple[str, ...] = ()  # Host names accepted without keys (DNS rebinding)
+    allowed_origins: tuple[str, ...] = ()  # browser origins accepted, CORS included (CSRF)
 
     def __post_init__(self) -> None:
         _require(1 <= self.n_parallel <= MAX_SEQUENCES - 2,
@@ -300,6 +320,7 @@ class Config:
         object.__setattr__(self, "tenants", tenants)
         _require(len({t.name for t in tenants}) == len(tenants), "tenants must have distinct names")
         object.__setattr__(self, "loras", parse_loras(self.loras))
+        _check_transport(self)
 
     @property
     def seq_ids(self) -> int:

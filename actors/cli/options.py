@@ -107,6 +107,22 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
                    "order). Requests pick adapters by name or id, each with a scale.", flag="--lora",
                    type=LoraParam()),
 }
+# -- transport (issue 36): ``serve``'s alone (TRANSPORT_FIELDS)
+TRANSPORT_TWEAKS: dict[str, Tweak] = {
+    "body_timeout_s": Tweak("Seconds a request body may take to arrive; then 408 and the connection is closed.",
+                            flag="--body-timeout"),
+    "header_timeout_s": Tweak("Seconds a request's headers may take to arrive; then the connection is closed.",
+                              flag="--header-timeout"),
+    "keep_alive_s": Tweak("Seconds an idle keep-alive connection stays open.", flag="--keep-alive-timeout"),
+    "limit_concurrency": Tweak("Connections and requests at once; beyond, 503."),
+    "max_header_bytes": Tweak("The largest request line and headers accepted (bytes)."),
+    "allowed_hosts": Tweak("Without keys, a Host name the daemon answers to besides localhost, IP addresses, "
+                           "this machine's name and --host (DNS rebinding); comma list or repeated; * for any.",
+                           flag="--allowed-hosts"),
+    "allowed_origins": Tweak("A browser origin (https://app.example.com) allowed to call, with CORS, besides "
+                             "loopback ones and the daemon's own pages; comma list or repeated; * for any.",
+                             flag="--allowed-origins"),
+}
 SAMPLING_TWEAKS: dict[str, Tweak] = {
     "max_tokens": Tweak("Most tokens generated per answer."),
     "temperature": Tweak("0 is greedy."),
@@ -124,8 +140,12 @@ SAMPLING_TWEAKS: dict[str, Tweak] = {
 # Not options: test hooks, the nested SamplingParams itself, and per-request values that have no
 # meaning as a process-wide default or no command-line form (they stay API / HTTP fields).
 # Tenants come from the daemon's keys file (--keys), or from Config in-process.
+# The HTTP daemon's edge (the transport block): options of ``serve`` alone (``transport_options``),
+# not engine options nor start() keywords.
+TRANSPORT_FIELDS = ("body_timeout_s", "header_timeout_s", "keep_alive_s", "limit_concurrency", "max_header_bytes",
+                    "allowed_hosts", "allowed_origins")
 HIDDEN = frozenset({"watchdog_test_hang", "sampling", "logprobs", "top_logprobs", "prompt_logprobs", "grammar", "logit_bias",
-                    "tenants"})
+                    "tenants", *TRANSPORT_FIELDS})
 
 
 def _base_type(annotation: Any) -> tuple[Any, bool]:
@@ -151,10 +171,12 @@ def _option(field: dataclasses.Field[Any], annotation: Any, tweak: Tweak) -> Dec
     return click.option(flag, name, type=tweak.type or base, default=default, **kwargs)
 
 
-def _options(cls: type, tweaks: dict[str, Tweak], skip: Iterable[str] = ()) -> list[Decorator]:
+def _options(cls: type, tweaks: dict[str, Tweak], skip: Iterable[str] = (),
+             only: Iterable[str] | None = None) -> list[Decorator]:
+    """The options of ``cls``'s fields: ``only`` these (hidden or not), or all but HIDDEN and ``skip``."""
     hints = typing.get_type_hints(cls)
-    return [_option(f, hints[f.name], tweaks.get(f.name) or Tweak(""))
-            for f in dataclasses.fields(cls) if f.name not in HIDDEN and f.name not in skip]
+    wanted = (lambda name: name in only) if only is not None else (lambda name: name not in HIDDEN and name not in skip)
+    return [_option(f, hints[f.name], tweaks.get(f.name) or Tweak("")) for f in dataclasses.fields(cls) if wanted(f.name)]
 
 
 def _param_name(field_name: str) -> str:
@@ -184,6 +206,19 @@ def engine_options(fn: Callable[..., Any], model_option: Decorator | None = None
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def transport_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``serve``'s edge: time and size limits, connections, allowed hosts and origins."""
+    for option in reversed(_options(Config, TRANSPORT_TWEAKS, only=TRANSPORT_FIELDS)):
+        fn = option(fn)
+    return fn
+
+
+def transport_config(opts: dict[str, Any]) -> Config:
+    """Take the transport options out of ``opts``: a ``Config`` holding them, checked
+    (``InvalidRequestError`` names a wrong one)."""
+    return Config(**{name: opts.pop(name) for name in TRANSPORT_FIELDS})
 
 
 def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:

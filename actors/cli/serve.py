@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from llamactor.cli.config_file import TOML_MODELS, TOML_PATH
-from llamactor.cli.options import engine_options, sampling_options, tree_options
+from llamactor.cli.options import engine_options, sampling_options, transport_config, transport_options, tree_options
 from llamactor.base.errors import InvalidRequestError, LlamactorError
 from llamactor.serving.model_dir import scan_models_dir
 from llamactor.serving.model_specs import ModelSpec, specs_from
@@ -119,6 +119,7 @@ def pinned(specs: list[ModelSpec], pins: tuple[str, ...]) -> list[ModelSpec]:
               help="Run the replicas as Ray Serve deployment replicas (pip install 'llamactor[ray]'; RAY_ADDRESS).")
 @functools.partial(engine_options, model_option=MODELS_OPTION)
 @sampling_options
+@transport_options
 def serve(host: str, port: int, uds: str | None, api_key: str | None, keys: str | None, drain_timeout_s: float,
           max_body_bytes: int, model_name: str | None, replicas: int, routing_policy: str, max_loaded: int | None,
           idle_unload_s: float | None, models_dir: str | None, pin: tuple[str, ...], data_dir: str | None,
@@ -128,6 +129,7 @@ def serve(host: str, port: int, uds: str | None, api_key: str | None, keys: str 
     Engine and sampling options are every model's defaults."""
     ctx = click.get_current_context()
     try:
+        transport = transport_config(opts)  # the edge's options, not the models'
         specs = model_specs(model, ctx.meta.get(TOML_MODELS, []), tree_options(opts), model_name=model_name,
                             replicas=replicas, policy=routing_policy, idle_unload_s=idle_unload_s,
                             toml_path=ctx.meta.get(TOML_PATH), models_dir=models_dir, pins=pin)
@@ -148,9 +150,9 @@ def serve(host: str, port: int, uds: str | None, api_key: str | None, keys: str 
         os.environ["LLAMACTOR_LOG_FORMAT"], os.environ["LLAMACTOR_LOG_LEVEL"] = opts["log_format"], opts["log_level"]
         from llamactor.rayserve.app import serve_on_ray
         sys.exit(serve_on_ray(specs, host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes,
-                              keys=key_table))
+                              keys=key_table, transport=transport))  # Ray's proxy: Host, Origin, body deadline
     from llamactor.http.daemon import serve as run_daemon
 
     sys.exit(run_daemon(host=host, port=port, uds=uds, api_key=api_key, drain_timeout_s=drain_timeout_s,
                         max_body_bytes=max_body_bytes, models=specs, max_loaded=max_loaded,
-                        data_dir=data_dir, keys_file=keys))
+                        data_dir=data_dir, keys_file=keys, transport=transport))

@@ -5,6 +5,11 @@ thread; a model that cannot be loaded ends the process with status 1 and a one-l
 SIGTERM and SIGINT drain: uvicorn stops accepting connections and waits up to
 ``drain_timeout_s`` for in-flight requests (streams included), then the actor tree is closed and
 the process exits 0.
+
+The edge is bounded (issue 36; ``Config``'s transport fields): uvicorn's h11 parser, whose
+request head is capped at ``max_header_bytes`` (httptools takes any size), with a deadline on
+each head (``header_timeout_s``: a client trickling its headers cannot hold a connection), at most
+``limit_concurrency`` connections and requests (503 beyond), idle keep-alive connections closed.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import llamactor
+from llamactor.base.config import Config
 from llamactor.base.logging import get_logger
 from llamactor.base.tenants import tenant_named
 from llamactor.serving.model_specs import ModelSpec
@@ -41,12 +48,14 @@ def model_id_for(path: str) -> str:
 
 def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_timeout_s: float,
           max_body_bytes: int, models: list[ModelSpec], max_loaded: int | None = None,
-          data_dir: str | None = None, keys_file: str | None = None) -> int:
+          data_dir: str | None = None, keys_file: str | None = None, transport: Config | None = None) -> int:
     """Run until signalled; return the process exit status. ``data_dir`` holds the batch jobs
     (default: the user's data folder, ``platformdirs.user_data_dir("llamactor")``); ``keys_file``
-    the tenants' keys, read again on SIGHUP."""
+    the tenants' keys, read again on SIGHUP; ``transport`` the edge's limits and allowed origins."""
     keys = load_keys(keys_file) if keys_file else None  # a wrong file: the caller's one-line reason
-    state = ServerState([m.name for m in models], api_key, max_body_bytes, keys)
+    transport = transport or Config()
+    state = ServerState([m.name for m in models], api_key, max_body_bytes, keys, transport=transport,
+                        bind_host=None if uds else host)
     if keys_file:
         reload_on_sighup(state, keys_file, api_key)
     state.jobs = open_jobs(data_dir)
@@ -54,7 +63,12 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
         state.jobs.tenant = lambda name: tenant_named(name, state.keys.tenants)
     app = create_app(state)
     config = uvicorn.Config(app, host=host, port=port, uds=uds, log_config=None, access_log=False,
-                            timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)), lifespan="off")
+                            timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)), lifespan="off",
+                            http=head_deadline_protocol(transport.header_timeout_s),
+                            h11_max_incomplete_event_size=transport.max_header_bytes,
+                            limit_concurrency=transport.limit_concurrency,
+                            timeout_keep_alive=transport.keep_alive_s)  # type: ignore[arg-type]
+    _raise_file_limit(transport.limit_concurrency)
     server = _DrainingServer(config, state)
     exit_code = 0
     router: llamactor.Router | None = None
@@ -98,6 +112,43 @@ def open_jobs(data_dir: str | None) -> JobService | None:
     except StoreLockedError as e:
         log.warning("jobs_unavailable", data_dir=path, reason=str(e))
         return None
+
+
+def head_deadline_protocol(timeout_s: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a deadline on each request head: a connection that has not
+    sent a whole request line and headers ``timeout_s`` after it opened (or after its last
+    response) is closed. uvicorn has none (its keep-alive timer stops at the first byte)."""
+
+    class HeadDeadlineH11(H11Protocol):
+        def connection_made(self, transport: Any) -> None:  # event loop
+            super().connection_made(transport)
+            self.loop.call_later(timeout_s, self._head_overdue, self.cycle)
+
+        def on_response_complete(self) -> None:  # event loop
+            cycle = self.cycle  # a pipelined request may start in super()'s call: then no deadline
+            super().on_response_complete()
+            self.loop.call_later(timeout_s, self._head_overdue, cycle)
+
+        def _head_overdue(self, cycle: Any) -> None:
+            if self.cycle is cycle and not self.transport.is_closing():  # no new request began
+                log.info("http_head_timeout", client=str(self.client))
+                self.transport.close()
+
+    return HeadDeadlineH11
+
+
+def _raise_file_limit(connections: int) -> None:
+    """Each connection is a file descriptor: raise the soft limit toward what ``connections``
+    needs (beside the models', logs' and journal's files), as far as the hard limit allows."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        if new < wanted:
+            log.warning("file_limit_low", limit=new, limit_concurrency=connections)
 
 
 class _DrainingServer(uvicorn.Server):

@@ -7,12 +7,13 @@ every step, and carry ``model`` and ``replica`` labels.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from starlette.routing import compile_path
 
 from llamactor.base.completion import Completion
 
@@ -20,6 +21,22 @@ LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
 LABELS = ["model", "replica"]
+UNMATCHED = "unmatched"  # the one path label of every request that no route answers
+
+
+class RouteTemplates:
+    """The request counter's ``path`` label: the template of the route a path matches
+    (``/v1/files/{file_id}``), never the raw path -- a label per raw path would let any caller
+    grow the series without bound. Matched here, from the paths alone, so that a request refused
+    before routing (a wrong key, a foreign Origin) is labelled the same way."""
+
+    def __init__(self, templates: Iterable[str] = ()) -> None:
+        self.templates = [(compile_path(t)[0], t) for t in dict.fromkeys(templates)]
+
+    def label(self, path: str) -> str:
+        return next((t for regex, t in self.templates if regex.match(path)), UNMATCHED)
+
+
 ReplicaStats = list[tuple[str, int, dict[str, Any]]]  # (model, replica, published stats + in_flight/served)
 
 
@@ -103,7 +120,8 @@ class _BatcherCollector(Collector):
 class Metrics:
     def __init__(self, stats: Callable[[], ReplicaStats]) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("llamactor_http_requests", "HTTP requests by path and status",
+        self.routes = RouteTemplates()  # the app's, once it is made (server.create_app)
+        self.requests = Counter("llamactor_http_requests", "HTTP requests by route template and status",
                                 ["path", "status"], registry=self.registry)
         # request series carry the dialect the request came in (openai, responses, anthropic, ollama)
         by = ["model", "dialect"]

@@ -1,5 +1,5 @@
-"""The HTTP app (FastAPI): transport only. Middleware (``middleware``: the API key, ids, logging,
-the request counter, JSON bodies; ``body_limit``), the exception handlers (``errors``: each
+"""The HTTP app (FastAPI): transport only. Middleware (``middleware``: ids, logging, the request
+counter, the API key, JSON bodies; ``origins``: Host, Origin, CORS; ``body_limit``: size and time), the exception handlers (``errors``: each
 dialect's error shape), and one ``APIRouter`` per dialect, whose module-level handlers turn a
 body into typed requests and back through ``llamactor.dialects`` over the common request path
 (``request_path``) and the one stream framing (``framing``).
@@ -19,7 +19,9 @@ from llamactor.http import (anthropic_routes, batches_routes, engine_routes, err
                             ollama_model_routes, ollama_routes, openai_routes, ops_routes, responses_routes,
                             tokenizer_routes, ui_routes)
 from llamactor.http.body_limit import BodyLimitMiddleware
-from llamactor.http.middleware import JsonBodies, guard_and_log
+from llamactor.http.metrics import RouteTemplates
+from llamactor.http.middleware import JsonBodies, KeyGuard, RequestLog, is_json_or_upload
+from llamactor.http.origins import OriginGuard, PolicyCors
 from llamactor.http.state import ServerState
 
 # Served twice: under /v1 and at the root (llama-server's routes: an openai client whose
@@ -31,20 +33,25 @@ BOTH_PREFIXES = (openai_routes.router, responses_routes.router, tokenizer_routes
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="llamactor", docs_url=None, redoc_url=None, strict_content_type=False)
     app.state.server = state
-    app.middleware("http")(guard_and_log)
     app.add_exception_handler(RequestValidationError, errors.invalid_body)  # type: ignore[arg-type]
     app.add_exception_handler(LlamactorError, errors.llamactor_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, errors.http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, errors.unexpected)
-    app.include_router(ops_routes.router)
-    app.include_router(model_admin_routes.router)  # llama-server's /models/load and /models/unload: the root only
-    app.include_router(engine_routes.router)  # the live view of the engine, and its pages
-    app.include_router(ui_routes.router)
-    for router in BOTH_PREFIXES:
-        app.include_router(router, prefix="/v1")
-        app.include_router(router)
-    for router in (anthropic_routes.router, ollama_routes.router, ollama_model_routes.router):
-        app.include_router(router)
+    included = [(ops_routes.router, ""), (model_admin_routes.router, ""),  # /models/load, /models/unload: the root only
+                (engine_routes.router, ""), (ui_routes.router, "")]  # the live view of the engine, and its pages
+    included += [(router, prefix) for router in BOTH_PREFIXES for prefix in ("/v1", "")]
+    included += [(router, "") for router in (anthropic_routes.router, ollama_routes.router, ollama_model_routes.router)]
+    for router, prefix in included:
+        app.include_router(router, prefix=prefix)
+    paths = [(prefix, getattr(r, "path", None)) for router, prefix in [(app, ""), *included] for r in router.routes]
+    state.metrics.routes = RouteTemplates(prefix + path for prefix, path in paths if isinstance(path, str))
+    # Added innermost first; each check that needs only the headers runs before the body is read.
     app.add_middleware(JsonBodies)
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=state.max_body_bytes)  # outermost: runs first
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=state.max_body_bytes,
+                       body_timeout_s=state.transport.body_timeout_s)
+    app.add_middleware(KeyGuard, state=state)
+    app.add_middleware(PolicyCors, policy=state.origins)  # preflights need no key
+    app.add_middleware(OriginGuard, policy=state.origins, keyless=lambda: not state.keys.required,
+                       is_json=is_json_or_upload)
+    app.add_middleware(RequestLog, state=state)  # outermost: sees and logs every answer
     return app

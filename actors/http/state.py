@@ -1,5 +1,5 @@
 """``ServerState``: what the HTTP app knows: the router once built, the model names, the keys and
-their tenants, the drain flag, the metrics, the stored responses, the batch jobs. Read and written on uvicorn's
+their tenants, the transport's limits and origin policy, the drain flag, the metrics, the stored responses, the batch jobs. Read and written on uvicorn's
 event loop (the router is set once by the daemon's loader thread). Handlers take it as a
 dependency (``State``).
 """
@@ -10,10 +10,12 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
+from llamactor.base.config import Config
 from llamactor.base.tenants import KeyTable, Tenant
 from llamactor.handles.limits import Limiter
 from llamactor.handles.model import ModelClient, ModelRouter
 from llamactor.http.metrics import Metrics
+from llamactor.http.origins import OriginPolicy
 from llamactor.http.responses_store import ResponseStore
 from llamactor.jobs.service import JobService
 
@@ -23,14 +25,19 @@ class ServerState:
     ``RemoteRouter``): ``model(name)`` gives a ``ModelClient``."""
 
     def __init__(self, model_names: list[str], api_key: str | None, max_body_bytes: int,
-                 keys: KeyTable | None = None) -> None:
+                 keys: KeyTable | None = None, *, transport: Config | None = None,
+                 bind_host: str | None = "127.0.0.1") -> None:
         """``keys``: the tenants' keys (``--keys``); ``api_key`` (``--api-key``) joins them as
-        the default tenant, an admin. Neither: no key is asked for, everyone is the default tenant."""
+        the default tenant, an admin. Neither: no key is asked for, everyone is the default tenant.
+        ``transport``: a ``Config`` whose transport fields (time and size limits, allowed hosts and
+        origins) the app applies; ``bind_host``: the address listened on (None: a Unix socket)."""
         self.router: ModelRouter | None = None
         self.model_names = list(model_names)
         self.tenant_keys = keys is not None  # a keys file: tenants, and /metrics for admins only
         self.keys = with_api_key(keys or KeyTable(), api_key)
         self.max_body_bytes = max_body_bytes
+        self.transport = transport or Config()
+        self.origins = OriginPolicy(self.transport.allowed_hosts, self.transport.allowed_origins, bind_host)
         self.draining = False
         self.jobs: JobService | None = None  # batch jobs (files, batches): set by the daemon when it owns a data dir
         self.metrics = Metrics(self.replica_stats)

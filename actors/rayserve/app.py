@@ -20,6 +20,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
+from llamactor.base.config import Config
 from llamactor.base.logging import get_logger
 from llamactor.base.tenants import KeyTable
 from llamactor.http.server import create_app
@@ -38,9 +39,11 @@ INGRESS_MAX_ONGOING = 4096
 @serve.ingress()  # the app is built per ingress replica, after __init__ (it holds the handles)
 class Ingress:
     def __init__(self, specs: list[ModelSpec], handles: list[DeploymentHandle], api_key: str | None,
-                 max_body_bytes: int, keys: KeyTable | None = None) -> None:
+                 max_body_bytes: int, keys: KeyTable | None = None, transport: Config | None = None,
+                 bind_host: str = "127.0.0.1") -> None:
         configure_from_env()  # this Ray worker process is ours: its entry point
-        self.state = ServerState([s.name for s in specs], api_key, max_body_bytes, keys)
+        self.state = ServerState([s.name for s in specs], api_key, max_body_bytes, keys, transport=transport,
+                                 bind_host=bind_host)
         self.state.router = RemoteRouter([RemoteReplicas(s, h) for s, h in zip(specs, handles, strict=True)])
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -64,15 +67,16 @@ def model_deployment(spec: ModelSpec) -> Any:
 
 
 def build_app(specs: list[ModelSpec], *, api_key: str | None = None, max_body_bytes: int = 4 << 20,
-              keys: KeyTable | None = None) -> Any:
+              keys: KeyTable | None = None, transport: Config | None = None, bind_host: str = "127.0.0.1") -> Any:
     """The application to ``serve.run``: the ingress over one deployment per model."""
     ingress: Any = serve.deployment(Ingress, name="llamactor-ingress", max_ongoing_requests=INGRESS_MAX_ONGOING,
                                ray_actor_options={"num_cpus": 0})
-    return ingress.bind(specs, [model_deployment(s) for s in specs], api_key, max_body_bytes, keys)
+    return ingress.bind(specs, [model_deployment(s) for s in specs], api_key, max_body_bytes, keys, transport,
+                        bind_host)
 
 
 def serve_on_ray(specs: list[ModelSpec], *, host: str, port: int, api_key: str | None,
-                 max_body_bytes: int, keys: KeyTable | None = None) -> int:
+                 max_body_bytes: int, keys: KeyTable | None = None, transport: Config | None = None) -> int:
     """``llamactor serve --ray``: deploy, wait for SIGTERM/SIGINT, then remove the app (and stop
     the local Ray instance if this process started it). ``keys``: the tenants' keys, read once
     (a SIGHUP does not reach the ingress replicas: redeploy to change them)."""
@@ -88,8 +92,8 @@ def serve_on_ray(specs: list[ModelSpec], *, host: str, port: int, api_key: str |
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": host, "port": port})
-        serve.run(build_app(specs, api_key=api_key, max_body_bytes=max_body_bytes, keys=keys), name=APP_NAME,
-                  route_prefix="/")
+        serve.run(build_app(specs, api_key=api_key, max_body_bytes=max_body_bytes, keys=keys, transport=transport,
+                            bind_host=host), name=APP_NAME, route_prefix="/")
         for spec in specs:
             log.info("model_ready", model=spec.name, replicas=spec.replicas, ray=True)
         log.info("serving", address=f"http://{host}:{port}", models=[s.name for s in specs], ray=True,
