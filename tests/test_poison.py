@@ -9,6 +9,8 @@ must hold for whatever poison the edge does not know yet.
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -22,7 +24,11 @@ from llamactor.base.errors import BatcherUnavailableError, EngineError, Llamacto
 from llamactor.base.messages import Generate, ReplyChannel, Tokenize
 from llamactor.base.tools import Tools
 from llamactor.batcher import BatcherActor
+from llamactor.jobs.runner import JobRunner
+from llamactor.jobs.store import JobStore
 from llamactor.requests import RequestState
+
+from .test_jobs_pure import CHAT, FakeClient, answer, line, new_batch, run_in_thread, store  # noqa: F401 - store: a fixture
 
 
 def params(**bypassing_validation: Any) -> SamplingParams:
@@ -136,3 +142,66 @@ def test_a_request_in_two_crashing_steps_is_quarantined_and_the_streams_beside_i
     assert llm.ask("After the quarantine", max_tokens=3).usage.completion_tokens == 3
     stats = llm.stats()
     assert stats["restarts"] == 2 and stats["quarantined"] == 1 and stats["state"] == "ready"
+
+
+# -- the batch journal: a line in flight when the process died twice -------------------------
+
+def died_running(store: JobStore, batch_id: str, *line_nos: int) -> None:
+    """What a process killed mid-job leaves in the journal: its run started, these lines in
+    flight (``running``), nothing given back."""
+    store.start_run(batch_id)
+    for line_no in line_nos:
+        store.mark_running(batch_id, line_no)
+
+
+def line_of(msg: Generate, batch_id: str) -> int:
+    return int(msg.request_id.removeprefix(f"chatcmpl-{batch_id}-"))
+
+
+@pytest.mark.pure
+def test_lines_in_flight_at_a_process_death_run_first_and_alone_and_a_stopped_run_leaves_no_suspect(store) -> None:
+    b = new_batch(store, *(line(f"q{i}", f"question {i}") for i in range(4)))
+    suspects = [n for n, _, _ in store.unfinished(b)][1:3]
+    died_running(store, b, *suspects)
+    client = FakeClient()
+    thread, result = run_in_thread(JobRunner(store, b, CHAT, client, "m", max_in_flight=4))
+    for i, suspect in enumerate(suspects):  # one at a time: the next goes once the one before is done
+        msg = client.next_message(i)
+        assert line_of(msg, b) == suspect and client.most_outstanding == 1
+        answer(msg)
+    rest = [client.next_message(i) for i in (2, 3)]  # then the others, together
+    assert client.outstanding == 2
+    for msg in rest:
+        answer(msg)
+    thread.join(10)
+    assert result == [True] and store.counts(b).completed == 4 and store.crashes(b) == {}
+    # A run that is stopped gives its lines back: the next start counts no crash against them.
+    b2 = new_batch(store, *(line(f"r{i}", f"again {i}") for i in range(2)), batch_id="batch_2")
+    stop, client = threading.Event(), FakeClient()
+    thread, result = run_in_thread(JobRunner(store, b2, CHAT, client, "m", max_in_flight=2, stop=stop))
+    client.next_message(1)
+    stop.set()
+    thread.join(10)
+    store.start_run(b2)
+    assert result == [False] and store.crashes(b2) == {}
+
+
+@pytest.mark.pure
+def test_a_line_in_flight_at_two_process_deaths_fails_once_with_poison_request_and_the_job_goes_on(store) -> None:
+    b = new_batch(store, *(line(f"q{i}", f"question {i}") for i in range(4)))
+    order = [n for n, _, _ in store.unfinished(b)]
+    innocent, poison = order[0], order[1]
+    died_running(store, b, innocent, poison)
+    died_running(store, b, poison)  # the next run had it alone in flight (a suspect runs alone) when it died
+    for _ in range(2):  # the run that quarantines it, and one more start: it fails once, never runs again
+        client = FakeClient()
+        thread, result = run_in_thread(JobRunner(store, b, CHAT, client, "m", max_in_flight=4))
+        for i in range(len(store.unfinished(b))):
+            answer(client.next_message(i))
+        thread.join(10)
+        assert result == [True] and poison not in {line_of(m, b) for m in client.sent}
+    assert store.counts(b).as_dict() == {"total": 4, "completed": 3, "failed": 1}
+    (failed,) = [json.loads(r) for r in store.results(b, "failed")]
+    assert failed["response"]["request_id"] == f"{b}-{poison}"
+    assert failed["response"]["status_code"] == 422
+    assert failed["response"]["body"]["error"]["code"] == "poison_request"

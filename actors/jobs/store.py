@@ -2,7 +2,11 @@
 
 Every line of a job has a row: pending -> running -> done / failed, with its output-file entry.
 A result is committed before it counts, so a process killed at any moment (``kill -9``) loses at
-most the requests it had in flight, and a restart runs exactly the lines not done. File contents
+most the requests it had in flight, and a restart runs exactly the lines not done. A line is
+``running`` only while a process has it in flight (a run that stops gives its lines back,
+``release``), so one still ``running`` when a run starts was in flight when a process died:
+``start_run`` counts that crash against it (``crashes``) and the runner fails a line counted
+twice instead of replaying it for ever (a poison that kills the process). File contents
 are written to a temporary name and renamed into place, then recorded: a file row always names
 a whole file. Files and batches belong to a tenant (a ``tenant=None`` argument: any owner, for
 the service's workers and the CLI); a file past its ``expires_at`` is gone to every reader at
@@ -41,7 +45,7 @@ CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, status TEXT NOT NULL, c
                                     data TEXT NOT NULL, tenant TEXT NOT NULL DEFAULT 'default');
 CREATE TABLE IF NOT EXISTS lines (batch_id TEXT NOT NULL, line_no INTEGER NOT NULL, rank INTEGER NOT NULL,
                                   custom_id TEXT, body TEXT, state TEXT NOT NULL, result TEXT,
-                                  PRIMARY KEY (batch_id, line_no));
+                                  crashes INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (batch_id, line_no));
 CREATE INDEX IF NOT EXISTS lines_by_state ON lines (batch_id, state, rank);
 CREATE TABLE IF NOT EXISTS runs (batch_id TEXT NOT NULL, run_no INTEGER NOT NULL, pid INTEGER NOT NULL,
                                  started_at REAL NOT NULL, tokens_computed INTEGER NOT NULL DEFAULT 0,
@@ -49,7 +53,8 @@ CREATE TABLE IF NOT EXISTS runs (batch_id TEXT NOT NULL, run_no INTEGER NOT NULL
 """
 LINE_STATES = ("pending", "running", "done", "failed")
 ADDED_COLUMNS = (("files", "tenant", "TEXT NOT NULL DEFAULT 'default'"), ("files", "expires_at", "INTEGER"),
-                 ("batches", "tenant", "TEXT NOT NULL DEFAULT 'default'"))
+                 ("batches", "tenant", "TEXT NOT NULL DEFAULT 'default'"),
+                 ("lines", "crashes", "INTEGER NOT NULL DEFAULT 0"))
 LIVE = "(expires_at IS NULL OR expires_at > ?)"  # a file row not expired at the time given
 # Filters by an optional argument: ``? IN (tenant, '*')`` with '*' (None) passes every row; no tenant
 # name or purpose is '*'.
@@ -255,7 +260,8 @@ class JobStore:
         half-way left nothing, and is done again."""
         with self._tx() as db:
             db.execute("DELETE FROM lines WHERE batch_id = ?", (batch_id,))
-            db.executemany("INSERT INTO lines VALUES (?, ?, ?, ?, ?, ?, ?)", [
+            db.executemany("INSERT INTO lines (batch_id, line_no, rank, custom_id, body, state, result) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?)", [
                 (batch_id, ln.line_no, ln.rank, ln.custom_id, json.dumps(ln.body) if ln.body is not None else None,
                  "pending" if ln.error is None else "failed",
                  json.dumps(invalid_results[ln.line_no]) if ln.error is not None else None) for ln in lines])
@@ -283,6 +289,18 @@ class JobStore:
             db.execute("UPDATE lines SET state = 'running' WHERE batch_id = ? AND line_no = ? AND state = 'pending'",
                        (batch_id, line_no))
 
+    def release(self, batch_id: str, line_nos: list[int]) -> None:
+        """Give lines back (``running`` -> ``pending``): a run stopped or set them aside unfinished."""
+        with self._tx() as db:
+            db.executemany("UPDATE lines SET state = 'pending' WHERE batch_id = ? AND line_no = ? AND state = 'running'",
+                           [(batch_id, line_no) for line_no in line_nos])
+
+    def crashes(self, batch_id: str) -> dict[int, int]:
+        """line_no -> the process deaths it was in flight for, of each unfinished line that has any."""
+        rows = self._query("SELECT line_no, crashes FROM lines WHERE batch_id = ? AND crashes > 0 AND state IN "
+                           "('pending', 'running')", (batch_id,))
+        return {r["line_no"]: r["crashes"] for r in rows}
+
     def finish_line(self, batch_id: str, line_no: int, state: str, result: dict[str, Any],
                     run: tuple[int, int] | None = None) -> None:
         """Commit a line's result (``done`` or ``failed``); with ``run`` = (run_no,
@@ -309,7 +327,11 @@ class JobStore:
     # -- runs: how many tokens each process spent on a job (the bench's resume cost) ----------
 
     def start_run(self, batch_id: str) -> int:
+        """A new run's number. The lines still ``running`` were in flight when the process running
+        the last one died: each has one crash more, and is pending again."""
         with self._tx() as db:
+            db.execute("UPDATE lines SET crashes = crashes + 1, state = 'pending' WHERE batch_id = ? "
+                       "AND state = 'running'", (batch_id,))
             run_no = db.execute("SELECT COALESCE(MAX(run_no), -1) + 1 FROM runs WHERE batch_id = ?",
                                 (batch_id,)).fetchone()[0]
             db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, 0)", (batch_id, run_no, os.getpid(), time.time()))
