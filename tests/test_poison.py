@@ -12,23 +12,27 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 import llamactor
-from llamactor.base.config import SamplingParams
-from llamactor.base.errors import BatcherUnavailableError, EngineError, LlamactorError, PoisonRequestError, \
-    RequestFailedError
-from llamactor.base.messages import Generate, ReplyChannel, Tokenize
+from llamactor.base.config import Config, SamplingParams
+from llamactor.base.errors import BatcherUnavailableError, CancelledError, EngineError, LlamactorError, \
+    PoisonRequestError, RequestFailedError
+from llamactor.base.messages import BatcherFailed, Cancel, Generate, ReplyChannel, Tokenize, tell_quietly
 from llamactor.base.tools import Tools
 from llamactor.batcher import BatcherActor
 from llamactor.jobs.runner import JobRunner
 from llamactor.jobs.store import JobStore
 from llamactor.requests import RequestState
+from llamactor.supervisor import SupervisorActor
 
 from .test_jobs_pure import CHAT, FakeClient, answer, line, new_batch, run_in_thread, store  # noqa: F401 - store: a fixture
+from .test_supervisor_stub import TIMEOUT, Answer, Batchers, HoldingBoard, Received, StubBatcher, Tree, generated
 
 
 def params(**bypassing_validation: Any) -> SamplingParams:
@@ -205,3 +209,85 @@ def test_a_line_in_flight_at_two_process_deaths_fails_once_with_poison_request_a
     assert failed["response"]["request_id"] == f"{b}-{poison}"
     assert failed["response"]["status_code"] == 422
     assert failed["response"]["body"]["error"]["code"] == "poison_request"
+
+
+# -- the supervisor's quarantine, on stub batchers (model-free) ------------------------------
+
+@dataclass(frozen=True)
+class CrashWith:
+    """Test -> stub batcher: fail as a step with these requests in it would."""
+
+    suspects: tuple[str, ...]
+
+
+class SuspectingStub(StubBatcher):
+    """A stub batcher that names its suspects when it dies, as the real one does."""
+
+    suspects: tuple[str, ...] = ()
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, CrashWith):
+            self.suspects = message.suspects
+            raise RuntimeError(f"a step with {message.suspects} failed")
+        return super().on_receive(message)
+
+    def on_failure(self, exception_type: Any, exception_value: BaseException | None, traceback: Any) -> None:
+        tell_quietly(self.supervisor, BatcherFailed(self.generation, repr(exception_value), suspects=self.suspects))
+
+
+class SuspectingBatchers(Batchers):
+    def __call__(self, config: Config, model_path: str, supervisor: Any, generation: int, *rest: Any) -> Any:
+        return SuspectingStub.start(self, supervisor, generation)
+
+
+@pytest.fixture
+def stub_tree() -> Iterator[Tree]:
+    batchers, board = SuspectingBatchers(), HoldingBoard()
+    tree = Tree(SupervisorActor.start(Config(max_restarts=5), "stub.gguf", start_batcher=batchers, board=board),
+                batchers, board)
+    yield tree
+    tree.supervisor.stop(block=True)
+
+
+def crash_with(tree: Tree, generation: int, *suspects: str) -> None:
+    tree.batcher(generation)
+    tree.settle()
+    tree.batcher(generation).tell(CrashWith(suspects))
+
+
+def answered(tree: Tree, generation: int, request_id: str) -> list[str]:
+    """Answer ``request_id`` on batcher ``generation``; what that batcher was told once the
+    supervisor has heard the request is done."""
+    tree.batcher(generation).tell(Answer(request_id))
+    tree.batcher(generation).ask(Received(), timeout=TIMEOUT)  # handled: its Forget is on its way
+    return generated(tree.told(generation))
+
+
+@pytest.mark.pure
+def test_suspects_are_replayed_one_at_a_time_and_one_suspected_of_two_crashes_is_quarantined(stub_tree) -> None:
+    tree = stub_tree
+    sent = {r: tree.submit(r) for r in ("r0", "r1", "r2", "r3")}
+    crash_with(tree, 1, "r1", "r2")
+    assert generated(tree.told(2)) == ["r0", "r3", "r1"]  # the others at once, then one suspect alone
+    assert answered(tree, 2, "r1") == ["r0", "r3", "r1", "r2"]  # the next suspect once it is done
+    crash_with(tree, 2, "r2", "r3")  # r2 again, on probation: a poison; r3 shared its step
+    with pytest.raises(PoisonRequestError, match="r2"):
+        sent["r2"].reply.future.result(timeout=TIMEOUT)
+    assert generated(tree.told(3)) == ["r0", "r3"]  # r3 suspected once: on probation, not quarantined
+    assert tree.board.supervisor["quarantined"] == 1 and tree.board.supervisor["restarts"] == 2
+    assert answered(tree, 3, "r3") == ["r0", "r3"] and sent["r3"].reply.future.result(timeout=TIMEOUT)
+
+
+@pytest.mark.pure
+def test_a_crash_naming_no_suspect_quarantines_nothing_and_a_held_back_suspect_is_cancelled_here(stub_tree) -> None:
+    tree = stub_tree
+    sent = {r: tree.submit(r) for r in ("r0", "r1")}
+    for generation in (1, 2):  # an injected crash, a failed decode of no one request: all replayed
+        crash_with(tree, generation)
+    assert generated(tree.told(3)) == ["r0", "r1"]
+    crash_with(tree, 3, "r0", "r1")
+    assert generated(tree.told(4)) == ["r0"]
+    tree.supervisor.tell(Cancel("r1"))  # held back: no batcher has it to answer, so the supervisor does
+    with pytest.raises(CancelledError):
+        sent["r1"].reply.future.result(timeout=TIMEOUT)
+    assert answered(tree, 4, "r0") == ["r0"] and tree.board.supervisor["quarantined"] == 0
