@@ -4,9 +4,12 @@ Every line of a job has a row: pending -> running -> done / failed, with its out
 A result is committed before it counts, so a process killed at any moment (``kill -9``) loses at
 most the requests it had in flight, and a restart runs exactly the lines not done. A line is
 ``running`` only while a process has it in flight (a run that stops gives its lines back,
-``release``), so one still ``running`` when a run starts was in flight when a process died:
-``start_run`` counts that crash against it (``crashes``) and the runner fails a line counted
-twice instead of replaying it for ever (a poison that kills the process). File contents
+``release``). A process that dies of a fault (SIGSEGV, SIGABRT: a native crash, which one line
+can cause) writes its traceback to ``<journal>.faults`` (``faulthandler``); the next store opened
+on the journal logs it and counts a crash against each line left ``running`` (``crashes``), and
+the runner fails a line counted twice instead of replaying it for ever. A process killed
+(SIGKILL, the OOM killer, a power loss) writes nothing: its lines are given back uncounted,
+since the kill was not theirs. File contents
 are written to a temporary name and renamed into place, then recorded: a file row always names
 a whole file. Files and batches belong to a tenant (a ``tenant=None`` argument: any owner, for
 the service's workers and the CLI); a file past its ``expires_at`` is gone to every reader at
@@ -21,6 +24,7 @@ is one short transaction. Timestamps come from ``clock`` (a fake one in tests).
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import fcntl
 import json
 import os
@@ -32,6 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from llamactor.base.logging import get_logger
 from llamactor.base.tenants import DEFAULT_TENANT
 from llamactor.jobs.plan import TERMINAL, TIMESTAMP_OF, PlannedLine, RequestCounts, check_transition
 from llamactor.jobs.records import FILE_TTL_S
@@ -65,6 +70,9 @@ def _any(value: str | None) -> str:
     return ANY if value is None else value  # "" is nobody's, not everyone's
 
 
+log = get_logger("llamactor.jobs")
+
+
 class StoreLockedError(RuntimeError):
     """Another live process holds this store."""
 
@@ -94,6 +102,7 @@ class JobStore:
         self._db.executescript(SCHEMA)
         self._mutex = threading.Lock()
         self._migrate()
+        self._watch_faults()
 
     @classmethod
     def in_data_dir(cls, data_dir: str | Path) -> JobStore:
@@ -102,6 +111,10 @@ class JobStore:
 
     def close(self) -> None:
         with self._mutex:
+            faulthandler.disable()
+            if self._faulthandler_was_enabled:
+                faulthandler.enable()  # to stderr, as it was (python -X faulthandler, pytest)
+            self._faults.close()
             self._db.close()
             self._lock_file.close()
 
@@ -133,6 +146,22 @@ class JobStore:
                     db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declared}")
                     if (table, column) == ("files", "expires_at"):
                         db.execute("UPDATE files SET expires_at = ?", (self._now() + FILE_TTL_S,))
+
+    def _watch_faults(self) -> None:
+        """Count a crash against the lines the last holder left ``running`` if it died of a fault
+        (its traceback in the faults file, logged here); then arm this process's fault log."""
+        fd = os.open(self.db_path.with_name(self.db_path.name + ".faults"), os.O_RDWR | os.O_CREAT, 0o600)
+        self._faults = os.fdopen(fd, "r+")
+        fault = self._faults.read().strip()
+        if fault:
+            with self._tx() as db:
+                charged = db.execute("UPDATE lines SET crashes = crashes + 1, state = 'pending' "
+                                     "WHERE state = 'running'").rowcount
+            log.error("job_process_faulted", journal=str(self.db_path), lines_in_flight=charged, fault=fault[-4000:])
+        self._faults.seek(0)
+        self._faults.truncate()
+        self._faulthandler_was_enabled = faulthandler.is_enabled()
+        faulthandler.enable(self._faults, all_threads=True)
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -328,10 +357,9 @@ class JobStore:
 
     def start_run(self, batch_id: str) -> int:
         """A new run's number. The lines still ``running`` were in flight when the process running
-        the last one died: each has one crash more, and is pending again."""
+        the last one was killed: pending again (a fault's were counted when the store opened)."""
         with self._tx() as db:
-            db.execute("UPDATE lines SET crashes = crashes + 1, state = 'pending' WHERE batch_id = ? "
-                       "AND state = 'running'", (batch_id,))
+            db.execute("UPDATE lines SET state = 'pending' WHERE batch_id = ? AND state = 'running'", (batch_id,))
             run_no = db.execute("SELECT COALESCE(MAX(run_no), -1) + 1 FROM runs WHERE batch_id = ?",
                                 (batch_id,)).fetchone()[0]
             db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, 0)", (batch_id, run_no, os.getpid(), time.time()))
