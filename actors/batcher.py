@@ -3,8 +3,16 @@
 It holds every running request, steps while there is work (schedule -> run -> postprocess) and
 sleeps otherwise: the next ``Step`` is a message it tells itself, so callers' messages are
 handled between steps, and a lone request waits for company on a ``threading.Timer`` that
-tells it ``FlushDue`` (``FlushTimer``), never on a spin. Work messages arrive by ``tell``, so an exception in a
-handler reaches ``on_failure``, which reports to the supervisor before the actor dies.
+tells it ``FlushDue`` (``FlushTimer``), never on a spin.
+
+A request's failure is the request's (``llamactor.requests.request_error``): whatever handling one request's
+message raises (tokenizing, its template, its grammar, its sampler, resuming it) fails that
+request alone, and so does what the per-sequence part of a step raises for one sequence (drawing
+or accepting its token, building its answer). The rest -- the decode, KV operations, the
+scheduler, an ``EngineError`` anywhere -- is shared: it reaches ``on_failure``, which reports to
+the supervisor before the actor dies, naming the requests it was handling then (``suspects``:
+the message in hand, or the sequences of the failing step) so that the supervisor can quarantine
+one that keeps killing it.
 """
 
 from __future__ import annotations
@@ -36,16 +44,18 @@ from llamactor.base.messages import (
     Generate,
     GetStats,
     InjectCrash,
+    Request,
     Step,
     Tokenize,
     tell_quietly,
 )
 from llamactor.native.engine import Engine
+from llamactor.native.sampling import Sampled
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
 from llamactor.scheduling.tier_index import RestoreOp
 from llamactor.prompts import PromptBuilder
-from llamactor.requests import finish_request, resume_sequence, start_sequence
+from llamactor.requests import finish_request, request_error, resume_sequence, shared, start_sequence
 from llamactor.scheduling.packed_kv import PackedScheduler
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Sequence, StepPlan
@@ -78,6 +88,7 @@ class BatcherActor(pykka.ThreadingActor):
         self.flush_timer = FlushTimer(self.actor_ref)
         self._last_stats_log = time.perf_counter()
         self.watchdog: Watchdog | None = None
+        self._suspects: tuple[str, ...] = ()  # the requests being handled: named to the supervisor if it dies
 
     # -- lifecycle (batcher thread) ---------------------------------------------------------
 
@@ -146,7 +157,7 @@ class BatcherActor(pykka.ThreadingActor):
     def on_failure(self, exception_type: Any, exception_value: BaseException | None, traceback: Any) -> None:
         log.error("batcher_failed", generation=self.generation, error=repr(exception_value))
         self._offer_entries()  # before the supervisor hears: the next generation finds them warm
-        self._report_failure(exception_value or RuntimeError("unknown failure"))
+        self._report_failure(exception_value or RuntimeError("unknown failure"), self._suspects)
         self._failed = True
         self.on_stop()  # pykka skips on_stop after a failure; the context must still be freed
 
@@ -173,11 +184,12 @@ class BatcherActor(pykka.ThreadingActor):
             self.engine.close()
             self.engine = None  # type: ignore[assignment]
 
-    def _report_failure(self, error: BaseException) -> None:
+    def _report_failure(self, error: BaseException, suspects: tuple[str, ...] = ()) -> None:
         self.flush_timer.cancel()
         if self.supervisor is not None:
             tell_quietly(self.supervisor, BatcherFailed(self.generation, repr(error),
-                                                        watchdog=isinstance(error, StepAbortedError)))
+                                                        watchdog=isinstance(error, StepAbortedError),
+                                                        suspects=suspects))
 
     def _on_watchdog_fired(self, step_no: int, elapsed_s: float, shape: dict[str, Any]) -> None:
         """Watchdog thread: log the hung step; the watchdog then sets the engine's abort flag."""
@@ -187,15 +199,12 @@ class BatcherActor(pykka.ThreadingActor):
     # -- messages (batcher thread) ----------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
+        self._suspects = (message.request_id,) if isinstance(message, (Generate, Embed, Tokenize, Cancel)) else ()
         if isinstance(message, Step):
             self._step_queued = False
             self._step()
-        elif isinstance(message, Generate):
-            self._on_generate(message)
-        elif isinstance(message, Embed):
-            self.embeddings.add(message)
-        elif isinstance(message, Tokenize):
-            self._on_tokenize(message)
+        elif isinstance(message, (Generate, Embed, Tokenize)):
+            self._on_request(message)
         elif isinstance(message, FlushDue):
             if not self.flush_timer.fired(message):
                 return None  # a stale timer: the window it guarded was already flushed
@@ -212,6 +221,24 @@ class BatcherActor(pykka.ThreadingActor):
         self._arm()
         self._publish(time.perf_counter())
         return None
+
+    def _on_request(self, msg: Request) -> None:
+        """One request's message: whatever handling it raises fails that request alone."""
+        try:
+            if isinstance(msg, Generate):
+                self._on_generate(msg)
+            elif isinstance(msg, Embed):
+                self.embeddings.add(msg)
+            else:
+                self._on_tokenize(msg)
+        except Exception as e:
+            if shared(e):
+                raise
+            error = request_error(msg, e, f"handling its {type(msg).__name__} message")
+            seq = self.scheduler.find(msg.request_id) if isinstance(msg, Generate) else None
+            msg.reply.fail(error)
+            if seq is not None and seq.request is msg:  # it failed after it was queued: take it out again
+                self._finish(seq, "cancelled")
 
     def _on_generate(self, msg: Generate) -> None:
         with structlog.contextvars.bound_contextvars(request_id=msg.request_id):
@@ -281,6 +308,7 @@ class BatcherActor(pykka.ThreadingActor):
         generation_waiting = bool(self.scheduler.running) or self.scheduler.flush_due(t0)
         contended = generation_waiting and bool(queue.waiting)
         if queue.turn(generation_waiting):  # embedding and generation share time (EmbeddingQueue)
+            self._suspects = tuple({item.job.request.request_id: None for item in queue.waiting})
             self._guarded(lambda: self.embeddings.step(contended), {"kind": "embedding", "n_waiting": len(queue.waiting)})
             if contended:
                 queue.charge(True, (time.perf_counter() - t0) * 1000)
@@ -290,7 +318,9 @@ class BatcherActor(pykka.ThreadingActor):
             queue.charge(False, (time.perf_counter() - t0) * 1000)
 
     def _generation_step(self, t0: float) -> None:
+        self._suspects = tuple(s.request_id for s in (*self.scheduler.running, *self.scheduler.pending))
         plan = self.scheduler.schedule(t0)
+        self._suspects = tuple({s.request_id: None for s in (*(c.seq for c in plan.chunks), *plan.failed)})
         for seq_id in self._apply(plan.kv_ops):  # a restore that failed: that prompt starts over
             seq = self.scheduler.restore_failed(seq_id)
             plan.chunks = [c for c in plan.chunks if c.seq is not seq]
@@ -389,19 +419,53 @@ class BatcherActor(pykka.ThreadingActor):
         it, and end the sequences that are done."""
         t_sample = time.perf_counter()
         mask_ms = self.sampler.mask_ms
-        sampled, n_in_graph = sample_rows(self.sampler, to_sample, logits, graph_tokens)
+        try:
+            sampled, n_in_graph = sample_rows(self.sampler, to_sample, logits, graph_tokens)
+        except Exception as e:
+            if shared(e):
+                raise
+            to_sample, sampled, n_in_graph = self._sample_apart(to_sample, logits, graph_tokens)
         self.step_ms["mask"] += self.sampler.mask_ms - mask_ms
         self.step_ms["sample"] += (time.perf_counter() - t_sample) * 1000 - (self.sampler.mask_ms - mask_ms)
         self.counters["tokens_sampled_in_graph"] += n_in_graph
         for seq, token, logprob, top in zip(to_sample, sampled.tokens, sampled.logprobs, sampled.top):
             if seq.first_token_at is None:
                 seq.first_token_at = now
-            reason = seq.state.accept(seq, token, logprob, top, self.engine.tokenizer, self.engine.info.n_ctx_seq)
+            try:
+                reason = seq.state.accept(seq, token, logprob, top, self.engine.tokenizer, self.engine.info.n_ctx_seq)
+            except Exception as e:  # its grammar, its text, its stream: this sequence's alone
+                if shared(e):
+                    raise
+                self._finish(seq, "stop", request_error(seq.request, e, "accepting its token"))
+                continue
             if reason is not None:
                 self._finish(seq, reason)
             elif seq.request.reply.future.done():  # the caller cancelled its future
                 self._finish(seq, "cancelled")
         self.counters["tokens_generated"] += len(to_sample)
+
+    def _sample_apart(self, to_sample: list[Sequence], logits: np.ndarray,
+                      graph_tokens: np.ndarray | None) -> tuple[list[Sequence], Sampled, int]:
+        """The step's sampling raised: draw each row again on its own, and end alone each sequence
+        whose own row raises. (A bug's path: the draws may differ from an undisturbed run's.)"""
+        kept: list[Sequence] = []
+        out = Sampled([], [], [])
+        n_in_graph = 0
+        for i, seq in enumerate(to_sample):
+            try:
+                one, n = sample_rows(self.sampler, [seq], logits[i:i + 1],
+                                     None if graph_tokens is None else graph_tokens[i:i + 1])
+            except Exception as e:
+                if shared(e):
+                    raise
+                self._finish(seq, "stop", request_error(seq.request, e, "sampling its token"))
+                continue
+            kept.append(seq)
+            out.tokens += one.tokens
+            out.logprobs += one.logprobs
+            out.top += one.top
+            n_in_graph += n
+        return kept, out, n_in_graph
 
     def _finish(self, seq: Sequence, reason: str, error: LlamactorError | None = None, *,
                 kv_lost: bool = False) -> None:
@@ -409,7 +473,12 @@ class BatcherActor(pykka.ThreadingActor):
         self.chains.release(seq, finished=True)
         self._apply(self.scheduler.finish(seq, time.perf_counter(), kv_lost=kv_lost))
         self.counters["requests_finished"] += 1
-        finish_request(seq, reason, error, self.engine.tokenizer)
+        try:
+            finish_request(seq, reason, error, self.engine.tokenizer)
+        except Exception as e:  # its answer (tool calls, a user's parser) is its own: it fails alone
+            if shared(e):
+                raise
+            seq.request.reply.fail(request_error(seq.request, e, "building its answer"))
 
     def _audit_kv(self) -> list[str]:
         return audit_kv(self.engine, self.index)

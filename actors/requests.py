@@ -5,6 +5,15 @@ the request is finished (EOG, stop string, max_tokens, context limit) and record
 the request's ``Progress`` checkpoint; ``resume_sequence`` rebuilds a request from that checkpoint
 on a new batcher after a crash; ``finish_request`` resolves or fails the caller's future and logs
 the ``request_finished`` line.
+
+A request's failure is the request's (``request_error``): what the batcher does for one request
+alone -- tokenizing, rendering its template, compiling its grammar, setting up or resuming its
+sampler, drawing and accepting its token, building its answer -- touches nothing shared, so
+whatever it raises ends that request alone and the batcher goes on. A ``LlamactorError`` (an
+``InvalidRequestError`` above all) is the answer as it is; anything else is our bug, a
+``RequestFailedError`` (500) naming the request id, logged once with its traceback. An
+``EngineError`` (the context is unusable, ``shared``) is never caught there: it crashes the
+batcher on purpose, as do failures of the decode, KV operations and the scheduler.
 """
 
 from __future__ import annotations
@@ -19,7 +28,8 @@ import numpy as np
 from llamactor.base.logging import get_logger
 from llamactor.base.completion import Completion, Timings, TokenLogprob, Usage
 from llamactor.base.config import SamplingParams
-from llamactor.base.errors import CancelledError, InvalidRequestError, LlamactorError
+from llamactor.base.errors import CancelledError, EngineError, InvalidRequestError, LlamactorError, \
+    RequestFailedError
 from llamactor.grammar_sampler import new_matcher
 from llamactor.base.messages import Generate, Progress, ReplyChannel
 from llamactor.base.tools import parse_tool_calls
@@ -164,6 +174,25 @@ def resume_sequence(msg: Generate, params: SamplingParams, tokenizer: Tokenizer)
                    n_resumed=progress.n_resumed, prompt_only=params.max_tokens == 0)
     seq.state = state
     return seq
+
+
+def shared(error: BaseException) -> bool:
+    """Whether ``error`` means the shared context cannot go on: it must crash the batcher."""
+    return isinstance(error, EngineError)
+
+
+def request_error(request: Any, error: Exception, where: str) -> LlamactorError:
+    """The typed error that ends ``request`` (a ``Generate``, ``Embed`` or ``Tokenize``) for
+    ``error``, raised while the batcher was ``where`` for it alone; an unexpected one is logged
+    here, once, with its traceback."""
+    if isinstance(error, LlamactorError):
+        log.info("request_rejected", request_id=request.request_id, error=type(error).__name__, reason=str(error))
+        return error
+    tenant = getattr(request, "tenant", None)  # a Tokenize has none
+    log.error("request_failed", request_id=request.request_id, tenant=getattr(tenant, "name", None), where=where,
+              error=repr(error), exc_info=error)
+    return RequestFailedError(f"request {request.request_id} failed inside llamactor ({type(error).__name__} "
+                              f"while {where}); the server log has the details", request_id=request.request_id)
 
 
 def _ms(start: float, end: float | None) -> float:

@@ -13,6 +13,20 @@ completion. One that finds no batcher to take it (during the back-off) or that w
 which died before it handled it is answered here instead, with a ``CancelledError`` without a
 completion, and the request is not replayed: a cancel is never lost to a restart.
 
+Erlang's lesson: a message that kills its process again when it is replayed is a poison, and
+replaying it for ever spends the restart budget for everyone. ``BatcherFailed`` names the
+requests the batcher was handling when it died (``suspects``: the message in hand, or the
+sequences of the step that failed; none for a failure that was no request's, such as
+``InjectCrash``). A suspect is not replayed with the others: it is held back on probation and
+the suspects are replayed one at a time, the next once the one before is done. So a second
+crash has at most one suspect on probation in it, and a request suspected of two crashes is
+quarantined -- failed with ``PoisonRequestError`` (422), logged once (``request_quarantined``
+with its id and tenant), never replayed a third time. The innocent requests that shared the
+first crash's step wait their turn instead of being quarantined with it; those that shared the
+second's become suspects of one crash, and go on probation in turn. One poison costs two
+restarts, never the whole budget. (Most failures never come here: the batcher fails a request
+whose own work raised, alone, and goes on -- ``llamactor.requests.request_error``.)
+
 It never asks the batcher anything: its own state and counters go to the tree's ``StatsBoard``
 as they change, so health checks and stats never hold up request forwarding.
 """
@@ -29,7 +43,7 @@ import pykka
 
 from llamactor.base.logging import get_logger
 from llamactor.base.config import Config
-from llamactor.base.errors import BatcherUnavailableError, CancelledError
+from llamactor.base.errors import BatcherUnavailableError, CancelledError, PoisonRequestError
 from llamactor.stats_board import StatsBoard
 from llamactor.base.messages import (
     BatcherFailed,
@@ -72,6 +86,12 @@ class SupervisorActor(pykka.ThreadingActor):
         # In-flight requests whose Cancel went to the batcher: if it dies before answering them,
         # they are cancelled here rather than replayed (a dead batcher's inbox is dropped).
         self.cancelled: set[str] = set()
+        # Quarantine: crashes each in-flight request was a suspect of; the suspects held back
+        # after a crash (in order), and the one of them now replayed on probation.
+        self.suspected: dict[str, int] = {}
+        self.probation: dict[str, None] = {}
+        self.probe: str | None = None
+        self.n_quarantined = 0
         self.batcher: pykka.ActorRef[Any] | None = None
         self.generation = 0
         self.restart_times: deque[float] = deque()
@@ -107,8 +127,18 @@ class SupervisorActor(pykka.ThreadingActor):
         self.batcher = self.start_batcher(self.config, self.model_path, self.actor_ref, self.generation,
                                           self.n_watchdog_trips, self.board, self.tiers)
         self.board.batcher_ref = self.batcher
-        for msg in self.inflight.values():  # replay in submission order
-            tell_quietly(self.batcher, msg)
+        self.probe = None
+        for msg in self.inflight.values():  # replay in submission order, the suspects held back
+            if msg.request_id not in self.probation:
+                tell_quietly(self.batcher, msg)
+        self._next_probe()
+
+    def _next_probe(self) -> None:
+        """Replay the first suspect held back, alone, unless one is on probation already."""
+        if self.batcher is None or self.probe is not None or not self.probation:
+            return
+        self.probe = next(iter(self.probation))
+        tell_quietly(self.batcher, self.inflight[self.probe])
 
     # -- messages (supervisor thread) -------------------------------------------------------
 
@@ -120,6 +150,7 @@ class SupervisorActor(pykka.ThreadingActor):
         elif isinstance(message, Forget):
             self.inflight.pop(message.request_id, None)
             self.cancelled.discard(message.request_id)
+            self._acquit(message.request_id)
         elif isinstance(message, BatcherReady):
             if message.generation == self.generation:
                 self.info = message.info
@@ -150,7 +181,18 @@ class SupervisorActor(pykka.ThreadingActor):
             # inflight and is replayed when its BatcherFailed arrives and a new one starts.
             tell_quietly(self.batcher, msg)
 
+    def _acquit(self, request_id: str) -> None:
+        """``request_id`` is done (or gone): off probation; the next suspect goes."""
+        self.suspected.pop(request_id, None)
+        self.probation.pop(request_id, None)
+        if self.probe == request_id:
+            self.probe = None
+            self._next_probe()
+
     def _on_cancel(self, msg: Cancel) -> None:
+        if msg.request_id in self.probation and msg.request_id != self.probe:
+            self._cancel_here(msg.request_id)  # held back: no batcher has it to answer the cancel
+            return
         if self.batcher is not None:
             # The batcher holds the request's partial completion, so it answers the cancel. It may
             # die first; then ``_on_batcher_failed`` cancels the request instead of replaying it.
@@ -168,6 +210,7 @@ class SupervisorActor(pykka.ThreadingActor):
         is known only to the batcher that died (its checkpoint holds token ids, not text)."""
         self.cancelled.discard(request_id)
         req = self.inflight.pop(request_id, None)
+        self._acquit(request_id)
         if req is not None:
             req.reply.fail(CancelledError(f"request {request_id} was cancelled"))
 
@@ -182,6 +225,7 @@ class SupervisorActor(pykka.ThreadingActor):
         if self.info is None:  # it never came up: a bad model path will not heal by retrying
             self._give_up(f"the model could not be loaded: {msg.reason}")
             return
+        n_quarantined = self._suspect(msg)
         now = time.monotonic()
         self.restart_times.append(now)
         while self.restart_times and now - self.restart_times[0] > self.config.restart_window_s:
@@ -194,11 +238,36 @@ class SupervisorActor(pykka.ThreadingActor):
         self._set_state("restarting")
         delay = min(0.05 * 2 ** (len(self.restart_times) - 1), 5.0)
         log.warning("batcher_restarting", generation=self.generation, delay_s=delay, reason=msg.reason,
-                    requests_replayed=len(self.inflight),
+                    requests_replayed=len(self.inflight) - len(self.probation), held_back=len(self.probation),
+                    quarantined=n_quarantined,
                     streams_resumed=sum(1 for r in self.inflight.values() if r.reply.n_pieces_sent))
         self._restart_timer = threading.Timer(delay, tell_quietly, (self.actor_ref, RestartBatcher(self.generation)))
         self._restart_timer.daemon = True
         self._restart_timer.start()
+
+    def _suspect(self, msg: BatcherFailed) -> int:
+        """Count the crash against each in-flight suspect: a second one quarantines it, a first
+        one holds it back for probation. Returns how many were quarantined."""
+        quarantined = 0
+        self.probe = None  # the batcher that ran it is gone; probation starts again with the first
+        for request_id in msg.suspects:
+            if request_id not in self.inflight:
+                continue
+            n = self.suspected[request_id] = self.suspected.get(request_id, 0) + 1
+            if n < 2:
+                self.probation.setdefault(request_id, None)
+                continue
+            req = self.inflight.pop(request_id)
+            self._acquit(request_id)
+            self.n_quarantined += 1
+            quarantined += 1
+            tenant = getattr(req, "tenant", None)  # a Tokenize has none
+            log.error("request_quarantined", request_id=request_id, tenant=getattr(tenant, "name", None),
+                      kind=type(req).__name__, crashes=n, reason=msg.reason)
+            req.reply.fail(PoisonRequestError(
+                f"request {request_id} was being handled each time the model's batcher crashed ({n} times): "
+                "it is not retried; the server log has the details"))
+        return quarantined
 
     def _give_up(self, reason: str) -> None:
         log.error("supervisor_gave_up", reason=reason)
@@ -212,6 +281,9 @@ class SupervisorActor(pykka.ThreadingActor):
             req.reply.fail(error)
         self.inflight.clear()
         self.cancelled.clear()
+        self.suspected.clear()
+        self.probation.clear()
+        self.probe = None
 
     def _set_state(self, state: str) -> None:
         self.state = state
@@ -219,4 +291,5 @@ class SupervisorActor(pykka.ThreadingActor):
 
     def _publish(self) -> None:
         self.board.supervisor = {"state": self.state, "restarts": self.n_restarts,
-                                 "watchdog_trips": self.n_watchdog_trips, "inflight": len(self.inflight)}
+                                 "watchdog_trips": self.n_watchdog_trips, "inflight": len(self.inflight),
+                                 "quarantined": self.n_quarantined}

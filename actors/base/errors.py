@@ -104,6 +104,26 @@ class BatcherUnavailableError(LlamactorError):
     code = "batcher_unavailable"
 
 
+class RequestFailedError(LlamactorError):
+    """Something went wrong inside llamactor while it handled this request alone (tokenizing,
+    rendering, setting up its sampler, a step only it touched): our bug, not the caller's, so a
+    500. Only this request fails; the model goes on serving the others. The message names the
+    request id; the server log has the traceback once (event ``request_failed``)."""
+
+    code = "request_failed"
+
+
+class PoisonRequestError(LlamactorError):
+    """Quarantined: this request was being handled each time the batcher crashed, twice, so it is
+    not replayed a third time (Erlang's poison message). A 422, not a 500: the request is well
+    formed but cannot be processed, and repeating it is what would hurt -- the OpenAI and
+    Anthropic clients retry a 5xx on their own, never a 4xx other than 408/409/429. The server
+    log names it once (event ``request_quarantined``)."""
+
+    http_status = 422
+    code = "poison_request"
+
+
 class EngineError(LlamactorError):
     """llama.cpp failed in a way that leaves the context unusable; crashes the batcher on purpose."""
 

@@ -216,11 +216,14 @@ class Forget:
 
 @dataclass(frozen=True, slots=True)
 class BatcherFailed:
-    """Batcher -> supervisor, from ``on_failure``: it is dying; restart it."""
+    """Batcher -> supervisor, from ``on_failure``: it is dying; restart it. ``suspects``: the
+    requests it was handling when it died (the message in hand, or the sequences of the step that
+    failed); none when the failure was no request's (an injected crash, a failed start)."""
 
     generation: int
     reason: str
     watchdog: bool = False  # the watchdog aborted a hung step
+    suspects: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,12 @@ a process killed mid-job leaves the lines it had in flight pending, and the next
 Refusals that say "later" (queue full, batcher restarting) are retried; a request the model
 refuses (bad grammar, prompt too long) is a failed line in the error file, and the job goes on.
 
+A line in flight when a process died (the journal counts it, ``JobStore.start_run``) is a
+suspect: the next run does its suspects first, one at a time, so that a line that kills the
+process again dies alone; one in flight at two deaths is failed (``PoisonRequestError``, once,
+``job_line_quarantined``), never replayed a third time. (A poison that only crashes the batcher
+is quarantined by the model's supervisor the same way, and fails its line.)
+
 ``run()`` blocks the calling thread (the CLI's main thread, a daemon job's own thread) and
 returns when every line is finished or ``stop`` is set; it cancels what it had in flight then.
 """
@@ -29,6 +35,7 @@ from llamactor.base.errors import (
     BatcherUnavailableError,
     CancelledError,
     LlamactorError,
+    PoisonRequestError,
     QueueFullError,
 )
 from llamactor.base.logging import get_logger
@@ -121,14 +128,14 @@ class JobRunner:
         self._start = time.monotonic()
         self._run_no = -1
         self._base = 0  # the tokens_computed() reading when this run began
+        self._suspects: set[int] = set()  # lines in flight at one process death: run first, alone
 
     def run(self) -> bool:
         """Run until every line is finished (True) or ``stop`` is set (False)."""
         self._start = time.monotonic()
         self._run_no = self.store.start_run(self.batch_id)
         self._base = self.tokens_computed() if self.tokens_computed else 0
-        todo: deque[Line] = deque((line_no, custom_id, body, 0)
-                                  for line_no, custom_id, body in self.store.unfinished(self.batch_id))
+        todo = self._todo()
         log.info("job_running", batch_id=self.batch_id, unfinished=len(todo), max_in_flight=self.max_in_flight,
                  run=self._run_no)
         in_flight: dict[int, tuple[Line, PendingLine]] = {}  # by line_no, oldest first
@@ -138,6 +145,7 @@ class JobRunner:
             if self.stop.is_set():
                 for _, pending in in_flight.values():
                     pending.cancel()
+                self.store.release(self.batch_id, list(in_flight))  # not in flight at a crash: no suspects
                 log.info("job_stopped", batch_id=self.batch_id, in_flight=len(in_flight), left=len(todo))
                 return False
             cap = self._cap(in_flight)
@@ -167,8 +175,30 @@ class JobRunner:
                 last_record = time.monotonic()
         return True
 
+    def _todo(self) -> deque[Line]:
+        """The unfinished lines in run order, the suspects first; those in flight at two process
+        deaths failed instead."""
+        crashes = self.store.crashes(self.batch_id)
+        suspects: list[Line] = []
+        rest: list[Line] = []
+        for line_no, custom_id, body in self.store.unfinished(self.batch_id):
+            n = crashes.get(line_no, 0)
+            if n >= 2:
+                log.error("job_line_quarantined", batch_id=self.batch_id, line_no=line_no, custom_id=custom_id,
+                          crashes=n, tenant=self.tenant.name)
+                self._fail(line_no, custom_id, PoisonRequestError(
+                    f"line {line_no} was in flight each time llamactor died running this job ({n} times): "
+                    "it is not retried"))
+            else:
+                (suspects if n else rest).append((line_no, custom_id, body, 0))
+        self._suspects = {line[0] for line in suspects}
+        return deque(suspects + rest)
+
     def _cap(self, in_flight: dict[int, tuple[Line, PendingLine]]) -> int:
-        """How many lines may be in flight now: fewer while other callers have work."""
+        """How many lines may be in flight now: one while suspects run, fewer while other callers
+        have work."""
+        if self._suspects:
+            return 1
         if self.model_load is None:
             return self.max_in_flight
         ours = sum(not f.done() for _, pending in in_flight.values() for f in pending.futures)
@@ -186,6 +216,7 @@ class JobRunner:
             line, pending = in_flight.pop(line_no)
             pending.cancel()
             todo.appendleft(line)
+        self.store.release(self.batch_id, newest)
         log.info("job_stepped_aside", batch_id=self.batch_id, lines=len(newest), in_flight=cap)
 
     def _finish(self, line: Line, pending: PendingLine, todo: deque[Line]) -> None:
@@ -204,6 +235,7 @@ class JobRunner:
             self._fail(line_no, custom_id, e)
             return
         self._tokens += int(body.get("usage", {}).get("completion_tokens", 0) or 0)
+        self._suspects.discard(line_no)
         self.store.finish_line(self.batch_id, line_no, "done",
                                records.success_line(self.batch_id, line_no, custom_id, body), self._run())
         self._report()
@@ -217,6 +249,7 @@ class JobRunner:
             self.stop.wait(min(0.1 * 2 ** line[3], 5.0))
 
     def _fail(self, line_no: int, custom_id: str, error: Exception) -> None:
+        self._suspects.discard(line_no)
         if isinstance(error, LlamactorError):
             status = error.http_status if error.http_status < 500 or error.http_status == 503 else 500
             type_, code = ("invalid_request_error" if status == 400 else error.code), error.code

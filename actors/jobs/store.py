@@ -2,7 +2,14 @@
 
 Every line of a job has a row: pending -> running -> done / failed, with its output-file entry.
 A result is committed before it counts, so a process killed at any moment (``kill -9``) loses at
-most the requests it had in flight, and a restart runs exactly the lines not done. File contents
+most the requests it had in flight, and a restart runs exactly the lines not done. A line is
+``running`` only while a process has it in flight (a run that stops gives its lines back,
+``release``). A process that dies of a fault (SIGSEGV, SIGABRT: a native crash, which one line
+can cause) writes its traceback to ``<journal>.faults`` (``faulthandler``); the next store opened
+on the journal logs it and counts a crash against each line left ``running`` (``crashes``), and
+the runner fails a line counted twice instead of replaying it for ever. A process killed
+(SIGKILL, the OOM killer, a power loss) writes nothing: its lines are given back uncounted,
+since the kill was not theirs. File contents
 are written to a temporary name and renamed into place, then recorded: a file row always names
 a whole file. Files and batches belong to a tenant (a ``tenant=None`` argument: any owner, for
 the service's workers and the CLI); a file past its ``expires_at`` is gone to every reader at
@@ -17,6 +24,7 @@ is one short transaction. Timestamps come from ``clock`` (a fake one in tests).
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import fcntl
 import json
 import os
@@ -28,6 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from llamactor.base.logging import get_logger
 from llamactor.base.private_files import open_private, private_dir, tighten_file, touch_private
 from llamactor.base.tenants import DEFAULT_TENANT
 from llamactor.jobs.plan import TERMINAL, TIMESTAMP_OF, PlannedLine, RequestCounts, check_transition
@@ -42,7 +51,7 @@ CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, status TEXT NOT NULL, c
                                     data TEXT NOT NULL, tenant TEXT NOT NULL DEFAULT 'default');
 CREATE TABLE IF NOT EXISTS lines (batch_id TEXT NOT NULL, line_no INTEGER NOT NULL, rank INTEGER NOT NULL,
                                   custom_id TEXT, body TEXT, state TEXT NOT NULL, result TEXT,
-                                  PRIMARY KEY (batch_id, line_no));
+                                  crashes INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (batch_id, line_no));
 CREATE INDEX IF NOT EXISTS lines_by_state ON lines (batch_id, state, rank);
 CREATE TABLE IF NOT EXISTS runs (batch_id TEXT NOT NULL, run_no INTEGER NOT NULL, pid INTEGER NOT NULL,
                                  started_at REAL NOT NULL, tokens_computed INTEGER NOT NULL DEFAULT 0,
@@ -50,7 +59,8 @@ CREATE TABLE IF NOT EXISTS runs (batch_id TEXT NOT NULL, run_no INTEGER NOT NULL
 """
 LINE_STATES = ("pending", "running", "done", "failed")
 ADDED_COLUMNS = (("files", "tenant", "TEXT NOT NULL DEFAULT 'default'"), ("files", "expires_at", "INTEGER"),
-                 ("batches", "tenant", "TEXT NOT NULL DEFAULT 'default'"))
+                 ("batches", "tenant", "TEXT NOT NULL DEFAULT 'default'"),
+                 ("lines", "crashes", "INTEGER NOT NULL DEFAULT 0"))
 LIVE = "(expires_at IS NULL OR expires_at > ?)"  # a file row not expired at the time given
 # Filters by an optional argument: ``? IN (tenant, '*')`` with '*' (None) passes every row; no tenant
 # name or purpose is '*'.
@@ -59,6 +69,9 @@ ANY = "*"
 
 def _any(value: str | None) -> str:
     return ANY if value is None else value  # "" is nobody's, not everyone's
+
+
+log = get_logger("llamactor.jobs")
 
 
 class StoreLockedError(RuntimeError):
@@ -95,6 +108,7 @@ class JobStore:
         self._db.executescript(SCHEMA)
         self._mutex = threading.Lock()
         self._migrate()
+        self._watch_faults()
 
     @classmethod
     def in_data_dir(cls, data_dir: str | Path) -> JobStore:
@@ -103,6 +117,10 @@ class JobStore:
 
     def close(self) -> None:
         with self._mutex:
+            faulthandler.disable()
+            if self._faulthandler_was_enabled:
+                faulthandler.enable()  # to stderr, as it was (python -X faulthandler, pytest)
+            self._faults.close()
             self._db.close()
             self._lock_file.close()
 
@@ -134,6 +152,22 @@ class JobStore:
                     db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declared}")
                     if (table, column) == ("files", "expires_at"):
                         db.execute("UPDATE files SET expires_at = ?", (self._now() + FILE_TTL_S,))
+
+    def _watch_faults(self) -> None:
+        """Count a crash against the lines the last holder left ``running`` if it died of a fault
+        (its traceback in the faults file, logged here); then arm this process's fault log."""
+        fd = os.open(self.db_path.with_name(self.db_path.name + ".faults"), os.O_RDWR | os.O_CREAT, 0o600)
+        self._faults = os.fdopen(fd, "r+")
+        fault = self._faults.read().strip()
+        if fault:
+            with self._tx() as db:
+                charged = db.execute("UPDATE lines SET crashes = crashes + 1, state = 'pending' "
+                                     "WHERE state = 'running'").rowcount
+            log.error("job_process_faulted", journal=str(self.db_path), lines_in_flight=charged, fault=fault[-4000:])
+        self._faults.seek(0)
+        self._faults.truncate()
+        self._faulthandler_was_enabled = faulthandler.is_enabled()
+        faulthandler.enable(self._faults, all_threads=True)
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -261,7 +295,8 @@ class JobStore:
         half-way left nothing, and is done again."""
         with self._tx() as db:
             db.execute("DELETE FROM lines WHERE batch_id = ?", (batch_id,))
-            db.executemany("INSERT INTO lines VALUES (?, ?, ?, ?, ?, ?, ?)", [
+            db.executemany("INSERT INTO lines (batch_id, line_no, rank, custom_id, body, state, result) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?)", [
                 (batch_id, ln.line_no, ln.rank, ln.custom_id, json.dumps(ln.body) if ln.body is not None else None,
                  "pending" if ln.error is None else "failed",
                  json.dumps(invalid_results[ln.line_no]) if ln.error is not None else None) for ln in lines])
@@ -289,6 +324,18 @@ class JobStore:
             db.execute("UPDATE lines SET state = 'running' WHERE batch_id = ? AND line_no = ? AND state = 'pending'",
                        (batch_id, line_no))
 
+    def release(self, batch_id: str, line_nos: list[int]) -> None:
+        """Give lines back (``running`` -> ``pending``): a run stopped or set them aside unfinished."""
+        with self._tx() as db:
+            db.executemany("UPDATE lines SET state = 'pending' WHERE batch_id = ? AND line_no = ? AND state = 'running'",
+                           [(batch_id, line_no) for line_no in line_nos])
+
+    def crashes(self, batch_id: str) -> dict[int, int]:
+        """line_no -> the process deaths it was in flight for, of each unfinished line that has any."""
+        rows = self._query("SELECT line_no, crashes FROM lines WHERE batch_id = ? AND crashes > 0 AND state IN "
+                           "('pending', 'running')", (batch_id,))
+        return {r["line_no"]: r["crashes"] for r in rows}
+
     def finish_line(self, batch_id: str, line_no: int, state: str, result: dict[str, Any],
                     run: tuple[int, int] | None = None) -> None:
         """Commit a line's result (``done`` or ``failed``); with ``run`` = (run_no,
@@ -315,7 +362,10 @@ class JobStore:
     # -- runs: how many tokens each process spent on a job (the bench's resume cost) ----------
 
     def start_run(self, batch_id: str) -> int:
+        """A new run's number. The lines still ``running`` were in flight when the process running
+        the last one was killed: pending again (a fault's were counted when the store opened)."""
         with self._tx() as db:
+            db.execute("UPDATE lines SET state = 'pending' WHERE batch_id = ? AND state = 'running'", (batch_id,))
             run_no = db.execute("SELECT COALESCE(MAX(run_no), -1) + 1 FROM runs WHERE batch_id = ?",
                                 (batch_id,)).fetchone()[0]
             db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, 0)", (batch_id, run_no, os.getpid(), time.time()))
