@@ -104,6 +104,13 @@ class BatcherUnavailableError(LlamactorError):
     code = "batcher_unavailable"
 
 
+class ModelNotLoadedError(BatcherUnavailableError):
+    """The model is served but not loaded, and this caller may not load it by asking for it
+    (``Config.load_on_request``: loading is an admin's unless the operator says otherwise)."""
+
+    code = "model_not_loaded"
+
+
 class EngineError(LlamactorError):
     """llama.cpp failed in a way that leaves the context unusable; crashes the batcher on purpose."""
 
