@@ -10,6 +10,8 @@ module: ``main`` (one sequence at a time, ``max_queue`` 6), ``cold`` and ``open`
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 from collections.abc import Iterator
 
 import anthropic
@@ -20,7 +22,7 @@ import pytest
 from .daemon_helpers import Daemon, start_daemon
 
 KEYS = {"alice": "sk-alice-0001", "bob": "sk-bob-00002", "ops": "sk-ops-000003", "limited": "sk-limited-04",
-        "counter": "sk-counter-05", "metered": "sk-metered-06"}
+        "counter": "sk-counter-05", "metered": "sk-metered-06", "batcher": "sk-batcher-07"}
 TOKENS_PER_MINUTE = 240
 KEYS_FILE = f'''
 [[keys]]
@@ -50,6 +52,14 @@ requests_per_minute = 1
 key = "{KEYS["metered"]}"
 tenant = "metered"
 tokens_per_minute = {TOKENS_PER_MINUTE}
+
+[[keys]]
+key = "{KEYS["batcher"]}"
+tenant = "batcher"
+requests_per_minute = 6
+max_batch_jobs = 1
+max_files = 2
+max_file_bytes = 4096
 '''
 LONG = {"max_tokens": 1500, "extra_body": {"ignore_eos": True}}  # runs until cancelled
 
@@ -169,3 +179,36 @@ def test_a_tenants_request_does_not_load_a_model_unless_the_operator_allows_it(d
 
     answer = bob.completions.create(model="open", prompt="The sea is", max_tokens=2)  # load_on_request = tenants
     assert answer.usage is not None and answer.usage.completion_tokens == 2 and status(daemon, "open") == "ready"
+
+
+def upload(client: openai.OpenAI, data: bytes) -> str:
+    return client.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch").id
+
+
+def test_batch_jobs_run_under_their_owners_quotas_and_limits(daemon: Daemon) -> None:
+    batcher = daemon.client(KEYS["batcher"])
+    for _ in range(6):  # the minute's requests, spent on the tokenizer
+        assert httpx.post(f"{daemon.url}/tokenize", json={"model": "main", "content": "hi"},
+                          headers={"Authorization": f"Bearer {KEYS['batcher']}"}).status_code == 200
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
+                       "body": {"model": "main", "prompt": "The sea is", "max_tokens": 1}}).encode() + b"\n"
+    batch = batcher.batches.create(input_file_id=upload(batcher, line), endpoint="/v1/completions",
+                                   completion_window="24h")
+    with pytest.raises(openai.RateLimitError) as busy:  # one job at a time (before: any number, a thread each)
+        batcher.batches.create(input_file_id=upload(batcher, line), endpoint="/v1/completions", completion_window="24h")
+    assert "already has 1 batch jobs not finished, its limit (max_batch_jobs=1)" in busy.value.message
+    with pytest.raises(openai.BadRequestError) as many:  # two files kept already: the input and the one above
+        upload(batcher, line)
+    assert "already keeps 2 files, its limit (max_files=2)" in many.value.message
+    batcher.files.delete([f.id for f in batcher.files.list() if f.id != batch.input_file_id][0])
+    with pytest.raises(openai.BadRequestError) as big:
+        upload(batcher, line * 200)
+    assert "exceed its limit (max_file_bytes=4096)" in big.value.message
+
+    # its one line waits for the minute's requests to refill (before: it ran outside them), then runs
+    assert daemon.wait_for_log(lambda ln: ln.get("event") == "job_waits_for_rate_limit"
+                               and ln.get("batch_id") == batch.id and ln.get("tenant") == "batcher")
+    assert daemon.wait_for_log(lambda ln: ln.get("event") == "job_finished" and ln.get("batch_id") == batch.id, 60)
+    done = batcher.batches.retrieve(batch.id)
+    assert done.status == "completed" and done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 0)

@@ -1,20 +1,26 @@
 """Tenants' shares of the queue, model-free: the rule (``llamactor.scheduling.queue_shares``) on its
-numbers and, property-tested, on any arrivals of any tenants with any weights; and the scheduler
-refusing beyond a tenant's share while another tenant still gets in. The daemon's side:
+numbers and, property-tested, on any arrivals of any tenants with any weights; the scheduler
+refusing beyond a tenant's share while another tenant still gets in; a tenant's job and file
+limits; a cancelled choice's tokens counted; a wait for budget ending with its job. The daemon's side:
 tests/test_tenant_shares.py."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import threading
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llamactor.base.completion import Completion, Timings, Usage
 from llamactor.base.config import SamplingParams
-from llamactor.base.errors import QueueFullError
+from llamactor.base.errors import BatcherUnavailableError, CancelledError, InvalidRequestError, QueueFullError
 from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.base.tenants import Tenant
+from llamactor.handles.limits import Limiter, used_tokens
+from llamactor.jobs.quotas import check_new_file, check_new_job
 from llamactor.scheduling.queue_shares import CEILING, Waiting, admission, share
 from llamactor.scheduling.sequence import Sequence
 
@@ -107,3 +113,37 @@ def test_the_scheduler_refuses_a_tenant_over_its_share_and_admits_the_other() ->
     heavy = dataclasses.replace(bob, name="carol", weight=3.0)
     s.add(seq(heavy, "c0"))
     assert {sq.tenant for sq in s.pending} == {"alice", "bob", "carol"}
+
+
+def test_a_tenants_jobs_and_files_are_bounded_by_its_limits() -> None:
+    tenant = Tenant("t", max_batch_jobs=2, max_files=2, max_file_bytes=100)
+    check_new_job(tenant, 1)
+    with pytest.raises(QueueFullError, match="max_batch_jobs=2"):
+        check_new_job(tenant, 2)
+    check_new_file(tenant, [{"bytes": 60}], 40)
+    with pytest.raises(InvalidRequestError, match="max_file_bytes=100"):
+        check_new_file(tenant, [{"bytes": 60}], 41)
+    with pytest.raises(InvalidRequestError, match="max_files=2"):
+        check_new_file(tenant, [{"bytes": 1}, {"bytes": 1}], 1)
+    check_new_job(Tenant("free", max_batch_jobs=None), 10_000)  # None: no cap
+    with pytest.raises(InvalidRequestError, match="max_files must be a positive integer"):
+        Tenant("bad", max_files=0)
+
+
+def test_a_cancelled_choice_counts_what_it_computed_and_waiting_for_budget_stops_with_its_job() -> None:
+    walked_away: concurrent.futures.Future[Completion] = concurrent.futures.Future()
+    partial = Completion(request_id="r", text="abc", token_ids=(1, 2, 3), finish_reason="cancelled",
+                         usage=Usage(prompt_tokens=50, completion_tokens=3, cached_tokens=0),
+                         timings=Timings(0.0, 0.0, 0.0, 0.0))
+    walked_away.set_exception(CancelledError("cancelled", partial))
+    never_ran: concurrent.futures.Future[Completion] = concurrent.futures.Future()
+    never_ran.cancel()
+    assert used_tokens([walked_away, never_ran]) == 53  # before: 0, every streamed token refunded
+
+    limiter, tenant, stop = Limiter(), Tenant("t", requests_per_minute=1), threading.Event()
+    limiter.reserve_waiting(tenant, 1, stop)  # the minute's one request
+    stop.set()
+    waits: list[float] = []
+    with pytest.raises(BatcherUnavailableError):
+        limiter.reserve_waiting(tenant, 1, stop, waits.append)
+    assert 0 < waits[0] <= 60

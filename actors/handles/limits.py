@@ -9,12 +9,12 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from llamactor.base.completion import Completion, Embeddings, Tokenized
-from llamactor.base.errors import CancelledError
+from llamactor.base.errors import BatcherUnavailableError, CancelledError, RateLimitError
 from llamactor.base.request import EmbeddingRequest, GenerationRequest
 from llamactor.base.tenants import Tenant
 from llamactor.scheduling.rate_limits import Limits, RateLimits, estimate_tokens
@@ -61,6 +61,26 @@ class Limiter:
         request that could never fit them; else what it took."""
         with self._lock:
             return Reservation(tenant, tokens, self._limits.reserve(tenant, tokens, time.monotonic()))
+
+    def reserve_waiting(self, tenant: Tenant, tokens: int, stop: threading.Event,
+                        on_wait: Callable[[float], None] | None = None) -> Reservation:
+        """As ``reserve``, but over the limits it waits until the tenant's buckets have refilled
+        enough (``on_wait(seconds)`` first, each time) instead of refusing: batch work, which has no
+        caller to tell "later". ``InvalidRequestError`` for what could never fit; if ``stop`` is set
+        meanwhile, ``BatcherUnavailableError``."""
+        while True:
+            try:
+                return self.reserve(tenant, tokens)
+            except RateLimitError as e:
+                wait_s = self._wait_s(tenant, tokens) or float(e.retry_after)
+                if on_wait is not None:
+                    on_wait(wait_s)
+                if stop.wait(wait_s):
+                    raise BatcherUnavailableError("stopped while waiting for the tenant's rate limits") from None
+
+    def _wait_s(self, tenant: Tenant, tokens: int) -> float:
+        with self._lock:
+            return self._limits.wait_s(tenant, tokens, time.monotonic())
 
     def settle_when_done(self, reservation: Reservation, futures: Sequence[concurrent.futures.Future[Any]]) -> None:
         """Once every future is done, give back the estimate and take the tokens really used."""

@@ -52,6 +52,7 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
     state.jobs = open_jobs(data_dir)
     if state.jobs is not None:  # a job runs as its owner, with the owner's weight and cache scope
         state.jobs.tenant = lambda name: tenant_named(name, state.keys.tenants)
+        state.jobs.limiter = state.limiter  # its lines spend the owner's requests and tokens per minute
     app = create_app(state)
     config = uvicorn.Config(app, host=host, port=port, uds=uds, log_config=None, access_log=False,
                             timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)), lifespan="off")
