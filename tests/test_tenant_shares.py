@@ -93,7 +93,8 @@ load_on_request = "tenants"
 
 
 def status(daemon: Daemon, model: str) -> str:
-    return httpx.get(f"{daemon.url}/health").json()["models"][model]["status"]  # type: ignore[no-any-return]
+    health = httpx.get(f"{daemon.url}/health", headers={"Authorization": f"Bearer {KEYS['ops']}"})  # an admin's view
+    return health.json()["models"][model]["status"]  # type: ignore[no-any-return]
 
 
 def test_a_tenants_big_request_leaves_room_for_another_and_its_next_one_is_refused_saying_why(daemon: Daemon) -> None:
@@ -175,7 +176,14 @@ def test_a_tenants_request_does_not_load_a_model_unless_the_operator_allows_it(d
     tokenize = httpx.post(f"{daemon.url}/tokenize", json={"model": "cold", "content": "hi"},
                           headers={"Authorization": f"Bearer {KEYS['bob']}"})
     assert tokenize.status_code == 503 and tokenize.json()["error"]["code"] == "model_not_loaded"
-    assert status(daemon, "cold") == "unloaded"  # before: loaded by bob's request, evicting at will
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
+                       "body": {"model": "cold", "prompt": "hi", "max_tokens": 1}}).encode() + b"\n"
+    job = bob.batches.create(input_file_id=upload(bob, line), endpoint="/v1/completions", completion_window="24h")
+    assert daemon.wait_for_log(lambda ln: ln.get("event") == "job_failed" and ln.get("batch_id") == job.id)
+    failed = bob.batches.retrieve(job.id)
+    assert failed.status == "failed" and failed.errors is not None and failed.errors.data is not None
+    assert failed.errors.data[0].code == "model_not_loaded"
+    assert status(daemon, "cold") == "unloaded"  # before: loaded by bob's request (or job), evicting at will
 
     answer = bob.completions.create(model="open", prompt="The sea is", max_tokens=2)  # load_on_request = tenants
     assert answer.usage is not None and answer.usage.completion_tokens == 2 and status(daemon, "open") == "ready"

@@ -25,13 +25,13 @@ from starlette.background import BackgroundTask
 
 from llamactor.base.completion import ChoiceUpdate, Completion, Embeddings, Tokenized
 from llamactor.base.config import Config
-from llamactor.base.errors import BatcherUnavailableError, CancelledError, InvalidRequestError, ModelNotLoadedError
+from llamactor.base.errors import BatcherUnavailableError, CancelledError, InvalidRequestError
 from llamactor.base.logging import get_logger
 from llamactor.base.request import EmbeddingRequest, GenerationRequest
 from llamactor.base.tool_format import FALLBACK
 from llamactor.dialects.context import RequestContext
 from llamactor.handles.limits import Limiter, embedding_estimate, generation_estimate, tokenize_estimate
-from llamactor.handles.model import ModelClient
+from llamactor.handles.model import ModelClient, check_may_load
 from llamactor.handles.streams import AsyncTextStream, merged
 from llamactor.http.framing import Framing, OnError, stream_response
 from llamactor.base.tenants import Tenant
@@ -142,15 +142,9 @@ async def load(llm: ModelClient, request: Request) -> ModelClient:
     ``load_on_request`` "admins" (the default) a tenant's request for an unloaded model is a 503
     saying so (loading may evict another tenant's model: ``/models/load`` is an admin's)."""
     if not llm.loaded:
-        may_load(llm, tenant_of(request))
+        check_may_load(llm, tenant_of(request))
         await asyncio.to_thread(llm.load)
     return llm
-
-
-def may_load(llm: ModelClient, tenant: Tenant) -> None:
-    if not tenant.admin and llm.config.load_on_request != "tenants":
-        raise ModelNotLoadedError(f"model {llm.name!r} is not loaded, and this server loads models on request only "
-                                  "for admins (load_on_request=admins): ask an admin to load it (POST /models/load)")
 
 
 async def ready_model(state: ServerState, request: Request, name: str | None) -> ModelClient:

@@ -26,11 +26,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from llamactor.base.errors import InvalidRequestError, LlamactorError
+from llamactor.base.errors import InvalidRequestError, LlamactorError, ModelNotLoadedError
 from llamactor.base.logging import get_logger
 from llamactor.base.tenants import DEFAULT_TENANT, Tenant, tenant_named
 from llamactor.handles.limits import Limiter
-from llamactor.handles.model import ModelClient
+from llamactor.handles.model import ModelClient, check_may_load
 from llamactor.handles.quota import QuotaClient
 from llamactor.jobs import quotas, records
 from llamactor.jobs.endpoints import check_body
@@ -230,7 +230,11 @@ class JobService:
         if batch["status"] == "validating" and not self._validate(batch):
             return
         batch = self.get(batch_id, tenant=None)
-        client = self._client(batch)
+        try:
+            client = self._client(batch)
+        except ModelNotLoadedError as e:
+            self._fail(batch_id, e.code, str(e))
+            return
         if batch["status"] == "in_progress" and client is not None:
             max_in_flight = self.max_in_flight or max(1, client.config.n_parallel * 3 // 4)
             quota = client if self.limiter is None else QuotaClient(client, self.limiter, stop, batch_id)
@@ -293,6 +297,7 @@ class JobService:
             return None  # nothing left to run
         client = self._resolve(batch.get("model"))
         if not client.loaded:
+            check_may_load(client, self.tenant(self.store.owner(batch["id"])))  # as the owner's own request would
             client.load()
         return client
 
