@@ -32,6 +32,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, model_path: str, instruct_p
     keys.write_text(f'[[keys]]\nkey = "{ADMIN}"\ntenant = "ops"\nadmin = true\n\n'
                     f'[[keys]]\nkey = "{USER}"\ntenant = "alice"\n')
     d = start_daemon("--models-dir", str(folder), "--max-loaded", "1", "--keys", str(keys), "--n-parallel", "2",
+                     "--load-on-request", "tenants",  # alice's first requests load each model
                      "--n-ctx", "1024")
     wait_until(lambda: listening(d), "the socket to open")  # nothing preloads: the router is ready at once
     yield d

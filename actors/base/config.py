@@ -34,6 +34,7 @@ DEFAULT_CACHED_SEQ_IDS = 32
 # Element types of the KV cache (llama.cpp's type_k / type_v): f16, or quantized to 8 or 4 bits.
 KV_TYPES = ("f16", "q8_0", "q4_0")
 FLASH_ATTN = ("auto", "on", "off")  # llama.cpp's flash attention: auto (where the backend has it)
+LOAD_ON_REQUEST = ("admins", "tenants")  # who may load a model by asking for it (Config.load_on_request)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -261,6 +262,13 @@ class Config:
     max_header_bytes: int = 16384  # a request line and headers larger: refused (431 or 400) and closed
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted without keys (DNS rebinding)
     allowed_origins: tuple[str, ...] = ()  # browser origins accepted, CORS included (CSRF)
+    # -- tenant limits (issue 36)
+    # Sequences one request may ask for: its choices (n, best_of) times its prompts, in any dialect.
+    # Beyond it, or beyond what the queue could ever hold at once (max_queue + n_parallel): a 400.
+    max_sequences_per_request: int = 64
+    # Who may load an unloaded model by sending it a request: "admins" (default: a tenant's request
+    # for it is a 503 saying it is not loaded; /models/load is an admin's) or "tenants" (anyone).
+    load_on_request: str = "admins"
 
     def __post_init__(self) -> None:
         _require(1 <= self.n_parallel <= MAX_SEQUENCES - 2,
@@ -321,6 +329,11 @@ class Config:
         _require(len({t.name for t in tenants}) == len(tenants), "tenants must have distinct names")
         object.__setattr__(self, "loras", parse_loras(self.loras))
         _check_transport(self)
+        # -- tenant limits (issue 36)
+        _require(isinstance(self.max_sequences_per_request, int) and self.max_sequences_per_request >= 1,
+                 f"max_sequences_per_request must be an integer >= 1, got {self.max_sequences_per_request!r}")
+        _require(self.load_on_request in LOAD_ON_REQUEST,
+                 f"load_on_request must be one of {', '.join(LOAD_ON_REQUEST)}, got {self.load_on_request!r}")
 
     @property
     def seq_ids(self) -> int:

@@ -124,6 +124,13 @@ class PoisonRequestError(LlamactorError):
     code = "poison_request"
 
 
+class ModelNotLoadedError(BatcherUnavailableError):
+    """The model is served but not loaded, and this caller may not load it by asking for it
+    (``Config.load_on_request``: loading is an admin's unless the operator says otherwise)."""
+
+    code = "model_not_loaded"
+
+
 class EngineError(LlamactorError):
     """llama.cpp failed in a way that leaves the context unusable; crashes the batcher on purpose."""
 

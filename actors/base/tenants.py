@@ -2,7 +2,7 @@
 
 A ``Tenant`` carries what the engine does differently for it: its fair-share ``weight``, its
 limits (requests and tokens per minute, sequences at once, the most urgent priority it may ask
-for), whether it is an ``admin`` (reads metrics, manages models), and its ``cache_scope``: tenants
+for, batch jobs at once, files and their bytes), whether it is an ``admin`` (reads metrics, manages models), and its ``cache_scope``: tenants
 with the same scope share cached prefixes, anyone else's are invisible to them (default: the
 tenant alone). Every request has one; a caller that names none is the ``default`` tenant.
 
@@ -48,6 +48,11 @@ class Tenant:
     max_priority: int | None = None  # the most urgent priority its requests get (more urgent is lowered to it)
     admin: bool = False
     cache_scope: str | None = None  # None: its own name
+    # Batch jobs and files (the daemon's data dir): jobs not finished at once (each has a worker
+    # thread), files kept (uploads and batch outputs) and their bytes together; None: no cap.
+    max_batch_jobs: int | None = 16
+    max_files: int | None = 1000
+    max_file_bytes: int | None = 10 * 2**30
 
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str) and bool(_NAME.match(self.name)),
@@ -55,7 +60,8 @@ class Tenant:
         _require(isinstance(self.weight, (int, float)) and not isinstance(self.weight, bool)
                  and math.isfinite(self.weight) and 0 < self.weight <= 1000,
                  f"weight must be in (0, 1000], got {self.weight!r}")
-        for name in ("requests_per_minute", "tokens_per_minute", "max_running"):
+        for name in ("requests_per_minute", "tokens_per_minute", "max_running", "max_batch_jobs", "max_files",
+                     "max_file_bytes"):
             _limit(getattr(self, name), name)
         if self.max_priority is not None:
             object.__setattr__(self, "max_priority", parse_priority(self.max_priority))

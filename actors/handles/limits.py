@@ -9,11 +9,12 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llamactor.base.completion import Completion, Embeddings
+from llamactor.base.completion import Completion, Embeddings, Tokenized
+from llamactor.base.errors import BatcherUnavailableError, CancelledError, RateLimitError
 from llamactor.base.request import EmbeddingRequest, GenerationRequest
 from llamactor.base.tenants import Tenant
 from llamactor.scheduling.rate_limits import Limits, RateLimits, estimate_tokens
@@ -37,6 +38,17 @@ def embedding_estimate(request: EmbeddingRequest) -> int:
     return sum(len(x) // 4 + 1 if isinstance(x, str) else len(x) for x in request.inputs)
 
 
+def tokenize_estimate(prompt: Any) -> int:
+    """Tokens a tokenizer call may charge before it runs: text's characters / 4, token ids as
+    they are, a chat's contents (what ``Client.submit_tokenize`` takes)."""
+    if isinstance(prompt, str):
+        return estimate_tokens(len(prompt), 0, 0, 0)
+    parts = list(prompt) if isinstance(prompt, (list, tuple)) else []
+    chars = sum(len(p) if isinstance(p, str) else len(str(p.get("content") or "")) if isinstance(p, dict) else 0
+                for p in parts)
+    return max(1, estimate_tokens(chars, sum(1 for p in parts if isinstance(p, int)), 0, 0))
+
+
 class Limiter:
     """Rate limits of the tenants that have them; thread-safe."""
 
@@ -49,6 +61,26 @@ class Limiter:
         request that could never fit them; else what it took."""
         with self._lock:
             return Reservation(tenant, tokens, self._limits.reserve(tenant, tokens, time.monotonic()))
+
+    def reserve_waiting(self, tenant: Tenant, tokens: int, stop: threading.Event,
+                        on_wait: Callable[[float], None] | None = None) -> Reservation:
+        """As ``reserve``, but over the limits it waits until the tenant's buckets have refilled
+        enough (``on_wait(seconds)`` first, each time) instead of refusing: batch work, which has no
+        caller to tell "later". ``InvalidRequestError`` for what could never fit; if ``stop`` is set
+        meanwhile, ``BatcherUnavailableError``."""
+        while True:
+            try:
+                return self.reserve(tenant, tokens)
+            except RateLimitError as e:
+                wait_s = self._wait_s(tenant, tokens) or float(e.retry_after)
+                if on_wait is not None:
+                    on_wait(wait_s)
+                if stop.wait(wait_s):
+                    raise BatcherUnavailableError("stopped while waiting for the tenant's rate limits") from None
+
+    def _wait_s(self, tenant: Tenant, tokens: int) -> float:
+        with self._lock:
+            return self._limits.wait_s(tenant, tokens, time.monotonic())
 
     def settle_when_done(self, reservation: Reservation, futures: Sequence[concurrent.futures.Future[Any]]) -> None:
         """Once every future is done, give back the estimate and take the tokens really used."""
@@ -69,10 +101,23 @@ class Limiter:
 
 
 def used_tokens(futures: Sequence[concurrent.futures.Future[Any]]) -> int:
-    """The tokens the finished futures' results report (the prompt once, every choice's output);
-    a failed or cancelled one counts none."""
-    results = [f.result() for f in futures if not f.cancelled() and f.exception() is None]
+    """The tokens the finished futures' results report (the prompt once, every choice's output,
+    the tokens a tokenizer call made). A choice cancelled once running -- a stream whose caller
+    walked away -- counts what it computed and streamed until then (its ``CancelledError``
+    holds it); one failed, or cancelled without a trace of its work, counts none."""
+    results = [r for r in (_outcome(f) for f in futures) if r is not None]
     completions = [r for r in results if isinstance(r, Completion)]
     embedded = sum(r.prompt_tokens for r in results if isinstance(r, Embeddings))
+    tokenized = sum(len(r.token_ids) for r in results if isinstance(r, Tokenized))
     prompt = max((c.usage.prompt_tokens for c in completions), default=0)
-    return embedded + prompt + sum(c.usage.completion_tokens for c in completions)
+    return embedded + tokenized + prompt + sum(c.usage.completion_tokens for c in completions)
+
+
+def _outcome(future: concurrent.futures.Future[Any]) -> Any:
+    """A done future's result, or the partial completion its cancellation carries, or None."""
+    if future.cancelled():
+        return None
+    error = future.exception()
+    if error is None:
+        return future.result()
+    return error.completion if isinstance(error, CancelledError) else None

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from llamactor.base.engine_info import EngineInfo
+from llamactor.base.errors import ModelNotLoadedError
+from llamactor.base.tenants import Tenant
 from llamactor.base.tool_format import ToolCallFormat
 from llamactor.handles.client import Client
 
@@ -50,3 +52,12 @@ class ModelRouter(Protocol):
     def model(self, name: str | None = None) -> ModelClient:
         """The model called ``name`` (None: the first); ``ModelNotFoundError`` if none is."""
         ...
+
+
+def check_may_load(model: ModelClient, tenant: Tenant) -> None:
+    """``ModelNotLoadedError`` (503) unless ``tenant`` may load ``model`` by asking for it: admins
+    may; tenants only where the model's ``load_on_request`` is "tenants" (loading may evict another
+    tenant's model under ``max_loaded``: ``/models/load`` is an admin's)."""
+    if not model.loaded and not tenant.admin and model.config.load_on_request != "tenants":
+        raise ModelNotLoadedError(f"model {model.name!r} is not loaded, and this server loads models on request only "
+                                  "for admins (load_on_request=admins): ask an admin to load it (POST /models/load)")

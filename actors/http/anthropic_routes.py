@@ -17,7 +17,7 @@ from llamactor.dialects.anthropic.message import message
 from llamactor.dialects.anthropic.plan import DIALECT, plan_messages, plan_rendering
 from llamactor.dialects.anthropic.schema import Conversation, MessagesRequest
 from llamactor.http.framing import NAMED_SSE
-from llamactor.http.request_path import planned, ready_model, respond, warn_ignored
+from llamactor.http.request_path import planned, ready_model, respond, tokenize, warn_ignored
 from llamactor.http.state import State
 
 ANTHROPIC_SSE = dataclasses.replace(NAMED_SSE, keepalive=events.PING, keepalive_s=events.PING_EVERY_S)
@@ -33,10 +33,11 @@ async def messages(body: MessagesRequest, request: Request, state: State) -> Any
 
 
 @router.post("/v1/messages/count_tokens", response_model=None)
-async def count_tokens(body: Conversation, state: State) -> dict[str, int]:
-    """Exact: the conversation rendered as the model sees it (system, tools), tokenized."""
+async def count_tokens(body: Conversation, request: Request, state: State) -> dict[str, int]:
+    """Exact: the conversation rendered as the model sees it (system, tools), tokenized -- the
+    tenant's request, under its requests and tokens per minute."""
     rendering = plan_rendering(body)
-    llm = await ready_model(state, body.model)
-    tokenized = await llm.tokenize_async(rendering.messages, tools=rendering.tools,
-                                         chat_template_kwargs=rendering.chat_template_kwargs)
+    llm = await ready_model(state, request, body.model)
+    tokenized = await tokenize(state, request, llm, rendering.messages, tools=rendering.tools,
+                               chat_template_kwargs=rendering.chat_template_kwargs)
     return {"input_tokens": len(tokenized.token_ids)}

@@ -31,7 +31,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 import llamactor
 from llamactor.base.config import Config
 from llamactor.base.logging import get_logger
-from llamactor.base.tenants import tenant_named
+from llamactor.base.tenants import Tenant, tenant_named
 from llamactor.serving.model_specs import ModelSpec
 from llamactor.http.keys_file import load_keys, reload_on_sighup
 from llamactor.http.server import create_app
@@ -60,7 +60,9 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
         reload_on_sighup(state, keys_file, api_key)
     state.jobs = open_jobs(data_dir)
     if state.jobs is not None:  # a job runs as its owner, with the owner's weight and cache scope
-        state.jobs.tenant = lambda name: tenant_named(name, state.keys.tenants)
+        state.jobs.tenant = lambda name: (tenant_named(name, state.keys.tenants) if state.keys.required
+                                          else Tenant(admin=True))  # keyless: as its requests are
+        state.jobs.limiter = state.limiter  # its lines spend the owner's requests and tokens per minute
     app = create_app(state)
     config = uvicorn.Config(app, host=host, port=port, uds=uds, log_config=None, access_log=False,
                             timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)), lifespan="off",

@@ -55,7 +55,7 @@ async def loaded(state: ServerState, request: Request,
         may_unload(state, request)  # the answer will unload it
     llm = lookup(state, body.model)
     started = time.perf_counter()
-    await load(llm)
+    await load(llm, request)
     ignored, unknown = body.options.not_applied()
     if ignored or unknown:
         log.warning("ollama_options_not_applied", model=llm.name, ignored=ignored, unknown=unknown,
@@ -116,7 +116,7 @@ async def chat(body: ChatRequest, request: Request, state: State) -> Response:
     llm = lookup(state, body.model)
     plan = plan_chat(body, context(request, llm, body.model), llm.config.n_ctx)  # a bad body: 400 before the model loads
     if plan is not None and plan.request.tools is not None and not llm.loaded:
-        await load(llm)
+        await load(llm, request)
         plan = plan_chat(body, context(request, llm, body.model), llm.config.n_ctx)  # in the model's own tool-call format
     return await reply(request, state, body, plan, "chat")
 

@@ -43,7 +43,7 @@ async def embeddings(body: EmbeddingsBody, request: Request, state: State) -> An
     llm = find_model(state, body.model)
     ctx = context(request, llm)
     embedding = plan_embeddings(body, ctx)
-    return embeddings_reply(await embed(state, request, await load(llm), embedding), body, ctx)
+    return embeddings_reply(await embed(state, request, await load(llm, request), embedding), body, ctx)
 
 
 # The model listings name files on the server's disk (a model's and its adapters' paths) only to

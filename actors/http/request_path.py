@@ -23,14 +23,15 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from llamactor.base.completion import ChoiceUpdate, Completion, Embeddings
-from llamactor.base.errors import BatcherUnavailableError, CancelledError
+from llamactor.base.completion import ChoiceUpdate, Completion, Embeddings, Tokenized
+from llamactor.base.config import Config
+from llamactor.base.errors import BatcherUnavailableError, CancelledError, InvalidRequestError
 from llamactor.base.logging import get_logger
 from llamactor.base.request import EmbeddingRequest, GenerationRequest
 from llamactor.base.tool_format import FALLBACK
 from llamactor.dialects.context import RequestContext
-from llamactor.handles.limits import Limiter, embedding_estimate, generation_estimate
-from llamactor.handles.model import ModelClient
+from llamactor.handles.limits import Limiter, embedding_estimate, generation_estimate, tokenize_estimate
+from llamactor.handles.model import ModelClient, check_may_load
 from llamactor.handles.streams import AsyncTextStream, merged
 from llamactor.http.framing import Framing, OnError, stream_response
 from llamactor.base.tenants import Tenant
@@ -85,10 +86,24 @@ async def planned(state: ServerState, request: Request, model: str | None, diale
                   make_plan: Callable[[RequestContext], P]) -> Planned[P]:
     llm = find_model(state, model)
     plan = make_plan(context(request, llm, model))  # a bad body: 4xx before the model loads
+    check_sequences(plan.requests, llm.config)
     if not llm.loaded:
-        await load(llm)
+        await load(llm, request)
         plan = make_plan(context(request, llm, model))  # again, in the model's own tool-call format
     return Planned.of(state, request, llm, plan, dialect)
+
+
+def check_sequences(requests: list[GenerationRequest], config: Config) -> None:
+    """A request's sequences (choices x prompts) within ``max_sequences_per_request`` and what the
+    queue could ever hold of them at once (each takes a sequence or a place in the queue); else a 400."""
+    asked = sum(r.n for r in requests)
+    if asked > config.max_sequences_per_request:
+        raise InvalidRequestError(f"this request asks for {asked} sequences (n x prompts); this server takes at "
+                                  f"most {config.max_sequences_per_request} per request (max_sequences_per_request)")
+    if asked > config.max_queue + config.n_parallel:
+        raise InvalidRequestError(f"this request asks for {asked} sequences (n x prompts); the model runs "
+                                  f"{config.n_parallel} at once and queues at most {config.max_queue}: it could never "
+                                  "be queued whole; ask for fewer")
 
 
 async def stream(request: Request, call: Planned[P],
@@ -122,15 +137,18 @@ def find_model(state: ServerState, name: str | None) -> ModelClient:
     return state.model(router, name)
 
 
-async def load(llm: ModelClient) -> ModelClient:
-    """``llm``, loaded (off the event loop) if it was not."""
+async def load(llm: ModelClient, request: Request) -> ModelClient:
+    """``llm``, loaded (off the event loop) if it was not -- when the caller may load it: with
+    ``load_on_request`` "admins" (the default) a tenant's request for an unloaded model is a 503
+    saying so (loading may evict another tenant's model: ``/models/load`` is an admin's)."""
     if not llm.loaded:
+        check_may_load(llm, tenant_of(request))
         await asyncio.to_thread(llm.load)
     return llm
 
 
-async def ready_model(state: ServerState, name: str | None) -> ModelClient:
-    return await load(find_model(state, name))
+async def ready_model(state: ServerState, request: Request, name: str | None) -> ModelClient:
+    return await load(find_model(state, name), request)
 
 
 def context(request: Request, llm: ModelClient, name: str | None = None) -> RequestContext:
@@ -156,6 +174,17 @@ async def embed(state: ServerState, request: Request, llm: ModelClient, embeddin
     tenant_embedding = dataclasses.replace(embedding, tenant=tenant_of(request))
     reservation = state.limiter.reserve(tenant_embedding.tenant, embedding_estimate(tenant_embedding))
     future = llm.submit_embed(tenant_embedding)
+    state.limiter.settle_when_done(reservation, [future])
+    request.state.rate_limits = reservation.limits
+    (result,) = await gather(request, [future])
+    return result  # type: ignore[no-any-return]
+
+
+async def tokenize(state: ServerState, request: Request, llm: ModelClient, prompt: Any, **options: Any) -> Tokenized:
+    """One trip to the model's tokenizer for the tenant, within its requests and tokens per minute
+    (it is engine work like a prompt's: the tokens it tokenizes are charged)."""
+    reservation = state.limiter.reserve(tenant_of(request), tokenize_estimate(prompt))
+    future = llm.submit_tokenize(prompt, **options)
     state.limiter.settle_when_done(reservation, [future])
     request.state.rate_limits = reservation.limits
     (result,) = await gather(request, [future])

@@ -9,7 +9,9 @@ stood when it starts again (``start``); cancelled and finished jobs stay as they
 
 Files and batches (a batch's output and error files too) belong to the tenant that made them:
 the public methods take the caller's ``tenant`` name, and another tenant's are ``NotFound`` as
-an unknown id is. Files expire (``expires_after``, default 30 days): an expired file is gone at
+an unknown id is. A tenant keeps at most its ``max_files`` files of ``max_file_bytes`` together
+and runs at most ``max_batch_jobs`` jobs at once (``quotas``); a job's lines spend its requests
+and tokens per minute, waiting for them when they run out (``limiter``, ``QuotaClient``). Files expire (``expires_after``, default 30 days): an expired file is gone at
 once, and the sweeper thread deletes its bytes when the service starts and every
 ``sweep_every_s`` after, keeping the input of a batch not finished.
 
@@ -24,11 +26,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from llamactor.base.errors import InvalidRequestError, LlamactorError
+from llamactor.base.errors import InvalidRequestError, LlamactorError, ModelNotLoadedError
 from llamactor.base.logging import get_logger
 from llamactor.base.tenants import DEFAULT_TENANT, Tenant, tenant_named
-from llamactor.handles.model import ModelClient
-from llamactor.jobs import records
+from llamactor.handles.limits import Limiter
+from llamactor.handles.model import ModelClient, check_may_load
+from llamactor.handles.quota import QuotaClient
+from llamactor.jobs import quotas, records
 from llamactor.jobs.endpoints import check_body
 from llamactor.jobs.plan import ENDPOINTS, NotJsonlError, plan_lines, resumable
 from llamactor.jobs.runner import JobRunner
@@ -59,6 +63,9 @@ class JobService:
         # A batch's owner by name -> the tenant its lines run as (the daemon: from its keys, as they
         # stand when the job runs; else a tenant with the defaults).
         self.tenant: Callable[[str], Tenant] = tenant_named
+        # The tenants' requests and tokens per minute (the daemon's, shared with interactive
+        # requests): a job's lines wait for them (``QuotaClient``). None: lines are not limited.
+        self.limiter: Limiter | None = None
         self._closing = False
         self._lock = threading.Lock()
         self._workers: dict[str, tuple[threading.Thread, threading.Event]] = {}
@@ -108,7 +115,10 @@ class JobService:
         if purpose != "batch":
             raise InvalidRequestError(f"purpose must be 'batch' (got {purpose!r}): llamactor keeps batch input files only")
         seconds = records.expiry_seconds(expires_after, "expires_after")
-        return records.file_object(self.store.add_file(data, filename, purpose, tenant=tenant, expires_after_s=seconds))
+        with self._lock:  # (the check and the add together: two uploads at once cannot both pass it)
+            quotas.check_new_file(self.tenant(tenant), self.store.files(None, tenant), len(data))
+            return records.file_object(self.store.add_file(data, filename, purpose, tenant=tenant,
+                                                           expires_after_s=seconds))
 
     def file(self, file_id: str, *, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
         row = self.store.file(file_id, tenant)
@@ -147,7 +157,9 @@ class JobService:
         batch = records.batch_object(batch_id, input_file_id, endpoint, completion_window, int(self.store.clock()),
                                      metadata, output_expires_after)
         try:
-            self.store.create_batch(batch, tenant)
+            with self._lock:  # (the check and the create together)
+                quotas.check_new_job(self.tenant(tenant), len(self.store.batch_ids(quotas.UNFINISHED, tenant)))
+                self.store.create_batch(batch, tenant)
         except KeyError:  # none, expired, another tenant's: one answer, so that it tells nothing about others
             raise InvalidRequestError(f"input_file_id {input_file_id!r} names no file uploaded with purpose "
                                       "'batch'") from None
@@ -218,10 +230,15 @@ class JobService:
         if batch["status"] == "validating" and not self._validate(batch):
             return
         batch = self.get(batch_id, tenant=None)
-        client = self._client(batch)
+        try:
+            client = self._client(batch)
+        except ModelNotLoadedError as e:
+            self._fail(batch_id, e.code, str(e))
+            return
         if batch["status"] == "in_progress" and client is not None:
             max_in_flight = self.max_in_flight or max(1, client.config.n_parallel * 3 // 4)
-            runner = JobRunner(self.store, batch_id, batch["endpoint"], client, client.name,
+            quota = client if self.limiter is None else QuotaClient(client, self.limiter, stop, batch_id)
+            runner = JobRunner(self.store, batch_id, batch["endpoint"], quota, client.name,
                                max_in_flight=max_in_flight, stop=stop, tenant=self.tenant(self.store.owner(batch_id)))
             if runner.run():
                 try:
@@ -280,6 +297,7 @@ class JobService:
             return None  # nothing left to run
         client = self._resolve(batch.get("model"))
         if not client.loaded:
+            check_may_load(client, self.tenant(self.store.owner(batch["id"])))  # as the owner's own request would
             client.load()
         return client
 

@@ -97,6 +97,14 @@ class RateLimits:
             buckets.tokens.level -= tokens
         return buckets.limits()
 
+    def wait_s(self, tenant: Tenant, tokens: int, now: float) -> float:
+        """Seconds until ``tenant``'s buckets hold one request and ``tokens`` (0: now)."""
+        buckets = self._of(tenant, now)
+        if buckets is None:
+            return 0.0
+        return max((b.wait_s(need) for b, need in ((buckets.requests, 1), (buckets.tokens, tokens)) if b is not None),
+                   default=0.0)
+
     def settle(self, tenant: Tenant, reserved: int, used: int, now: float) -> None:
         """The request ended having used ``used`` tokens where ``reserved`` were taken."""
         buckets = self._of(tenant, now)

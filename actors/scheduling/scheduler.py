@@ -34,6 +34,7 @@ from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, Match, PrefixIndex
 from llamactor.scheduling.prefix_sharing import waits_for_prefix, waits_for_scores
 from llamactor.scheduling.prompt_scores import ScoreCache
+from llamactor.scheduling.queue_shares import admission, waiting_by_tenant
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
 from llamactor.scheduling.step_packing import pack_step
 from llamactor.scheduling.tier_index import RestoreOp, TierMatch, restore_pays
@@ -92,11 +93,10 @@ class Scheduler:
         return self.n_parallel - len(self.running)
 
     def add(self, seq: Sequence) -> None:
-        # Requests that will start at the next flush are not queued in this sense.
-        waiting_for_a_sequence = len(self.pending) - self.n_free
-        if waiting_for_a_sequence >= self.max_queue:
-            raise QueueFullError(f"{waiting_for_a_sequence} requests already wait for a free sequence "
-                                 f"(max_queue={self.max_queue})")
+        """Queue ``seq``, within its tenant's share of ``max_queue`` (``QueueFullError`` beyond)."""
+        decision = admission(seq.tenant, seq.weight, waiting_by_tenant(self.pending, self.n_free), self.max_queue)
+        if not decision.admitted:
+            raise QueueFullError(decision.reason)
         self.fair.activate(seq, [*self.pending, *self.running])
         self.pending.append(seq)
 
