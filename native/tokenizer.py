@@ -43,20 +43,34 @@ class SpecialSplitter:
     "Straddles nothing" is checked conservatively, in O(1): the two bytes around the point are no
     adjacent pair inside any matched token. Pure (bytes in, offsets out): tested without a model.
     Only for token attributes without lstrip/rstrip (those move whitespace across fragments).
+
+    ``parse_only``: those of ``specials`` that only ``parse_special`` matches (control tokens). A
+    piece holding none of them is tokenized alike without ``parse_special``, where llama.cpp skips
+    them at once instead of searching every fragment for each of them (Gemma has 6,250).
     """
 
-    def __init__(self, specials: Iterable[bytes]) -> None:
+    def __init__(self, specials: Iterable[bytes], parse_only: Iterable[bytes] = ()) -> None:
         self._tokens = frozenset(t for t in specials if t)
-        lengths: dict[int, set[int]] = {}
+        self._parse_only = frozenset(t for t in parse_only if t)
         inner = bytearray(65536)
         for token in self._tokens:
-            lengths.setdefault(token[0], set()).add(len(token))
             for a, b in zip(token, token[1:]):
                 inner[a << 8 | b] = 1
-        self._lengths = {first: tuple(sorted(n)) for first, n in lengths.items()}
         self._inner = bytes(inner)
-        firsts = b"".join(re.escape(bytes([first])) for first in sorted(self._lengths))
-        self._starts = re.compile(b"[" + firsts + b"]") if firsts else None
+        self._lengths, self._starts = _first_bytes(self._tokens)
+        self._parse_lengths, self._parse_starts = _first_bytes(self._parse_only)
+
+    def needs_parse(self, data: bytes, start: int, end: int) -> bool:
+        """Whether ``data[start:end]`` holds a token that only ``parse_special`` matches."""
+        if self._parse_starts is None:
+            return False
+        match = self._parse_starts.search(data, start, end)
+        while match is not None:
+            x = match.start()
+            if any(data[x:x + n] in self._parse_only for n in self._parse_lengths[data[x]] if x + n <= end):
+                return True
+            match = self._parse_starts.search(data, x + 1, end)
+        return False
 
     def cuts(self, data: bytes, chunk: int) -> list[int]:
         """Offsets from 0 to ``len(data)`` that cut ``data`` into pieces of ``chunk`` bytes or more
@@ -91,6 +105,15 @@ class SpecialSplitter:
         return x <= 0 or x >= len(data) or not self._inner[data[x - 1] << 8 | data[x]]
 
 
+def _first_bytes(tokens: frozenset[bytes]) -> tuple[dict[int, tuple[int, ...]], re.Pattern[bytes] | None]:
+    """The lengths of ``tokens`` by first byte, and a pattern finding where one may start."""
+    lengths: dict[int, set[int]] = {}
+    for token in tokens:
+        lengths.setdefault(token[0], set()).add(len(token))
+    firsts = b"".join(re.escape(bytes([first])) for first in sorted(lengths))
+    return {first: tuple(sorted(n)) for first, n in lengths.items()}, re.compile(b"[" + firsts + b"]") if firsts else None
+
+
 class VocabFacts:
     """What tokenizing in pieces and the byte cap need to know of a vocabulary, read once (about
     0.2 s for Gemma's 262k tokens): the splitters without and with ``parse_special`` (None where
@@ -110,7 +133,8 @@ class VocabFacts:
                 specials[text] = attr
         exact = kind in (llama_cpp.LLAMA_VOCAB_TYPE_SPM, llama_cpp.LLAMA_VOCAB_TYPE_BPE) and not strips
         self.splitters = (SpecialSplitter(t for t, a in specials.items() if not a & _PARSED_ONLY),
-                          SpecialSplitter(specials)) if exact else (None, None)
+                          SpecialSplitter(specials, (t for t, a in specials.items() if a & _PARSED_ONLY))
+                          ) if exact else (None, None)
         self.max_token_bytes = longest if exact else None
         log.info("vocab_facts_read", n_special=len(specials), max_token_bytes=longest, split=exact,
                  ms=round((time.perf_counter() - start) * 1000, 1))
@@ -167,13 +191,15 @@ class Tokenizer:
         linear time (see the module's docstring)."""
         data = text.encode("utf-8")
         splitter = self.facts().splitters[parse_special] if len(data) > 2 * CHUNK_BYTES else None
-        cuts = splitter.cuts(data, CHUNK_BYTES) if splitter is not None else []
-        if len(cuts) <= 2:
+        if splitter is None:
             return self._tokenize(data, add_special, parse_special)
+        cuts = splitter.cuts(data, CHUNK_BYTES)
+        if len(cuts) <= 2:
+            return self._tokenize(data, add_special, parse_special and splitter.needs_parse(data, 0, len(data)))
         # BOS and EOS as llama.cpp adds them (SPM and BPE alike), around the pieces
         tokens = [self.bos_id] if add_special and self._add_bos else []
         for start, end in zip(cuts, cuts[1:]):
-            tokens += self._tokenize(data[start:end], False, parse_special)
+            tokens += self._tokenize(data[start:end], False, splitter.needs_parse(data, start, end))
         if add_special and self._add_eos:
             tokens.append(self.eos_id)
         return tokens

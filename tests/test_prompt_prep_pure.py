@@ -88,3 +88,11 @@ def test_no_cut_inside_a_run_of_a_longer_token() -> None:
 def test_without_special_tokens_nothing_is_cut() -> None:
     assert SpecialSplitter([]).cuts(b"hello world" * 100, 8) == [0, 1100]
     assert SpecialSplitter([b"<eos>"]).cuts(b"hello world" * 100, 8) == [0, 1100]
+
+
+def test_a_piece_needs_parse_special_only_if_it_holds_a_token_only_that_matches() -> None:
+    splitter = SpecialSplitter([b"<b>", b"<eos>", b"\n"], parse_only=[b"<eos>"])
+    data = b"<b>x\n<eos>y<eo"
+    assert splitter.needs_parse(data, 0, len(data)) and splitter.needs_parse(data, 5, 10)
+    assert not splitter.needs_parse(data, 0, 9) and not splitter.needs_parse(data, 6, len(data))
+    assert not SpecialSplitter([b"<eos>"]).needs_parse(data, 0, len(data))
