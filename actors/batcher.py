@@ -44,6 +44,7 @@ from llamactor.base.messages import (
     Generate,
     GetStats,
     InjectCrash,
+    PromptPrepared,
     Request,
     Step,
     Tokenize,
@@ -54,6 +55,7 @@ from llamactor.native.sampling import Sampled
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
 from llamactor.scheduling.tier_index import RestoreOp
+from llamactor.prompt_prep import PromptPrep
 from llamactor.prompts import PromptBuilder
 from llamactor.requests import finish_request, request_error, resume_sequence, shared, start_sequence
 from llamactor.scheduling.packed_kv import PackedScheduler
@@ -110,6 +112,7 @@ class BatcherActor(pykka.ThreadingActor):
                 lambda inputs, pooling: self.engine.embedder(cfg.embedding_n_batch, cfg.embedding_n_seq_max).embed(
                     inputs, pooling), self.engine.info.n_embd, self.engine.info.embedding_pooling)
             self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template, cfg.system_prompt)
+            self.prep = PromptPrep(self.prompts, self.actor_ref, self.engine.info.n_ctx_seq)
             if self.tiers is not None and not self.engine.seq_state_supported:
                 self.tiers = None
             self.index = PrefixIndex(n_seq_ids=self.engine.info.n_seq_max, n_cells=self.engine.info.n_ctx,
@@ -180,6 +183,8 @@ class BatcherActor(pykka.ThreadingActor):
         self.flush_timer.cancel()
         if self.watchdog is not None:
             self.watchdog.stop()
+        if getattr(self, "prep", None) is not None:
+            self.prep.close()  # before the engine: no tokenize may run on a freed vocabulary
         if getattr(self, "engine", None) is not None:
             self.engine.close()
             self.engine = None  # type: ignore[assignment]
@@ -204,7 +209,9 @@ class BatcherActor(pykka.ThreadingActor):
             self._step_queued = False
             self._step()
         elif isinstance(message, (Generate, Embed, Tokenize)):
-            self._on_request(message)
+            self._on_request(message, message)
+        elif isinstance(message, PromptPrepared):  # a request's prompt, back from the preparation pool
+            self._on_request(message.request, message)
         elif isinstance(message, FlushDue):
             if not self.flush_timer.fired(message):
                 return None  # a stale timer: the window it guarded was already flushed
@@ -222,15 +229,18 @@ class BatcherActor(pykka.ThreadingActor):
         self._publish(time.perf_counter())
         return None
 
-    def _on_request(self, msg: Request) -> None:
-        """One request's message: whatever handling it raises fails that request alone."""
+    def _on_request(self, msg: Request, message: Request | PromptPrepared) -> None:
+        """One request's message (``msg`` itself, or its prompt prepared by the pool): whatever
+        handling it raises fails that request alone."""
         try:
-            if isinstance(msg, Generate):
-                self._on_generate(msg)
-            elif isinstance(msg, Embed):
-                self.embeddings.add(msg)
+            if isinstance(message, PromptPrepared):
+                self._on_prepared(message)
+            elif isinstance(message, Generate):
+                self._on_generate(message)
+            elif isinstance(message, Embed):
+                self.embeddings.add(message)
             else:
-                self._on_tokenize(msg)
+                self._on_tokenize(message)
         except Exception as e:
             if shared(e):
                 raise
@@ -258,28 +268,54 @@ class BatcherActor(pykka.ThreadingActor):
                         finish_request(seq, reason)  # it crashed between its last token and its end
                         return
                 else:
-                    tokens, n_context = self.prompts.prompt_tokens(msg)
-                    params = self.prompts.fit(msg, params, len(tokens), n_ctx_seq)
-                    seq = start_sequence(msg, tokens, n_context, params, self.engine.tokenizer)
-                self.scheduler.add(seq)
-                assert msg.reply.progress is not None
-                # After add: a request the queue refuses never owned a chain to free.
-                self.chains.give(seq, msg.reply.progress)
-                msg.reply.mark_queued()
+                    self.prep.submit(msg)  # rendered and tokenized off this thread: _on_prepared goes on
+                    return
+                self._enqueue(seq)
             except LlamactorError as e:
-                level = log.warning if isinstance(e, QueueFullError) else log.info
-                level("request_rejected", error=type(e).__name__, reason=str(e))
-                msg.reply.fail(e)
+                self._reject(msg, e)
+
+    def _on_prepared(self, done: PromptPrepared) -> None:
+        """A prompt the pool prepared: fit it in the context and queue its request (a ``Tokenize``:
+        answer it), unless its caller cancelled it meanwhile."""
+        msg = done.request
+        with structlog.contextvars.bound_contextvars(request_id=msg.request_id):
+            if not self.prep.take(done):
                 return
-            log.debug("request_queued", n_prompt=seq.n_prompt, pending=len(self.scheduler.pending))
+            try:
+                if done.error is not None:
+                    raise done.error
+                if isinstance(msg, Tokenize):
+                    msg.reply.resolve(done.result)  # type: ignore[arg-type]
+                    return
+                tokens, n_context = done.result  # type: ignore[misc]
+                params = self.prompts.fit(msg, self.prompts.params(msg), len(tokens), self.engine.info.n_ctx_seq)
+                self._enqueue(start_sequence(msg, tokens, n_context, params, self.engine.tokenizer))
+            except LlamactorError as e:
+                self._reject(msg, e)
+
+    def _enqueue(self, seq: Sequence) -> None:
+        """Add a request's sequence to the scheduler (``QueueFullError`` if it is full)."""
+        msg = seq.request
+        self.scheduler.add(seq)
+        assert msg.reply.progress is not None
+        # After add: a request the queue refuses never owned a chain to free.
+        self.chains.give(seq, msg.reply.progress)
+        msg.reply.mark_queued()
+        log.debug("request_queued", n_prompt=seq.n_prompt, pending=len(self.scheduler.pending))
+
+    @staticmethod
+    def _reject(msg: Generate | Tokenize, e: LlamactorError) -> None:
+        level = log.warning if isinstance(e, QueueFullError) else log.info
+        level("request_rejected", error=type(e).__name__, reason=str(e))
+        msg.reply.fail(e)
 
     def _on_tokenize(self, msg: Tokenize) -> None:
-        try:
-            msg.reply.resolve(self.prompts.inspect(msg))
-        except LlamactorError as e:
-            msg.reply.fail(e)
+        if not msg.reply.future.done():
+            self.prep.submit(msg)  # rendered and tokenized off this thread: _on_prepared answers it
 
     def _on_cancel(self, request_id: str) -> None:
+        if self.prep.cancel(request_id):
+            return
         seq = self.scheduler.find(request_id)
         if seq is not None:
             self._finish(seq, "cancelled")

@@ -1,6 +1,9 @@
 """From a ``Generate`` message to prompt token ids, and the shared system-prompt prefixes.
 
-Runs on the batcher thread (tokenizing calls into llama.cpp's vocabulary). A configured system
+``prompt_tokens`` and ``inspect`` run on the batcher's preparation pool (``llamactor.prompt_prep``:
+llama.cpp's tokenizer only reads the vocabulary), the rest on the batcher thread. A prompt that
+cannot fit in the per-sequence context is refused before it is tokenized: no token stands for
+more bytes than the vocabulary's longest token text. A configured system
 prompt is prefixed to raw prompts as text and to chat conversations as a system message; both
 forms are prefilled once at start on reserved sequences (``shared_prefix_tokens``), so requests
 starting with either attach its KV by ``seq_cp`` instead of recomputing it.
@@ -45,19 +48,23 @@ class PromptBuilder:
         extra = [s for s in self.template.stop if s not in msg.params.stop] if msg.messages is not None else []
         return msg.params.replace(stop=msg.params.stop + tuple(extra)) if extra else msg.params
 
-    def prompt_tokens(self, msg: Generate) -> tuple[list[int], int]:
+    def prompt_tokens(self, msg: Generate, n_ctx_seq: int | None = None) -> tuple[list[int], int]:
         """The request's full prompt, and where its continuation starts (scoring; else its length).
-        ``InvalidRequestError`` if it is empty or holds unknown token ids."""
+        ``InvalidRequestError`` if it is empty or holds unknown token ids; ``ContextExceededError``,
+        before any tokenizing, if its text cannot fit in ``n_ctx_seq`` tokens (None: not checked)."""
         if msg.token_ids is not None:
             tokens = list(msg.token_ids)
             if any(not 0 <= t < self.tokenizer.n_vocab for t in tokens):
                 raise InvalidRequestError(f"token ids must be in [0, {self.tokenizer.n_vocab})")
         elif msg.messages is not None:
-            tokens = self._tokenize_rendered(self._render(msg.messages, msg.tools, msg.chat_template_kwargs))
+            rendered = self._render(msg.messages, msg.tools, msg.chat_template_kwargs)
+            self._check_room(n_ctx_seq, rendered, msg.continuation)
+            tokens = self._tokenize_rendered(rendered)
         else:
             assert msg.text is not None
             if not msg.text and msg.continuation is None:  # scoring may start from BOS alone
                 raise InvalidRequestError("prompt must not be empty")
+            self._check_room(n_ctx_seq, msg.text, msg.continuation, len(self._system_tokens))
             if self.system_prompt:
                 tokens = self._system_tokens + self.tokenizer.tokenize(msg.text, add_special=False)
             else:
@@ -68,6 +75,24 @@ class PromptBuilder:
         if msg.continuation is not None:
             tokens += self._continuation_tokens(msg.continuation)
         return tokens, n_context
+
+    def _check_room(self, n_ctx_seq: int | None, text: str, continuation: str | tuple[int, ...] | None,
+                    n_known: int = 0) -> None:
+        """``ContextExceededError`` if ``text`` (+ ``continuation``, + ``n_known`` tokens) has more
+        tokens than any prompt may (``fit`` wants room for one more), counting the fewest tokens
+        its bytes can be: sound, so no prompt that would fit is refused; O(1) past the encoding."""
+        if n_ctx_seq is None:
+            return
+        n_ids = len(continuation) if isinstance(continuation, tuple) else 0
+        n_bytes = [len(t.encode("utf-8", errors="surrogatepass")) for t in (text, continuation) if isinstance(t, str)]
+        maximum = n_ctx_seq - 1
+        if n_known + n_ids + sum(n_bytes) <= maximum:
+            return  # a token is one byte at least: the vocabulary need not be asked
+        least = n_known + n_ids + sum(self.tokenizer.min_tokens(n) for n in n_bytes)
+        if least > maximum:
+            raise ContextExceededError(
+                f"prompt is too long: at least {least} tokens ({sum(n_bytes)} bytes of text) > {maximum} maximum",
+                n_prompt_tokens=least, n_ctx=n_ctx_seq)
 
     @staticmethod
     def fit(msg: Generate, params: SamplingParams, n_prompt: int, n_ctx_seq: int) -> SamplingParams:
@@ -103,7 +128,8 @@ class PromptBuilder:
         return tokens
 
     def inspect(self, msg: Tokenize) -> Tokenized:
-        """What the model sees of ``msg``'s prompt (the tokenizer and template endpoints)."""
+        """What the model sees of ``msg``'s prompt (the tokenizer and template endpoints). No
+        context cap: counting a text's tokens is asked of texts of any length (the body limit bounds it)."""
         if msg.token_ids is not None:
             tokens = list(msg.token_ids)
             if any(not 0 <= t < self.tokenizer.n_vocab for t in tokens):

@@ -18,6 +18,7 @@ from llamactor.base.adapters import AdapterSet
 from llamactor.base.completion import Completion, Embeddings, Piece, Tokenized, TokenLogprob
 from llamactor.base.config import SamplingParams
 from llamactor.base.engine_info import EngineInfo
+from llamactor.base.errors import LlamactorError
 from llamactor.base.priority import DEFAULT_PRIORITY
 from llamactor.base.tenants import DEFAULT, Tenant
 from llamactor.base.tools import Tools
@@ -171,6 +172,17 @@ class Tokenize:
 
 
 Request = Generate | Embed | Tokenize  # the messages a caller sends, kept in flight by the supervisor
+
+
+@dataclass(frozen=True, slots=True)
+class PromptPrepared:
+    """The batcher's preparation pool -> batcher: ``request``'s prompt, rendered and tokenized off
+    the batcher thread. ``result``: for a ``Generate`` its token ids and where its continuation
+    starts, for a ``Tokenize`` its ``Tokenized``; or ``error``, why it cannot be run."""
+
+    request: Generate | Tokenize
+    result: tuple[list[int], int] | Tokenized | None = None
+    error: LlamactorError | None = None
 
 
 @dataclass(frozen=True, slots=True)

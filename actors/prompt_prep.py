@@ -1,0 +1,91 @@
+"""Prompt preparation off the batcher thread: chat templates rendered and texts tokenized on a
+small pool, so that a long prompt never holds up the steps that stream everyone else's tokens.
+
+The batcher owns the pool, as it owns the ``Engine`` whose vocabulary the workers read
+(llama.cpp's tokenizer is safe to call from several threads on one vocabulary: it only reads
+it). ``submit`` (batcher thread) hands a ``Generate`` or ``Tokenize`` to a worker; the worker
+tells the batcher ``PromptPrepared`` with the prompt's token ids or the typed error, so the
+batcher only ever handles ready token ids; ``close`` (batcher thread, before ``engine.close()``)
+drops what has not started and waits for what has, so no tokenize runs on a freed model. A
+request cancelled while it is prepared is answered at once and its result dropped.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pykka
+import structlog
+
+from llamactor.base.errors import CancelledError, LlamactorError
+from llamactor.base.logging import get_logger
+from llamactor.base.messages import Generate, PromptPrepared, Tokenize, tell_quietly
+from llamactor.prompts import PromptBuilder
+
+log = get_logger("llamactor.batcher")
+
+PREP_THREADS = 2  # tokenizing runs outside the GIL, rendering a template inside it: a few suffice
+
+Prepared = Generate | Tokenize
+
+
+class PromptPrep:
+    """The batcher's preparation pool, and the requests it is preparing (batcher thread only)."""
+
+    def __init__(self, prompts: PromptBuilder, batcher: pykka.ActorRef[Any], n_ctx_seq: int,
+                 n_threads: int = PREP_THREADS) -> None:
+        self._prompts = prompts
+        self._batcher = batcher
+        self._n_ctx_seq = n_ctx_seq
+        self._pool = ThreadPoolExecutor(n_threads, thread_name_prefix="llamactor-prep")
+        self._waiting: dict[str, Prepared] = {}
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, msg: Prepared) -> None:
+        """Batcher thread: prepare ``msg`` on the pool; ``PromptPrepared`` comes back to the batcher."""
+        self._waiting[msg.request_id] = msg
+        self._pool.submit(self._prepare, msg)
+
+    def cancel(self, request_id: str) -> bool:
+        """Batcher thread: answer a request still being prepared with ``CancelledError`` (it has
+        generated nothing); False if none is."""
+        msg = self._waiting.pop(request_id, None)
+        if msg is None:
+            return False
+        msg.reply.fail(CancelledError(f"request {request_id} was cancelled"))
+        log.info("request_cancelled_in_preparation")
+        return True
+
+    def take(self, done: PromptPrepared) -> bool:
+        """Batcher thread: whether to go on with a prepared request (not cancelled meanwhile)."""
+        msg = done.request
+        if self._waiting.get(msg.request_id) is msg:
+            del self._waiting[msg.request_id]
+        return not msg.reply.future.done()
+
+    def close(self) -> None:
+        """Batcher thread, before the engine is closed: requests not started are dropped (the
+        supervisor replays what is in flight on the next batcher), those started are waited for."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._waiting.clear()
+
+    def _prepare(self, msg: Prepared) -> None:
+        """Pool thread: the prompt's token ids, or why not; any error fails this request alone."""
+        with structlog.contextvars.bound_contextvars(request_id=msg.request_id):
+            result: Any = None
+            error: LlamactorError | None = None
+            if not msg.reply.future.done():  # cancelled by its caller while it waited: no work
+                try:
+                    result = (self._prompts.inspect(msg) if isinstance(msg, Tokenize)
+                              else self._prompts.prompt_tokens(msg, self._n_ctx_seq))
+                except LlamactorError as e:
+                    error = e
+                except Exception as e:  # noqa: BLE001 - our bug, or the template's: this request's 500
+                    log.error("prompt_preparation_failed", error=repr(e)[:500])  # bounded: callers choose it
+                    error = LlamactorError(f"preparing the prompt of request {msg.request_id} failed "
+                                           f"({type(e).__name__})", request_id=msg.request_id)
+            tell_quietly(self._batcher, PromptPrepared(msg, result, error))
