@@ -50,7 +50,11 @@ def adapter_set(lora: Mapping[str, Any] | AdapterSet | None, names: Sequence[str
     adapters), a name it lacks is an ``InvalidRequestError`` now, before anything is queued."""
     if not lora:
         return BASE
-    items = lora.items() if isinstance(lora, Mapping) else lora
+    items = list(lora.items()) if isinstance(lora, Mapping) else lora
+    # anything but a mapping or (name, scale) pairs is the caller's mistake, not a TypeError here
+    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence) \
+            or not all(isinstance(i, Sequence) and not isinstance(i, (str, bytes)) and len(i) == 2 for i in items):
+        raise InvalidRequestError(f"lora must map adapter names to scales, got a {type(lora).__name__}")
     out: dict[str, float] = {}
     for name, scale in items:
         if not isinstance(name, str) or isinstance(scale, bool) or not isinstance(scale, (int, float)) \

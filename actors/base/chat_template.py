@@ -108,14 +108,15 @@ class ChatTemplate:
         ``enable_thinking``); they cannot replace the messages, tools or special tokens."""
         if not messages:
             raise ChatTemplateError("messages must not be empty")
-        if len(messages) >= 2 and all(m.get("role") == "assistant" for m in messages[-2:]):
-            # llama-server's rule: one trailing assistant message is continued, two are a mistake
-            raise ChatTemplateError("Cannot have 2 or more assistant messages at the end of the list.")
         for i, m in enumerate(messages):
-            if not isinstance(m, Mapping) or m.get("role") not in VALID_ROLES:
+            # a role of any other type is refused before the set lookup (a dict or list is unhashable)
+            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or m["role"] not in VALID_ROLES:
                 raise ChatTemplateError(f"messages[{i}] needs a role in {sorted(VALID_ROLES)}")
             if not isinstance(m.get("content"), str):
                 raise ChatTemplateError(f"messages[{i}].content must be a string")
+        if len(messages) >= 2 and all(m["role"] == "assistant" for m in messages[-2:]):
+            # llama-server's rule: one trailing assistant message is continued, two are a mistake
+            raise ChatTemplateError("Cannot have 2 or more assistant messages at the end of the list.")
         try:
             return self._template.render({  # ours last: a template kwarg cannot replace them
                 **dict(template_kwargs or {}),
