@@ -27,7 +27,7 @@ import llamactor
 from llamactor.base.config import Config, SamplingParams
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, EngineError, LlamactorError, \
     PoisonRequestError, RequestFailedError
-from llamactor.base.messages import BatcherFailed, Cancel, Generate, ReplyChannel, Tokenize, tell_quietly
+from llamactor.base.messages import BatcherFailed, Cancel, Embed, Generate, ReplyChannel, Tokenize, tell_quietly
 from llamactor.base.tools import Tools
 from llamactor.batcher import BatcherActor
 from llamactor.jobs.runner import JobRunner
@@ -87,6 +87,8 @@ def test_seed_minus_one_past_validation_fails_that_request_with_a_500_naming_it_
     pytest.param(lambda: generate("poison-chat", messages=({"role": "user", "content": "hi \ud800"},)),
                  id="lone-surrogate-chat"),
     pytest.param(lambda: Tokenize("poison-tokenize", ReplyChannel(), text="\ud800"), id="lone-surrogate-tokenize"),
+    pytest.param(lambda: Embed("poison-embed", ("fine", "not \ud800 fine"), ReplyChannel(), time.perf_counter()),
+                 id="lone-surrogate-embedding"),
     pytest.param(lambda: generate("poison-tools", tools=Tools.from_openai([{"type": "function", "function": {"name": "f"}}]),
                                   messages=({"role": "user", "content": "hi"},
                                             {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function"}]},
