@@ -101,7 +101,7 @@ def test_a_poison_message_fails_alone_while_another_request_finishes(steady, poi
     failure = error_of(llm.send(poison()))
     # Its own typed error: a 400 if a check knows it, else a 500 -- never the model going away.
     assert isinstance(failure, LlamactorError) and not isinstance(failure, BatcherUnavailableError), repr(failure)
-    assert beside.result(timeout=60).usage.completion_tokens == 16
+    assert beside.result(timeout=240).usage.completion_tokens == 16  # a bound: the machine may be loaded
     stats = llm.stats()
     assert stats["generation"] == 1 and stats["restarts"] == 0
 
