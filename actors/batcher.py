@@ -18,7 +18,7 @@ one that keeps killing it.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -90,7 +90,10 @@ class BatcherActor(pykka.ThreadingActor):
         self.flush_timer = FlushTimer(self.actor_ref)
         self._last_stats_log = time.perf_counter()
         self.watchdog: Watchdog | None = None
-        self._suspects: tuple[str, ...] = ()  # the requests being handled: named to the supervisor if it dies
+        # What it is handling, so that a failure can name its suspects to the supervisor: the
+        # message in hand, or (during a step) a function of the step's requests (evaluated only then).
+        self._in_hand: Any = None
+        self._step_suspects: Callable[[], Iterable[str]] | None = None
 
     # -- lifecycle (batcher thread) ---------------------------------------------------------
 
@@ -160,7 +163,7 @@ class BatcherActor(pykka.ThreadingActor):
     def on_failure(self, exception_type: Any, exception_value: BaseException | None, traceback: Any) -> None:
         log.error("batcher_failed", generation=self.generation, error=repr(exception_value))
         self._offer_entries()  # before the supervisor hears: the next generation finds them warm
-        self._report_failure(exception_value or RuntimeError("unknown failure"), self._suspects)
+        self._report_failure(exception_value or RuntimeError("unknown failure"), self._suspects())
         self._failed = True
         self.on_stop()  # pykka skips on_stop after a failure; the context must still be freed
 
@@ -189,6 +192,13 @@ class BatcherActor(pykka.ThreadingActor):
             self.engine.close()
             self.engine = None  # type: ignore[assignment]
 
+    def _suspects(self) -> tuple[str, ...]:
+        """The requests it was handling when it failed: the step's, or the message's in hand."""
+        if self._step_suspects is not None:
+            return tuple(dict.fromkeys(self._step_suspects()))
+        msg = self._in_hand
+        return (msg.request_id,) if isinstance(msg, (Generate, Embed, Tokenize, Cancel)) else ()
+
     def _report_failure(self, error: BaseException, suspects: tuple[str, ...] = ()) -> None:
         self.flush_timer.cancel()
         if self.supervisor is not None:
@@ -204,7 +214,7 @@ class BatcherActor(pykka.ThreadingActor):
     # -- messages (batcher thread) ----------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
-        self._suspects = (message.request_id,) if isinstance(message, (Generate, Embed, Tokenize, Cancel)) else ()
+        self._in_hand, self._step_suspects = message, None
         if isinstance(message, Step):
             self._step_queued = False
             self._step()
@@ -344,7 +354,8 @@ class BatcherActor(pykka.ThreadingActor):
         generation_waiting = bool(self.scheduler.running) or self.scheduler.flush_due(t0)
         contended = generation_waiting and bool(queue.waiting)
         if queue.turn(generation_waiting):  # embedding and generation share time (EmbeddingQueue)
-            self._suspects = tuple({item.job.request.request_id: None for item in queue.waiting})
+            waiting = [item.job.request.request_id for item in queue.waiting]  # before the step takes some
+            self._step_suspects = lambda: waiting
             self._guarded(lambda: self.embeddings.step(contended), {"kind": "embedding", "n_waiting": len(queue.waiting)})
             if contended:
                 queue.charge(True, (time.perf_counter() - t0) * 1000)
@@ -354,9 +365,10 @@ class BatcherActor(pykka.ThreadingActor):
             queue.charge(False, (time.perf_counter() - t0) * 1000)
 
     def _generation_step(self, t0: float) -> None:
-        self._suspects = tuple(s.request_id for s in (*self.scheduler.running, *self.scheduler.pending))
+        scheduler = self.scheduler
+        self._step_suspects = lambda: (s.request_id for s in (*scheduler.running, *scheduler.pending))
         plan = self.scheduler.schedule(t0)
-        self._suspects = tuple({s.request_id: None for s in (*(c.seq for c in plan.chunks), *plan.failed)})
+        self._step_suspects = lambda: (s.request_id for s in (*(c.seq for c in plan.chunks), *plan.failed))
         for seq_id in self._apply(plan.kv_ops):  # a restore that failed: that prompt starts over
             seq = self.scheduler.restore_failed(seq_id)
             plan.chunks = [c for c in plan.chunks if c.seq is not seq]

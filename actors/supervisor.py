@@ -24,8 +24,10 @@ quarantined -- failed with ``PoisonRequestError`` (422), logged once (``request_
 with its id and tenant), never replayed a third time. The innocent requests that shared the
 first crash's step wait their turn instead of being quarantined with it; those that shared the
 second's become suspects of one crash, and go on probation in turn. One poison costs two
-restarts, never the whole budget. (Most failures never come here: the batcher fails a request
-whose own work raised, alone, and goes on -- ``llamactor.requests.request_error``.)
+restarts, never the whole budget. A watchdog trip counts as any crash does (a request whose
+step hangs twice is quarantined); an injected crash names no suspect. (Most failures never come
+here: the batcher fails a request whose own work raised, alone, and goes on --
+``llamactor.requests.request_error``.)
 
 It never asks the batcher anything: its own state and counters go to the tree's ``StatsBoard``
 as they change, so health checks and stats never hold up request forwarding.
