@@ -6,6 +6,7 @@ means is ``llamactor.dialects.openai``; the path every handler takes is ``reques
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -89,5 +90,16 @@ def _model_object(state: ServerState, name: str, admin: bool) -> dict[str, Any]:
     describe = getattr(router, "describe", None)  # the in-process Router (not Ray Serve's ingress)
     fields = describe(name) if describe is not None else None
     if fields is not None and not admin:
-        fields = {k: v for k, v in fields.items() if k != "path"}
+        fields = _without_path(fields)
     return replies.model_object(name, bool(router is not None and router.model(name).loaded), fields)
+
+
+def _without_path(fields: dict[str, Any]) -> dict[str, Any]:
+    """A tenant's view of llama-server's router fields: no ``path``, and a failed load's reason
+    naming the file alone, not the folders it sits in."""
+    path = fields.get("path")
+    out = {k: v for k, v in fields.items() if k != "path"}
+    status = out.get("status")
+    if path and isinstance(status, dict) and isinstance(status.get("error"), str):
+        out["status"] = {**status, "error": status["error"].replace(path, os.path.basename(path))}
+    return out
