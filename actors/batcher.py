@@ -197,6 +197,8 @@ class BatcherActor(pykka.ThreadingActor):
         if self._step_suspects is not None:
             return tuple(dict.fromkeys(self._step_suspects()))
         msg = self._in_hand
+        if isinstance(msg, PromptPrepared):  # a request's prompt back from the pool: that request's
+            msg = msg.request
         return (msg.request_id,) if isinstance(msg, (Generate, Embed, Tokenize, Cancel)) else ()
 
     def _report_failure(self, error: BaseException, suspects: tuple[str, ...] = ()) -> None:
