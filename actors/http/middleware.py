@@ -10,14 +10,14 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from email.message import Message
+from email import message as email_message
 
 from starlette.datastructures import MutableHeaders
 
 from llamactor.base.logging import get_logger
 from llamactor.base.tenants import Tenant
 from llamactor.dialects.errors import ErrorInfo
-from llamactor.http.body_limit import ASGIApp, Receive, Scope, Send, refuse
+from llamactor.http.body_limit import ASGIApp, Message, Receive, Scope, Send, refuse
 from llamactor.http.errors import error_response
 from llamactor.http.state import ServerState
 
@@ -67,7 +67,7 @@ class RequestLog:
         request_state["request_id"] = rid
         status = 500  # unless a response starts: an exception is answered 500 outside this middleware
 
-        async def send_with_headers(message: dict) -> None:
+        async def send_with_headers(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
@@ -163,7 +163,7 @@ def is_json_or_upload(content_type: bytes | None) -> bool:
     """Whether a declared Content-Type is kept: JSON itself, or a multipart form."""
     if not content_type:
         return False
-    message = Message()
+    message = email_message.Message()
     message["content-type"] = content_type.decode("latin-1")
     subtype = message.get_content_subtype()
     return message.get_content_maintype() == "multipart" or subtype == "json" or subtype.endswith("+json")

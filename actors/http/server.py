@@ -10,9 +10,12 @@ disconnects cancels its request.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
 
 from llamactor.base.errors import LlamactorError
 from llamactor.http import (anthropic_routes, batches_routes, engine_routes, errors, files_routes, model_admin_routes,
@@ -30,6 +33,11 @@ BOTH_PREFIXES = (openai_routes.router, responses_routes.router, tokenizer_routes
                  batches_routes.router)
 
 
+def _templates(routes: Iterable[BaseRoute], prefix: str = "") -> list[str]:
+    """The path templates of ``routes`` under ``prefix`` (the request counter's labels)."""
+    return [prefix + path for route in routes if isinstance(path := getattr(route, "path", None), str)]
+
+
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="llamactor", docs_url=None, redoc_url=None, strict_content_type=False)
     app.state.server = state
@@ -43,8 +51,8 @@ def create_app(state: ServerState) -> FastAPI:
     included += [(router, "") for router in (anthropic_routes.router, ollama_routes.router, ollama_model_routes.router)]
     for router, prefix in included:
         app.include_router(router, prefix=prefix)
-    paths = [(prefix, getattr(r, "path", None)) for router, prefix in [(app, ""), *included] for r in router.routes]
-    state.metrics.routes = RouteTemplates(prefix + path for prefix, path in paths if isinstance(path, str))
+    state.metrics.routes = RouteTemplates(_templates(app.routes) + [t for router, prefix in included
+                                                                    for t in _templates(router.routes, prefix)])
     # Added innermost first; each check that needs only the headers runs before the body is read.
     app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=state.max_body_bytes,
