@@ -22,7 +22,8 @@ import pytest
 from .daemon_helpers import Daemon, start_daemon
 
 KEYS = {"alice": "sk-alice-0001", "bob": "sk-bob-00002", "ops": "sk-ops-000003", "limited": "sk-limited-04",
-        "counter": "sk-counter-05", "metered": "sk-metered-06", "batcher": "sk-batcher-07"}
+        "counter": "sk-counter-05", "metered": "sk-metered-06", "batcher": "sk-batcher-07",
+        "walker": "sk-walker-08"}
 TOKENS_PER_MINUTE = 240
 KEYS_FILE = f'''
 [[keys]]
@@ -60,6 +61,11 @@ requests_per_minute = 6
 max_batch_jobs = 1
 max_files = 2
 max_file_bytes = 4096
+
+[[keys]]
+key = "{KEYS["walker"]}"
+tenant = "walker"
+tokens_per_minute = 600
 '''
 LONG = {"max_tokens": 1500, "extra_body": {"ignore_eos": True}}  # runs until cancelled
 
@@ -166,6 +172,19 @@ def test_a_stream_whose_caller_walked_away_is_charged_what_it_streamed(daemon: D
     with pytest.raises(openai.RateLimitError) as owing:
         metered.completions.create(model="main", prompt="hi", max_tokens=1)
     assert "tenant 'metered' is over its rate limit" in owing.value.message
+
+
+def test_a_request_whose_caller_walked_away_before_its_answer_is_charged_what_it_computed(daemon: Daemon) -> None:
+    # 1600 CJK characters: ~1600 tokens, estimated at 400 (with max_tokens, the minute's 600)
+    prompt = "".join(chr(0x4E00 + (i * 37) % 2000) for i in range(1600))
+    with pytest.raises(httpx.TimeoutException):  # the client gives up while the prompt is computed
+        httpx.post(f"{daemon.url}/v1/completions", timeout=2, headers={"Authorization": f"Bearer {KEYS['walker']}"},
+                   json={"model": "main", "prompt": prompt, "max_tokens": 200, "ignore_eos": True})
+    assert daemon.wait_for_log(lambda line: line.get("event") == "request_finished"
+                               and line.get("tenant") == "walker", timeout=60)
+    with pytest.raises(openai.RateLimitError) as owing:  # before: refunded, as if it had cost nothing
+        daemon.client(KEYS["walker"]).completions.create(model="main", prompt="hi", max_tokens=1)
+    assert "tenant 'walker' is over its rate limit" in owing.value.message
 
 
 def test_a_tenants_request_does_not_load_a_model_unless_the_operator_allows_it(daemon: Daemon) -> None:

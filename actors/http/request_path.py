@@ -27,7 +27,7 @@ from llamactor.base.completion import ChoiceUpdate, Completion, Embeddings, Toke
 from llamactor.base.config import Config
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, InvalidRequestError
 from llamactor.base.logging import get_logger
-from llamactor.base.request import EmbeddingRequest, GenerationRequest
+from llamactor.base.request import EmbeddingRequest, GenerationRequest, choice_request_id
 from llamactor.base.tool_format import FALLBACK
 from llamactor.dialects.context import RequestContext
 from llamactor.handles.limits import Limiter, embedding_estimate, generation_estimate, tokenize_estimate
@@ -68,6 +68,12 @@ class Planned(Generic[P]):
     def requests(self) -> list[GenerationRequest]:
         """The plan's requests, as its tenant's."""
         return [r.for_tenant(self.tenant) for r in self.plan.requests]
+
+    def cancel(self) -> None:
+        """End every choice of the plan's requests (by their ids: what the batcher cancels)."""
+        for r in self.plan.requests:
+            for i in range(r.n):
+                self.llm.cancel(choice_request_id(r.request_id or "", i, r.n))
 
     def submit(self, request: Request, submit: Callable[[GenerationRequest], list[Any]]) -> list[Any]:
         """Each request's futures (or streams), within the tenant's rate limits: a 429 before
@@ -162,8 +168,9 @@ def context(request: Request, llm: ModelClient, name: str | None = None) -> Requ
 
 
 async def answer(request: Request, call: Planned[P]) -> list[Completion]:
-    """Every choice of every request, in order (cancelled if the client disconnects first)."""
-    done: list[Completion] = await gather(request, call.submit(request, call.llm.submit))
+    """Every choice of every request, in order (cancelled if the client disconnects first: through
+    the model, so that the tenant is charged what they had computed, as a stream is)."""
+    done: list[Completion] = await gather(request, call.submit(request, call.llm.submit), call.cancel)
     for c in done:
         call.observe(c)
     return done
@@ -214,13 +221,20 @@ async def _observed(streams: list[AsyncTextStream], observe: Observe) -> AsyncGe
             yield index, item
 
 
-async def gather(request: Request, futures: list[Any]) -> list[Any]:
-    """Await the results; if the client disconnects first, cancel them."""
+async def gather(request: Request, futures: list[Any], cancel: Callable[[], None] | None = None) -> list[Any]:
+    """Await the results; if the client disconnects first, cancel them: with ``cancel`` (the
+    requests' own, through the model), their batcher ends them and answers each with what it had
+    computed, which the tenant's rate limits charge when it comes (a step or so later: nobody
+    waits for it); without, the futures are cancelled here (and nothing is charged)."""
     work: asyncio.Future[Any] = asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
     disconnect: asyncio.Future[Any] = asyncio.ensure_future(_wait_disconnect(request))
     try:
         await asyncio.wait({work, disconnect}, return_when=asyncio.FIRST_COMPLETED)
         if not work.done():
+            if cancel is not None:
+                cancel()  # (not the futures: cancelled here, they would never hear what was used)
+                work.add_done_callback(_collect)
+                raise CancelledError("the client disconnected")
             for f in futures:
                 f.cancel()
             work.cancel()
@@ -233,6 +247,12 @@ async def gather(request: Request, futures: list[Any]) -> list[Any]:
         return work.result()  # type: ignore[no-any-return]
     finally:
         disconnect.cancel()
+
+
+def _collect(work: asyncio.Future[Any]) -> None:
+    """Retrieve the gather's outcome once the cancelled choices have ended: nobody else will."""
+    if not work.cancelled():
+        work.exception()
 
 
 async def _wait_disconnect(request: Request) -> None:
