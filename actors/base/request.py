@@ -23,7 +23,7 @@ from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import Grammar
 from llamactor.base.messages import MAX_EMBEDDING_INPUTS, POOLINGS, Generate, ReplyChannel
 from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
-from llamactor.base.request_checks import check_messages, check_text
+from llamactor.base.request_checks import check_message_count, check_messages, check_text
 from llamactor.base.tenants import DEFAULT, Tenant
 from llamactor.base.tool_format import ToolCallFormat
 from llamactor.base.tools import Tools
@@ -118,8 +118,8 @@ class GenerationRequest:
         fields = {"messages": messages_tuple(messages)} if chat else prompt_fields(prompt)
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
             raise InvalidRequestError("chat_template_kwargs must be a mapping of template variables")
-        if chat:  # before tools and grammars are compiled: a 400 for what is cheap to check first
-            check_messages(fields["messages"])
+        if chat:  # before tools and grammars are compiled (the rest of check_messages runs in __post_init__)
+            check_message_count(fields["messages"])
         constraint = _constraint(json_schema, grammar)
         parsed_tools = _tools(tools, tool_choice, parallel_tool_calls, chat)
         if parsed_tools is not None and tool_format is not None:
