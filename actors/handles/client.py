@@ -27,6 +27,7 @@ from llamactor.base.config import Config
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.messages import Embed, Generate, ReplyChannel, Request, Tokenize
 from llamactor.base.priority import DEFAULT_PRIORITY
+from llamactor.base.request_checks import check_messages, check_text
 from llamactor.base.request import (EmbedInputs, EmbeddingRequest, GenerationRequest, Messages, Prompt,
                                     choice_request_id, messages_tuple, new_request_id)
 from llamactor.base.tenants import Tenant, tenant_named
@@ -268,6 +269,7 @@ class Client:
                         with_pieces: bool = False, tools: Any = None,
                         chat_template_kwargs: Mapping[str, Any] | None = None,
                         request_id: str | None = None) -> Future[Tokenized]:
+        check_text(prompt, "prompt")  # a lone surrogate is the caller's 400, as on every route
         if isinstance(prompt, str):
             fields: dict[str, Any] = {"text": prompt}
         elif isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
@@ -275,6 +277,8 @@ class Client:
         elif isinstance(prompt, Sequence) and all(isinstance(t, (str, int)) for t in prompt):
             fields = {"parts": tuple(prompt)}
         else:
+            check_messages(messages_tuple(prompt))  # type: ignore[arg-type]
+            check_text(chat_template_kwargs, "chat_template_kwargs")
             fields = {"messages": messages_tuple(prompt),  # type: ignore[arg-type]
                       "tools": tools if isinstance(tools, Tools) or not tools else Tools.from_openai(tools),
                       "chat_template_kwargs": dict(chat_template_kwargs) if chat_template_kwargs else None}
