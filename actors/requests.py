@@ -88,8 +88,12 @@ class RequestState:
         if tokenizer.is_eog(token) and not self.params.ignore_eos:
             return "stop"
         if self.matcher is not None and not self.matcher.consume_token(token):
-            # Cannot happen while tokens are drawn under the mask; end this request alone if it does.
-            self.error = LlamactorError(f"the grammar refused token {token}: {self.matcher.get_error()}")
+            # Under the mask only the caller's grammar outgrowing llguidance's limits does this (a
+            # right-recursive one after ~2000 tokens): that request's 400, its first line only (the
+            # rest is pages of parser state).
+            reason = (self.matcher.get_error() or "").strip().splitlines()[:1]
+            self.error = InvalidRequestError(f"the grammar failed while generating token {self.n_generated + 1}: "
+                                             f"{(reason[0] if reason else 'no reason given')[:300]}")
             return "stop"
         seq.token_ids.append(token)
         self.n_generated += 1

@@ -155,6 +155,17 @@ def test_a_deep_schema_and_a_huge_grammar_are_400s_with_a_reason_in_every_dialec
     assert broken.status_code == 400 and "Traceback" not in broken.text
 
 
+def test_a_grammar_that_outgrows_the_parser_while_generating_is_a_400_with_one_line(serving: Daemon) -> None:
+    """Under the size cap, 2,001 alternatives compile but overflow llguidance's row limit at the
+    first token: the caller's grammar, so a 400 with llguidance's first line, not pages of state."""
+    alternatives = "root ::= " + " | ".join(f'"w{i}"' for i in range(2001))
+    failed = httpx.post(f"{serving.url}/completions", json={"prompt": "A word:", "grammar": alternatives,
+                                                            "max_tokens": 4}, timeout=120)
+    assert failed.status_code == 400, failed.text
+    message = failed.json()["error"]["message"]
+    assert "max is 2000" in message and len(message) < 500 and "\n" not in message
+
+
 def test_long_stops_and_too_many_messages_are_400s_before_any_work(serving: Daemon) -> None:
     with pytest.raises(openai.BadRequestError, match="stop\\[0\\] is 300 characters long: at most 256"):
         serving.client("any").completions.create(model=MODEL_ID, prompt="x", max_tokens=2, stop=["x" * 300])
