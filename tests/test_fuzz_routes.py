@@ -56,7 +56,7 @@ TOKEN_FIELDS = {"/v1/completions": ("max_tokens", "n_predict"),
                 "/v1/responses": ("max_output_tokens",), "/v1/messages": ("max_tokens",),
                 "/api/chat": ("num_predict",), "/api/generate": ("num_predict",)}
 SEED = 36
-REQUEST_TIMEOUT_S = 30
+REQUEST_TIMEOUT_S = 60  # a shared CI box can be slow: a 4-token answer took 10 s at a load of 12 on 2 cores
 RESTART_EVENTS = ("batcher_failed", "batcher_restarting", "supervisor_gave_up")
 
 
@@ -179,6 +179,7 @@ def test_the_fuzzed_schema_is_the_daemons_own(fuzzed: FuzzedDaemon) -> None:
     assert _requests_of(served.json()) == _requests_of(DOCUMENT)
 
 
+@pytest.mark.timeout(300)  # all the examples of one operation
 @SCHEMA.parametrize()
 def test_no_generated_request_gets_a_5xx_or_restarts_the_batcher(case: Any, fuzzed: FuzzedDaemon) -> None:
     daemon = fuzzed.ensure_healthy(f"before {case.method} {case.formatted_path}")
