@@ -29,7 +29,7 @@ def test_a_lora_that_is_not_names_to_scales_is_an_invalid_request(lora: object) 
 @pytest.mark.pure
 def test_a_lora_as_names_to_scales_or_pairs_still_builds() -> None:
     assert adapter_set({"style": 0.5}, ["style"]) == (("style", 0.5),)
-    assert adapter_set([("style", 0.5)], ["style"]) == (("style", 0.5),)
+    assert adapter_set([("style", 0.5)], ["style"]) == (("style", 0.5),)  # type: ignore[arg-type]
     assert adapter_set((("style", 2),), None) == (("style", 2.0),)
 
 
