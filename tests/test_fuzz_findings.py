@@ -54,3 +54,25 @@ def test_an_unhashable_role_fails_its_request_and_the_batcher_goes_on(start_llm:
             llm.chat([message], max_tokens=2)
     assert llm.chat([{"role": "user", "content": "hi"}], max_tokens=2, temperature=0).finish_reason in ("stop", "length")
     assert llm.stats()["restarts"] == 0
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("sampling", [
+    {"temperature": None}, {"top_p": None}, {"min_p": "0.1"}, {"repeat_penalty": None}, {"presence_penalty": []},
+    {"frequency_penalty": None}, {"repeat_last_n": [""]}, {"stop": None}, {"stop": 5}, {"stop": ["ok", 7]},
+    {"echo": True, "top_logprobs": "x"}, {"echo": True, "logprobs": 2, "top_logprobs": None},
+])
+def test_sampling_values_of_the_wrong_type_are_invalid_requests(sampling: dict[str, Any]) -> None:
+    """``SamplingParams`` compared values before checking their types (``temperature=None``:
+    TypeError), and ``echo`` took the max of whatever ``top_logprobs`` was."""
+    with pytest.raises(InvalidRequestError):
+        GenerationRequest.build(SamplingParams(), prompt="hi", **sampling)
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("messages", [[None], ["hi"], [{"role": "user", "content": "hi"}, 3]])
+def test_messages_that_are_not_mappings_are_invalid_requests_on_the_callers_side(messages: list[Any]) -> None:
+    """Non-mapping messages were kept, and failed as AttributeError in the rate limiter's estimate
+    (caller's thread) or while rendering (the batcher's)."""
+    with pytest.raises(InvalidRequestError, match=r"messages\[\d\] must be"):
+        GenerationRequest.build(SamplingParams(), messages=messages)

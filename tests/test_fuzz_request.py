@@ -159,10 +159,6 @@ def test_build_returns_a_request_or_raises_invalid_request_error(args: dict[str,
 
 
 @pytest.mark.pure
-@pytest.mark.xfail(strict=False, reason=(
-    "reported to the lead, fix in files others own: SamplingParams.__post_init__ (base/config.py) compares "
-    "before it checks types (temperature=None, top_p=None, repeat_last_n=[''], stop=None: TypeError), and "
-    "_echo_options (base/request.py) compares top_logprobs/logprobs of any type (echo=True, top_logprobs='x')"))
 @settings(FUZZ, max_examples=int(300 * SCALE))
 @given(loose_arguments(ANY_SAMPLING))
 def test_build_refuses_sampling_values_of_any_wrong_type_with_invalid_request_error(args: dict[str, Any]) -> None:
@@ -189,10 +185,6 @@ def bounded(args: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known holes of issue 36, fixed elsewhere (items 1 and 2): a lone surrogate in a prompt or message, a negative "
-    "seed, an assistant tool_calls entry without a function, each raise outside LlamactorError on the batcher "
-    "thread (UnicodeEncodeError, ValueError, KeyError/TypeError) and the supervisor replays it into a crash loop"))
 @settings(FUZZ, max_examples=int(30 * SCALE), phases=[Phase.explicit, Phase.generate])  # no shrinking: a
 @given(args=plausible_arguments())  # crash loop leaves the model down, and every later example would fail
 def test_every_built_request_answers_or_fails_typed_and_the_batcher_never_restarts(

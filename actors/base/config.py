@@ -42,6 +42,10 @@ def _require(ok: bool, message: str) -> None:
         raise InvalidRequestError(message)
 
 
+# The sampling fields that are real numbers, checked for type before their ranges.
+_REAL_FIELDS = ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty")
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How one request is decoded. ``temperature=0`` is greedy (argmax, no randomness)."""
@@ -69,8 +73,16 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        elif not isinstance(self.stop, tuple):
+        elif isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) for s in self.stop):
             object.__setattr__(self, "stop", tuple(self.stop))
+        else:
+            raise InvalidRequestError(f"stop must be a string or a list of strings, got {self.stop!r:.100}")
+        for name in _REAL_FIELDS:  # types before ranges: None < 0 would be a TypeError, not the caller's 400
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and not isinstance(value, bool),
+                     f"{name} must be a number, got {value!r:.100}")
+        _require(isinstance(self.repeat_last_n, int) and not isinstance(self.repeat_last_n, bool),
+                 f"repeat_last_n must be an integer, got {self.repeat_last_n!r:.100}")
         _require(self.max_tokens is None or (isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
                                              and self.max_tokens >= 0),
                  f"max_tokens must be an integer >= 0 or None, got {self.max_tokens!r}")

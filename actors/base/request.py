@@ -205,7 +205,11 @@ def prompt_fields(prompt: Prompt | None) -> dict[str, Any]:
 def messages_tuple(messages: Messages | None) -> tuple[dict[str, Any], ...]:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise InvalidRequestError("messages must be a list of {'role': ..., 'content': ...} dicts")
-    return tuple(dict(m) if isinstance(m, Mapping) else m for m in messages)
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise InvalidRequestError(f"messages[{i}] must be a {{'role': ..., 'content': ...}} dict, "
+                                      f"got {type(m).__name__}", param=f"messages[{i}]")
+    return tuple(dict(m) for m in messages)
 
 
 def continuation_field(c: Prompt) -> Continuation:
@@ -255,5 +259,6 @@ def _echo_options(sampling: dict[str, Any]) -> dict[str, Any]:
     logprobs = sampling.get("logprobs")
     if not logprobs and not sampling.get("top_logprobs"):
         raise InvalidRequestError("echo=True reports the prompt's log-probabilities: pass logprobs=k as well")
-    n_top = logprobs if isinstance(logprobs, int) and not isinstance(logprobs, bool) else 0
-    return {"prompt_logprobs": max(n_top, sampling.get("top_logprobs") or 0), **sampling}
+    def count(value: Any) -> int:  # a value of the wrong type is SamplingParams' 400 to say
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return {"prompt_logprobs": max(count(logprobs), count(sampling.get("top_logprobs"))), **sampling}
