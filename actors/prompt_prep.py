@@ -22,6 +22,7 @@ from llamactor.base.errors import CancelledError, LlamactorError
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import Generate, PromptPrepared, Tokenize, tell_quietly
 from llamactor.prompts import PromptBuilder
+from llamactor.requests import request_error
 
 log = get_logger("llamactor.batcher")
 
@@ -85,7 +86,5 @@ class PromptPrep:
                 except LlamactorError as e:
                     error = e
                 except Exception as e:  # noqa: BLE001 - our bug, or the template's: this request's 500
-                    log.error("prompt_preparation_failed", error=repr(e)[:500])  # bounded: callers choose it
-                    error = LlamactorError(f"preparing the prompt of request {msg.request_id} failed "
-                                           f"({type(e).__name__})", request_id=msg.request_id)
+                    error = request_error(msg, e, "preparing its prompt")  # RequestFailedError, logged once
             tell_quietly(self._batcher, PromptPrepared(msg, result, error))

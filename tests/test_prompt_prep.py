@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import llamactor.native.tokenizer as tokenizer_module
-from llamactor.base.errors import CancelledError, ContextExceededError, InvalidRequestError, LlamactorError
+from llamactor.base.errors import CancelledError, ContextExceededError, InvalidRequestError, LlamactorError, RequestFailedError
 from llamactor.handles.streams import TextStream
 from llamactor.prompt_prep import PromptPrep
 from llamactor.prompts import PromptBuilder
@@ -243,7 +243,7 @@ def test_an_error_while_preparing_fails_that_request_alone(start_llm: Any, monke
     llm = start_llm(n_parallel=2)
     with pytest.raises(LlamactorError) as bug:
         llm.ask("bug", max_tokens=2, request_id="buggy")
-    assert type(bug.value) is LlamactorError and bug.value.http_status == 500 and "buggy" in str(bug.value)
+    assert isinstance(bug.value, RequestFailedError) and bug.value.http_status == 500 and "buggy" in str(bug.value)
     with pytest.raises(InvalidRequestError, match="a mistake"):
         llm.ask("mistake", max_tokens=2)
     assert llm.ask("Hello", max_tokens=2).usage.completion_tokens == 2
