@@ -64,7 +64,10 @@ def _schema_of_the_app() -> dict[str, Any]:
     """The daemon's OpenAPI document: the app's routes and body models do not depend on its state."""
     with warnings.catch_warnings():  # FastAPI names a route's GET and HEAD alike ("Duplicate Operation ID")
         warnings.simplefilter("ignore", UserWarning)
-        return create_app(SimpleNamespace(max_body_bytes=1 << 20)).openapi()  # type: ignore[arg-type]
+        # only what create_app reads while it wires the app (the middleware reads the rest per request)
+        state = SimpleNamespace(max_body_bytes=1 << 20, metrics=SimpleNamespace(), origins=None,
+                                transport=SimpleNamespace(body_timeout_s=60.0), keys=SimpleNamespace(required=True))
+        return create_app(state).openapi()  # type: ignore[arg-type]
 
 
 def _twice_served_root_paths(document: dict[str, Any]) -> str:
