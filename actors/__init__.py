@@ -26,14 +26,17 @@ from llamactor.base.errors import (
     LlamactorError,
     ModelLoadError,
     ModelNotFoundError,
+    ModelNotLoadedError,
     PermissionDeniedError,
+    PoisonRequestError,
     QueueFullError,
     RateLimitError,
+    RequestFailedError,
 )
 
 __all__ = [
     "LLM", "start", "Client", "Router", "Replicas", "ModelSpec", "Completion", "Embeddings", "Tokenized", "Timings", "Usage", "Config", "SamplingParams", "Grammar",
     "LlamactorError", "InvalidRequestError", "QueueFullError", "RateLimitError", "PermissionDeniedError", "ContextFullError", "ContextExceededError", "CancelledError",
     "BatcherRestartedError", "BatcherUnavailableError", "EngineError", "ModelLoadError", "ModelNotFoundError",
-    "BatchInvarianceError",
+    "BatchInvarianceError", "RequestFailedError", "PoisonRequestError", "ModelNotLoadedError",
 ]

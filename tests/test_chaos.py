@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 import threading
 from collections.abc import Iterator
 
@@ -82,3 +83,5 @@ def test_poison_requests_beside_sixteen_streams_fail_alone_and_the_model_stays_r
     assert health and set(health) == {"ready"}, health
     assert not daemon.events("batcher_failed") and not daemon.events("batcher_restarting")
     assert metric(metrics, "llamactor_batcher_restarts_total" + REPLICA0) == 0
+    # each failed alone the first time: none quarantined (the series is there, at 0)
+    assert re.search("^llamactor_requests_quarantined_total" + REPLICA0 + r" 0\.0$", metrics, re.M), metrics[-2000:]

@@ -73,6 +73,8 @@ class _BatcherCollector(Collector):
             "steps": ("llamactor_steps", "Decode steps (one llama_decode each)"),
             "step_sequences": ("llamactor_step_sequences", "Sequences summed over steps (/ steps = mean batch size)"),
             "restarts": ("llamactor_batcher_restarts", "Times the supervisor restarted the batcher"),
+            "quarantined": ("llamactor_requests_quarantined", "Requests suspected of two batcher crashes, failed "
+                            "with poison_request instead of replayed a third time"),
             "tokens_cached": ("llamactor_prompt_tokens_cached", "Prompt tokens attached from cached KV, not computed"),
             "prompt_tokens_computed": ("llamactor_prompt_tokens_computed", "Prompt tokens computed by llama_decode"),
             "preemptions": ("llamactor_preemptions", "Running sequences preempted for KV room (resumed later)"),
