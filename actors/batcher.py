@@ -279,8 +279,9 @@ class BatcherActor(pykka.ThreadingActor):
                     if (reason := seq.state.ended(seq, n_ctx_seq)) is not None:
                         finish_request(seq, reason)  # it crashed between its last token and its end
                         return
-                else:
-                    self.prep.submit(msg)  # rendered and tokenized off this thread: _on_prepared goes on
+                else:  # a small prompt is prepared here at once; any other off this thread
+                    if (done := self.prep.submit(msg)) is not None:
+                        self._on_prepared(done)
                     return
                 self._enqueue(seq)
             except LlamactorError as e:

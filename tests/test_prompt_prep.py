@@ -14,7 +14,7 @@ import pytest
 import llamactor.native.tokenizer as tokenizer_module
 from llamactor.base.errors import CancelledError, ContextExceededError, InvalidRequestError, LlamactorError, RequestFailedError
 from llamactor.handles.streams import TextStream
-from llamactor.prompt_prep import PromptPrep
+from llamactor.prompt_prep import INLINE_CHARS, INLINE_MESSAGES, PromptPrep
 from llamactor.prompts import PromptBuilder
 from llamactor.native.engine import Engine
 from llamactor.native.tokenizer import Tokenizer
@@ -215,7 +215,7 @@ def test_a_request_cancelled_while_its_prompt_is_tokenized_is_answered_at_once_a
     monkeypatch.setattr(PromptPrep, "_prepare", lambda prep, msg: (original(prep, msg), prepared.set())[0])
     llm = start_llm(n_parallel=2)
     try:
-        future = llm.submit("hello " + MARK, max_tokens=50, request_id="held", ignore_eos=True)
+        future = llm.submit("hello " * 400 + MARK, max_tokens=50, request_id="held", ignore_eos=True)  # the pool's
         assert gate.entered.wait(WAIT_S)
         llm.cancel("held")
         with pytest.raises(CancelledError):
@@ -225,6 +225,23 @@ def test_a_request_cancelled_while_its_prompt_is_tokenized_is_answered_at_once_a
     assert prepared.wait(WAIT_S)  # its PromptPrepared is in the batcher's inbox before the ask below
     stats = llm.stats()
     assert stats["running"] == 0 and stats["pending"] == 0 and stats["tokens_generated"] == 0
+
+
+def test_a_small_prompt_is_prepared_on_the_batcher_at_once_and_a_larger_one_on_the_pool(
+        start_llm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hop to the pool and back costs a request a step of latency when others run: a prompt of at
+    most ``INLINE_CHARS`` characters (a few ms to tokenize) is prepared on the batcher thread;
+    a longer one, a chat with tools or many messages, on the pool."""
+    gate = Gate(monkeypatch)
+    gate.opened.set()
+    llm = start_llm(n_parallel=2)
+    llm.ask("hi " + MARK, max_tokens=1)
+    llm.chat([{"role": "user", "content": "hi " + MARK}], max_tokens=1)
+    assert len(gate.threads) == 2 and not any(name.startswith("llamactor-prep") for name in gate.threads)
+    llm.ask("x" * INLINE_CHARS + MARK, max_tokens=1)
+    llm.chat([{"role": "user", "content": "hi"}] * (INLINE_MESSAGES + 1) + [{"role": "user", "content": MARK}],
+             max_tokens=1)
+    assert len(gate.threads) == 4 and all(name.startswith("llamactor-prep") for name in gate.threads[2:])
 
 
 def test_an_error_while_preparing_fails_that_request_alone(start_llm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
