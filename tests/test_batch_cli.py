@@ -79,9 +79,16 @@ def test_killed_with_sigkill_at_random_points_the_cli_resumes_and_writes_every_c
         proc.wait(timeout=rng.uniform(0.5, 4.0))
     proc.kill()
     proc.wait()
+    # On a quiet machine the first process may finish most lines (all, even) before its kill:
+    # the kills below land only at progress points still ahead.
+    finished = finished_in_journal(journal) if journal.exists() else 0
+    processes = 1
     for kill in range(3):
+        if finished + 1 > n - 12 + kill:
+            continue
         proc = start_cli(inp, out)
-        target = rng.randint(min(finished + 1, n - 12), n - 12 + kill)
+        processes += 1
+        target = rng.randint(finished + 1, n - 12 + kill)
         shown = wait_for_progress(proc, target)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -90,13 +97,15 @@ def test_killed_with_sigkill_at_random_points_the_cli_resumes_and_writes_every_c
         finished = now
         assert not out.exists(), f"seed {seed}: an output file before every line was done"
     proc = start_cli(inp, out)
+    processes += 1
     assert proc.wait(timeout=300) == 0, f"seed {seed}"
     ids = custom_ids(out)
     assert ids == [f"q{i}" for i in range(n)], f"seed {seed}: not every custom_id exactly once, in input order"
     assert max(Counter(ids).values()) == 1
     store = JobStore(journal)
     try:
-        assert len(store.runs("batch_local")) >= 4  # every process that reached the runner recorded its run
+        # every process that reached the runner recorded its run (the first may have died loading)
+        assert len(store.runs("batch_local")) >= processes - 1
     finally:
         store.close()
 
