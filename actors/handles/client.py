@@ -32,7 +32,7 @@ from llamactor.base.request import (EmbedInputs, EmbeddingRequest, GenerationReq
                                     choice_request_id, messages_tuple, new_request_id)
 from llamactor.base.tenants import Tenant, tenant_named
 from llamactor.base.tools import Tools
-from llamactor.handles.limits import Limiter, embedding_estimate, generation_estimate
+from llamactor.handles.limits import Limiter, Reservation, embedding_estimate, generation_estimate
 from llamactor.handles.streams import AsyncTextStream, TextStream, mapped_future
 
 T = TypeVar("T")  # what a future resolves to: a Completion or Embeddings
@@ -309,10 +309,14 @@ class Client:
         limiter = self.limiter
         if limiter is None:
             return send()
-        reservation = limiter.reserve(tenant, tokens)
+        reservation = self._reserve(limiter, tenant, tokens)
         futures = send()
         limiter.settle_when_done(reservation, futures)
         return futures
+
+    def _reserve(self, limiter: Limiter, tenant: Tenant, tokens: int) -> Reservation:
+        """The tenant's share of its limits for ``tokens``: ``RateLimitError`` when it is over them."""
+        return limiter.reserve(tenant, tokens)
 
     def _wait(self, future: Future[T], timeout: float | None) -> T:
         try:

@@ -3,15 +3,15 @@ being refused: what a daemon's batch job runs its lines through, so that a tenan
 spend the same requests and tokens per minute as its interactive requests (one ``Limiter``), and
 a job over them slows down rather than failing lines. Everything else goes to the model's client.
 
-Called on a job's worker thread (``_limited`` may block there until the buckets refill, or until
+Called on a job's worker thread (``_reserve`` may block there until the buckets refill, or until
 the job's ``stop`` is set).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.logging import get_logger
@@ -19,11 +19,10 @@ from llamactor.base.messages import Generate, Request
 from llamactor.base.tenants import Tenant
 from llamactor.base.tool_format import ToolCallFormat
 from llamactor.handles.client import Future
-from llamactor.handles.limits import Limiter
+from llamactor.handles.limits import Limiter, Reservation
 from llamactor.handles.model import ModelClient
 
 log = get_logger("llamactor.jobs")
-T = TypeVar("T")
 
 
 class QuotaClient(ModelClient):
@@ -36,14 +35,12 @@ class QuotaClient(ModelClient):
     def limiter(self) -> Limiter:  # type: ignore[override]
         return self.quota
 
-    def _limited(self, tenant: Tenant, tokens: int, send: Callable[[], list[Future[T]]]) -> list[Future[T]]:
-        """``send()`` once the tenant's buckets hold the request (waiting for them), settled once done."""
+    def _reserve(self, limiter: Limiter, tenant: Tenant, tokens: int) -> Reservation:
+        """The tenant's share of its limits for ``tokens``, waiting for its buckets to refill (or
+        for the job's ``stop``) rather than refused."""
         def waiting(seconds: float) -> None:
             log.info("job_waits_for_rate_limit", batch_id=self.what, tenant=tenant.name, wait_s=round(seconds, 2))
-        reservation = self.quota.reserve_waiting(tenant, tokens, self.stop, waiting)
-        futures = send()
-        self.quota.settle_when_done(reservation, futures)
-        return futures
+        return limiter.reserve_waiting(tenant, tokens, self.stop, waiting)
 
     # -- the model's own -----------------------------------------------------------------------
 
