@@ -166,6 +166,9 @@ def test_a_stream_whose_caller_walked_away_is_charged_what_it_streamed(daemon: D
                 break  # walk away
     assert daemon.wait_for_log(lambda line: line.get("event") == "request_finished"
                                and line.get("tenant") == "metered" and line.get("finish_reason") == "cancelled")
+    # request_finished is written before the batcher fails the caller's future, which settles the
+    # charge: the next request must wait for the settlement itself.
+    assert daemon.wait_for_log(lambda line: line.get("event") == "rate_limit_settled" and line.get("tenant") == "metered")
     finished = [line for line in daemon.events("request_finished") if line.get("tenant") == "metered"][-1]
     assert finished["n_prompt"] + finished["n_gen"] > TOKENS_PER_MINUTE + 100, finished
     # Refunded (before), the tenant would be back at the top; charged, it owes more than a minute's worth.
@@ -180,7 +183,7 @@ def test_a_request_whose_caller_walked_away_before_its_answer_is_charged_what_it
     with pytest.raises(httpx.TimeoutException):  # the client gives up while the prompt is computed
         httpx.post(f"{daemon.url}/v1/completions", timeout=2, headers={"Authorization": f"Bearer {KEYS['walker']}"},
                    json={"model": "main", "prompt": prompt, "max_tokens": 200, "ignore_eos": True})
-    assert daemon.wait_for_log(lambda line: line.get("event") == "request_finished"
+    assert daemon.wait_for_log(lambda line: line.get("event") == "rate_limit_settled"
                                and line.get("tenant") == "walker", timeout=60)
     with pytest.raises(openai.RateLimitError) as owing:  # before: refunded, as if it had cost nothing
         daemon.client(KEYS["walker"]).completions.create(model="main", prompt="hi", max_tokens=1)

@@ -15,9 +15,12 @@ from typing import Any
 
 from llamactor.base.completion import Completion, Embeddings, Tokenized
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, RateLimitError
+from llamactor.base.logging import get_logger
 from llamactor.base.request import EmbeddingRequest, GenerationRequest
 from llamactor.base.tenants import Tenant
 from llamactor.scheduling.rate_limits import Limits, RateLimits, estimate_tokens
+
+log = get_logger("llamactor.limits")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +97,12 @@ class Limiter:
                 remaining[0] -= 1
                 if remaining[0]:
                     return
+            used = used_tokens(futures)
             with self._lock:
-                self._limits.settle(reservation.tenant, reservation.tokens, used_tokens(futures), time.monotonic())
+                self._limits.settle(reservation.tenant, reservation.tokens, used, time.monotonic())
+            # After the request's own request_finished line: a reader of the log (an operator's
+            # meter, a test) knows from this one when the tenant's buckets hold what it cost.
+            log.info("rate_limit_settled", tenant=reservation.tenant.name, reserved=reservation.tokens, used=used)
         for future in futures:
             future.add_done_callback(done)
 
