@@ -5,8 +5,8 @@
         print(llm.ask("Write a haiku", max_tokens=64, temperature=0).text)
 """
 
-from llamactor.facade import start
-from llamactor.handles.tree import LLM
+from llamactor.launch import start
+from llamactor.handles.llm import LLM
 from llamactor.handles.client import Client
 from llamactor.serving.model_specs import ModelSpec
 from llamactor.serving.replicas import Replicas

@@ -51,7 +51,7 @@ def main() -> None:
     tracer = Tracer()
     threading.setprofile(tracer)  # the app's threads start below and inherit it
     sys.setprofile(tracer)
-    with TestClient(create_app(state)) as client:
+    with TestClient(create_app(state), base_url="http://127.0.0.1") as client:
         client.post("/v1/chat/completions", json=BODY)  # warm
         for stream in (False, True):
             tracer.modules.clear()

@@ -14,7 +14,7 @@ from llamactor.base.adapters import adapter_scope, adapter_set, from_ids, parse_
 from llamactor.base.config import Config, SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.request import GenerationRequest
-from llamactor.cache_tiers import CacheTiers
+from llamactor.tree.tiers.ram import CacheTiers
 from llamactor.dialects.context import RequestContext
 from llamactor.native.kv_state import SeqState
 from llamactor.scheduling.adapter_turns import AdapterTurns

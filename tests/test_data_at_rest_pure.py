@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from llamactor import disk_tier
+from llamactor.tree.tiers import disk as disk_tier
 from llamactor.base.private_files import open_private, private_dir, read_or_create_secret
-from llamactor.cache_tiers import CacheTiers
-from llamactor.disk_tier import DiskTier
+from llamactor.tree.tiers.ram import CacheTiers
+from llamactor.tree.tiers.disk import DiskTier
 from llamactor.jobs.store import JobStore
 from llamactor.native.kv_state import SeqState
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llamactor.disk_tier import DiskTier
+from llamactor.tree.tiers.disk import DiskTier
 from llamactor.native.kv_state import SeqState
 
 pytestmark = pytest.mark.pure

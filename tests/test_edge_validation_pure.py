@@ -18,7 +18,7 @@ from llamactor.base.grammar import Grammar
 from llamactor.base.request import EmbeddingRequest, GenerationRequest
 from llamactor.base.request_checks import MAX_MESSAGES, check_text
 from llamactor.dialects.tokenizer import ApplyTemplateRequest, TokenizeRequest, plan_apply_template, plan_tokenize
-from llamactor.output import TextAssembler
+from llamactor.tree.text import TextAssembler
 
 pytestmark = pytest.mark.pure
 

@@ -13,7 +13,7 @@ import pytest
 
 import llamactor
 from llamactor import InvalidRequestError
-from llamactor.embedding_steps import EmbeddingSteps
+from llamactor.tree.embedding_steps import EmbeddingSteps
 from llamactor.scheduling.embedding_queue import EmbeddingJob, EmbeddingQueue
 from llamactor.base.messages import Embed, ReplyChannel
 from llamactor.native.embedding import EmbeddingNoRoomError

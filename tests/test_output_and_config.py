@@ -6,7 +6,7 @@ import pytest
 
 from llamactor.base.config import Config, SamplingParams
 from llamactor.base.errors import InvalidRequestError
-from llamactor.output import TextAssembler
+from llamactor.tree.text import TextAssembler
 
 pytestmark = pytest.mark.pure
 

@@ -29,11 +29,11 @@ from llamactor.base.errors import BatcherUnavailableError, CancelledError, Engin
     PoisonRequestError, RequestFailedError
 from llamactor.base.messages import BatcherFailed, Cancel, Embed, Generate, ReplyChannel, Tokenize, tell_quietly
 from llamactor.base.tools import Tools
-from llamactor.batcher import BatcherActor
+from llamactor.tree.batcher import BatcherActor
 from llamactor.jobs.runner import JobRunner
 from llamactor.jobs.store import JobStore
-from llamactor.requests import RequestState
-from llamactor.supervisor import SupervisorActor
+from llamactor.tree.request_state import RequestState
+from llamactor.tree.supervisor import SupervisorActor
 
 from .test_jobs_pure import CHAT, FakeClient, answer, line, new_batch, run_in_thread
 from .test_supervisor_stub import TIMEOUT, Answer, Batchers, HoldingBoard, Received, StubBatcher, Tree, generated

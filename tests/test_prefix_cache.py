@@ -14,7 +14,7 @@ import llamactor
 from llamactor.base.config import SamplingParams
 from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.native.engine import Engine
-from llamactor.prompts import PromptBuilder
+from llamactor.tree.prompt_tokens import PromptBuilder
 
 from .conftest import assert_equal_up_to_near_tie, audit_kv, batcher_ref
 

@@ -14,8 +14,8 @@ import pytest
 import llamactor.native.tokenizer as tokenizer_module
 from llamactor.base.errors import CancelledError, ContextExceededError, InvalidRequestError, LlamactorError, RequestFailedError
 from llamactor.handles.streams import TextStream
-from llamactor.prompt_prep import INLINE_CHARS, INLINE_MESSAGES, PromptPrep
-from llamactor.prompts import PromptBuilder
+from llamactor.tree.prompt_prep import INLINE_CHARS, INLINE_MESSAGES, PromptPrep
+from llamactor.tree.prompt_tokens import PromptBuilder
 from llamactor.native.engine import Engine
 from llamactor.native.tokenizer import Tokenizer
 

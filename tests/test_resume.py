@@ -19,7 +19,7 @@ from llamactor.base.completion import Completion, Piece
 from llamactor.base.config import SamplingParams
 from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.handles.streams import TextStream
-from llamactor.requests import resume_sequence, start_sequence
+from llamactor.tree.request_state import resume_sequence, start_sequence
 
 from .conftest import NotAMessage, assert_equal_up_to_near_tie, batcher_ref, closing_what_the_test_started
 from .daemon_helpers import MODEL_ID, assert_same_greedy_text_up_to_near_tie, free_port, legacy_result, \

@@ -9,7 +9,7 @@ import pytest
 
 import llamactor
 from llamactor.base.errors import BatcherUnavailableError
-from llamactor.handles.tree import start_tree
+from llamactor.handles.llm import start_tree
 from llamactor.serving import replicas as replicas_module
 
 from .conftest import NotAMessage, batcher_ref, closing_what_the_test_started, record_sent

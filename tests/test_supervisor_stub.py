@@ -22,8 +22,8 @@ from llamactor.base.config import Config, SamplingParams
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import BatcherUnavailableError, CancelledError
 from llamactor.base.messages import BatcherFailed, BatcherReady, Cancel, Generate, ReplyChannel, tell_quietly
-from llamactor.stats_board import StatsBoard
-from llamactor.supervisor import SupervisorActor
+from llamactor.tree.board import StatsBoard
+from llamactor.tree.supervisor import SupervisorActor
 
 pytestmark = pytest.mark.pure
 

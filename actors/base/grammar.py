@@ -3,7 +3,7 @@
 Built on llguidance (the library llama.cpp itself uses for grammars). A ``Grammar`` is compiled
 and checked in the *caller's* thread, with no model at hand: a bad schema or grammar is an
 ``InvalidRequestError`` before anything is queued. The batcher's side -- a matcher per request
-and sampling under it -- is ``llamactor.grammar_sampler``.
+and sampling under it -- is ``llamactor.tree.grammar_sampler``.
 """
 
 from __future__ import annotations

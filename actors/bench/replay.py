@@ -33,15 +33,15 @@ from unittest import mock
 
 import numpy as np
 
-from llamactor import batcher as batcher_module
+from llamactor.tree import batcher as batcher_module
 from llamactor.base.config import DEFAULT_CACHED_SEQ_IDS, MAX_SEQUENCES, PINNED_SEQ_IDS, Config
 from llamactor.base.errors import ModelLoadError
 from llamactor.base.models import resolve_model_path
-from llamactor.batcher import BatcherActor
-from llamactor.handles.tree import LLM
+from llamactor.tree.batcher import BatcherActor
+from llamactor.handles.llm import LLM
 from llamactor.native.engine import Engine
-from llamactor.stats_board import StatsBoard
-from llamactor.supervisor import SupervisorActor
+from llamactor.tree.board import StatsBoard
+from llamactor.tree.supervisor import SupervisorActor
 
 
 class Recording:
@@ -183,7 +183,7 @@ class HostBatcher(BatcherActor):
             with mock.patch.object(batcher_module, "Engine", functools.partial(ReplayEngine, self.recording)):
                 super().on_start()
             if not isinstance(self.engine, ReplayEngine):  # a null leg that decodes for real would mislead
-                raise RuntimeError("the batcher no longer makes its engine as llamactor.batcher.Engine(...)")
+                raise RuntimeError("the batcher no longer makes its engine as llamactor.tree.batcher.Engine(...)")
             return
         super().on_start()
         decode = self.engine.decode

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from llamactor.base.errors import InvalidRequestError
-from llamactor.facade import start
+from llamactor.launch import start
 from llamactor.handles.client import Client
-from llamactor.handles.tree import LLM
+from llamactor.handles.llm import LLM
 from llamactor.jobs import records
 from llamactor.jobs.endpoints import check_body
 from llamactor.jobs.plan import ENDPOINTS, NotJsonlError, plan_lines

@@ -42,7 +42,7 @@ from llamactor.base.logging import get_logger
 from llamactor.base.tenants import DEFAULT, Tenant
 from llamactor.handles.client import Client
 from llamactor.handles.model import ModelClient
-from llamactor.handles.tree import LLM
+from llamactor.handles.llm import LLM
 from llamactor.jobs import records
 from llamactor.jobs.endpoints import PendingLine, start_line
 from llamactor.jobs.plan import RequestCounts

@@ -16,7 +16,7 @@ from typing import Any
 
 from llamactor.base.completion import Piece
 from llamactor.base.engine_info import EngineInfo
-from llamactor.handles.tree import start_tree
+from llamactor.handles.llm import start_tree
 from llamactor.base.logging import configure_from_env
 from llamactor.base.messages import Embed, Generate, ReplyChannel, Request
 from llamactor.serving.model_specs import ModelSpec

@@ -18,7 +18,7 @@ from typing import Any
 
 
 from llamactor.base.logging import get_logger
-from llamactor.handles.tree import LLM, start_tree
+from llamactor.handles.llm import LLM, start_tree
 from llamactor.handles.model import ModelClient
 from llamactor.base.completion import Completion
 from llamactor.base.engine_info import EngineInfo

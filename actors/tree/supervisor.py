@@ -27,7 +27,7 @@ second's become suspects of one crash, and go on probation in turn. One poison c
 restarts, never the whole budget. A watchdog trip counts as any crash does (a request whose
 step hangs twice is quarantined); an injected crash names no suspect. (Most failures never come
 here: the batcher fails a request whose own work raised, alone, and goes on --
-``llamactor.requests.request_error``.)
+``llamactor.tree.request_state.request_error``.)
 
 It never asks the batcher anything: its own state and counters go to the tree's ``StatsBoard``
 as they change, so health checks and stats never hold up request forwarding.
@@ -46,7 +46,7 @@ import pykka
 from llamactor.base.logging import get_logger
 from llamactor.base.config import Config
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, PoisonRequestError
-from llamactor.stats_board import StatsBoard
+from llamactor.tree.board import StatsBoard
 from llamactor.base.messages import (
     BatcherFailed,
     BatcherReady,

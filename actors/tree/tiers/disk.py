@@ -37,7 +37,7 @@ from llamactor.base.private_files import open_private, private_dir, read_or_crea
 from llamactor.native.kv_state import SeqState
 from llamactor.scheduling.tier_index import TierIndex, TierMatch
 
-log = get_logger("llamactor.disk_tier")
+log = get_logger("llamactor.tree.tiers.disk")
 
 MAGIC = b"LLAMACTOR-KV\x00\x02"  # \x01: the unauthenticated files of older versions (removed as not ours)
 FORMAT = 2

@@ -30,13 +30,13 @@ from llamactor.base.completion import Completion, Timings, TokenLogprob, Usage
 from llamactor.base.config import SamplingParams
 from llamactor.base.errors import CancelledError, EngineError, InvalidRequestError, LlamactorError, \
     RequestFailedError
-from llamactor.grammar_sampler import new_matcher
+from llamactor.tree.grammar_sampler import new_matcher
 from llamactor.base.messages import Generate, Progress, ReplyChannel
 from llamactor.base.tools import parse_tool_calls
 from llamactor.native.graph_sampling import GraphChain
 from llamactor.native.sampling import RowSpec
 from llamactor.native.tokenizer import Tokenizer
-from llamactor.output import TextAssembler
+from llamactor.tree.text import TextAssembler
 from llamactor.scheduling.prompt_scores import ScoreState
 from llamactor.scheduling.sequence import Sequence
 

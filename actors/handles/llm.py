@@ -21,16 +21,16 @@ from llamactor.base.errors import BatcherUnavailableError, ModelLoadError
 from llamactor.base.messages import Cancel, Embed, Generate, GetStats, InjectCrash, Request
 from llamactor.base.models import resolve_model_path
 from llamactor.handles.client import Client
-from llamactor.stats_board import StatsBoard
-from llamactor.supervisor import SupervisorActor
+from llamactor.tree.board import StatsBoard
+from llamactor.tree.supervisor import SupervisorActor
 
 
 def start_tree(config: Config, start_timeout_s: float = 300.0) -> LLM:
     """Start one supervisor (and its batcher) for ``config``; block until its model is loaded."""
     # The batcher side (llama.cpp, torch) loads only when a tree starts: `import llamactor`, the
     # HTTP app and the Ray ingress never decode and never load it.
-    from llamactor.batcher import BatcherActor
-    from llamactor.cache_tiers import CacheTiers
+    from llamactor.tree.batcher import BatcherActor
+    from llamactor.tree.tiers.ram import CacheTiers
 
     board = StatsBoard()
     model_path = resolve_model_path(config.model)

@@ -5,7 +5,7 @@ sleeps otherwise: the next ``Step`` is a message it tells itself, so callers' me
 handled between steps, and a lone request waits for company on a ``threading.Timer`` that
 tells it ``FlushDue`` (``FlushTimer``), never on a spin.
 
-A request's failure is the request's (``llamactor.requests.request_error``): whatever handling one request's
+A request's failure is the request's (``llamactor.tree.request_state.request_error``): whatever handling one request's
 message raises (tokenizing, its template, its grammar, its sampler, resuming it) fails that
 request alone, and so does what the per-sequence part of a step raises for one sequence (drawing
 or accepting its token, building its answer). The rest -- the decode, KV operations, the
@@ -28,12 +28,12 @@ import structlog
 from llamactor.base.logging import get_logger
 from llamactor.base.config import Config
 from llamactor.base.errors import ContextFullError, LlamactorError, QueueFullError, StepAbortedError
-from llamactor.batcher_stats import StepCounters, audit_kv, batcher_stats
-from llamactor.cache_tiers import CacheTiers
-from llamactor.embedding_steps import EmbeddingSteps
+from llamactor.tree.counters import StepCounters, audit_kv, batcher_stats
+from llamactor.tree.tiers.ram import CacheTiers
+from llamactor.tree.embedding_steps import EmbeddingSteps
 from llamactor.scheduling.embedding_queue import EmbeddingQueue
-from llamactor.grammar_sampler import GrammarSampler
-from llamactor.graph_chains import GraphChains, sample_rows
+from llamactor.tree.grammar_sampler import GrammarSampler
+from llamactor.tree.graph_chains import GraphChains, sample_rows
 from llamactor.base.messages import (
     AuditKv,
     BatcherFailed,
@@ -55,16 +55,16 @@ from llamactor.native.sampling import Sampled
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
 from llamactor.scheduling.tier_index import RestoreOp
-from llamactor.prompt_prep import PromptPrep
-from llamactor.prompts import PromptBuilder
-from llamactor.requests import finish_request, request_error, resume_sequence, shared, start_sequence
+from llamactor.tree.prompt_prep import PromptPrep
+from llamactor.tree.prompt_tokens import PromptBuilder
+from llamactor.tree.request_state import finish_request, request_error, resume_sequence, shared, start_sequence
 from llamactor.scheduling.packed_kv import PackedScheduler
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Sequence, StepPlan
-from llamactor.step_outputs import OutputRows, record_scores
-from llamactor.flush_timer import FlushTimer
-from llamactor.stats_board import BATCHER_PUBLISH_S, StatsBoard
-from llamactor.watchdog import Watchdog
+from llamactor.tree.output_rows import OutputRows, record_scores
+from llamactor.tree.flush_timer import FlushTimer
+from llamactor.tree.board import BATCHER_PUBLISH_S, StatsBoard
+from llamactor.tree.watchdog import Watchdog
 
 log = get_logger("llamactor.batcher")
 

@@ -20,12 +20,12 @@ from typing import Any
 
 from llamactor.base.config import Config
 from llamactor.base.logging import get_logger
-from llamactor.disk_tier import DiskTier, model_identity
+from llamactor.tree.tiers.disk import DiskTier, model_identity
 from llamactor.native.engine import Engine
 from llamactor.native.kv_state import BUILD, SeqState
 from llamactor.scheduling.tier_index import NO_MATCH, RestoreOp, TierIndex, TierMatch
 
-log = get_logger("llamactor.cache_tiers")
+log = get_logger("llamactor.tree.tiers.ram")
 
 MIB = 1 << 20
 

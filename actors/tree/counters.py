@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from llamactor.embedding_steps import EmbeddingSteps
-from llamactor.grammar_sampler import GrammarSampler
+from llamactor.tree.embedding_steps import EmbeddingSteps
+from llamactor.tree.grammar_sampler import GrammarSampler
 from llamactor.base.engine_info import EngineInfo
 from llamactor.native.devices import recent_devices
 from llamactor.native.engine import Engine

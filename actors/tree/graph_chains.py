@@ -16,7 +16,7 @@ import numpy as np
 from llamactor.base.config import SamplingParams
 from llamactor.base.messages import Progress
 from llamactor.native.engine import Engine
-from llamactor.grammar_sampler import GrammarSampler
+from llamactor.tree.grammar_sampler import GrammarSampler
 from llamactor.native.graph_sampling import TOKEN_NULL, ChainParams, GraphChain
 from llamactor.native.sampling import Sampled
 from llamactor.scheduling.sequence import Sequence, StepPlan

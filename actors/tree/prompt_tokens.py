@@ -1,6 +1,6 @@
 """From a ``Generate`` message to prompt token ids, and the shared system-prompt prefixes.
 
-``prompt_tokens`` and ``inspect`` run on the batcher's preparation pool (``llamactor.prompt_prep``:
+``prompt_tokens`` and ``inspect`` run on the batcher's preparation pool (``llamactor.tree.prompt_prep``:
 llama.cpp's tokenizer only reads the vocabulary), the rest on the batcher thread. A prompt that
 cannot fit in the per-sequence context is refused before it is tokenized: no token stands for
 more bytes than the vocabulary's longest token text. A configured system

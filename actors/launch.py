@@ -1,6 +1,6 @@
 """``llamactor.start()``: one model (an ``LLM`` over one actor tree) or several (a ``Router``).
 
-A thin facade over ``llamactor.handles.tree.start_tree`` and ``llamactor.serving.router.Router``;
+A thin facade over ``llamactor.handles.llm.start_tree`` and ``llamactor.serving.router.Router``;
 runs on the caller's thread.
 """
 
@@ -11,7 +11,7 @@ from typing import Any, overload
 
 from llamactor.base.config import Config
 from llamactor.base.errors import InvalidRequestError
-from llamactor.handles.tree import LLM, start_tree
+from llamactor.handles.llm import LLM, start_tree
 from llamactor.native import invariance
 from llamactor.serving.router import Router
 

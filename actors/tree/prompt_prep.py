@@ -23,8 +23,8 @@ import structlog
 from llamactor.base.errors import CancelledError, LlamactorError
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import Generate, PromptPrepared, Tokenize, tell_quietly
-from llamactor.prompts import PromptBuilder
-from llamactor.requests import request_error
+from llamactor.tree.prompt_tokens import PromptBuilder
+from llamactor.tree.request_state import request_error
 
 log = get_logger("llamactor.batcher")
 
