@@ -18,7 +18,7 @@ from llamactor.base.config import Config
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.tool_format import ToolCallFormat
 from llamactor.base.errors import BatcherUnavailableError, ModelLoadError
-from llamactor.base.messages import Cancel, Embed, Generate, GetStats, InjectCrash, Request
+from llamactor.base.messages import CallerMessage, Cancel, Embed, Generate, GetStats, InjectCrash
 from llamactor.base.models import resolve_model_path
 from llamactor.handles.client import Client
 from llamactor.tree.board import StatsBoard
@@ -68,7 +68,7 @@ class LLM(Client):
     def tool_format(self) -> ToolCallFormat:
         return self.info.tool_format
 
-    def send(self, msg: Request) -> concurrent.futures.Future[Any]:
+    def send(self, msg: CallerMessage) -> concurrent.futures.Future[Any]:
         """Deliver ``msg`` to the tree; its answer goes to ``msg.reply`` (whose future this returns)."""
         future = msg.reply.future
         with self._lock:
