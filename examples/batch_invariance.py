@@ -1,4 +1,5 @@
-"""Where the numbers part (issue 30, part 1): one sequence's logits alone vs beside others.
+"""Where the numbers part: one sequence's logits alone vs beside others (docs/performance.md,
+*Where the numbers part*).
 
 Runs llama.cpp's low-level API directly (``llama_batch`` / ``llama_decode`` /
 ``llama_get_logits_ith``), not llamactor's engine, so that each candidate cause is isolated by a

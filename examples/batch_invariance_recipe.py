@@ -87,10 +87,10 @@ def long_context(name: str, path: str) -> None:
 
 
 def holes(name: str, path: str) -> None:
-    """The recipe with freed cells (issue 30, part 2): another sequence's cells removed
-    (``llama_memory_seq_rm``) below or above the target's, then the target's decode tokens land
-    in the hole below (out of position order) or after its cells. Single thread, so the two
-    flash-attention paths are not mixed in."""
+    """The recipe with freed cells (docs/performance.md, *Batch-invariant mode*, ``--part holes``):
+    another sequence's cells removed (``llama_memory_seq_rm``) below or above the target's, then the
+    target's decode tokens land in the hole below (out of position order) or after its cells.
+    Single thread, so the two flash-attention paths are not mixed in."""
     recipe = Setup(extra_bufts=False, flash=True, n_ubatch=32)
     for setup, ctx, t in _contexts(path, [recipe]):
         ref = alone(ctx, t)

@@ -3,7 +3,8 @@
 llama_batch_init allocates one malloc'd ``seq_id`` array per token; filling those costs a
 Python-level pointer dereference per token. Here every token's ``seq_id`` pointer is set once,
 at construction, to its own slot of one flat int32 array, so a whole step is filled with a few
-numpy slice assignments (seed 004: one batch at ``n_batch`` capacity, reused).
+numpy slice assignments: one batch at ``n_batch`` capacity, reused (docs/architecture.md, *A request,
+module by module*, step 5).
 
 Every token carries two seq_ids: its sequence's and that sequence's *shadow* (``seq_id +
 shadow_offset``). A KV cell then always belongs to at least two sequences, which keeps llama.cpp's

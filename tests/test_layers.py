@@ -127,6 +127,13 @@ def test_only_native_and_the_benchmark_yardsticks_import_llama_cpp_or_torch() ->
     assert not offenders
 
 
+def test_the_pure_layers_import_no_actor_framework() -> None:
+    """base and scheduling are values and functions over them: what needs pykka sits in the tree."""
+    offenders = [name for name, path in module_files().items()
+                 if name.startswith(("llamactor.base", "llamactor.scheduling")) and "pykka" in imported_roots(path)]
+    assert not offenders
+
+
 def test_the_dialects_and_the_jobs_import_no_web_framework() -> None:
     offenders = {name: sorted(imported_roots(path) & WEB_FRAMEWORKS) for name, path in module_files().items()
                  if name.startswith(("llamactor.dialects", "llamactor.jobs")) and imported_roots(path) & WEB_FRAMEWORKS}

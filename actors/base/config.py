@@ -187,7 +187,8 @@ def _check_batch_invariant(c: Config) -> None:
 
 
 def _check_transport(c: Config) -> None:
-    """The daemon's HTTP edge (issue 36): positive limits, host and origin names without spaces."""
+    """The daemon's HTTP edge (docs/operations.md, *Threat model*, "The transport"): positive limits,
+    host and origin names without spaces."""
     for name in ("body_timeout_s", "header_timeout_s", "keep_alive_s"):
         _require(getattr(c, name) > 0, f"{name} must be > 0, got {getattr(c, name)}")
     _require(c.limit_concurrency >= 1, f"limit_concurrency must be >= 1, got {c.limit_concurrency}")
@@ -248,7 +249,7 @@ class Config:
     cache_dir: str | None = None  # a directory keeping cached prefixes across restarts; None: off
     cache_dir_mib: int = 4096  # the most the cache directory holds (least recently used files go first)
     schedule_policy: str = "priority"  # "fcfs" | "priority" | "lpm" (llamactor.scheduling.policy)
-    priority_aging_per_s: float = 0.1  # effective priority gained per second of waiting (seed 001)
+    priority_aging_per_s: float = 0.1  # effective priority gained per second waited (docs/architecture.md, *Scheduling*)
     watchdog_timeout_s: float = 60.0  # a step running longer is aborted and the batcher restarted; 0: off
     watchdog_test_hang: bool = False  # tests only: the first batcher's first step hangs until the watchdog fires
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -265,7 +266,8 @@ class Config:
     # (llama-server's ids); "NAME=PATH" strings or a {name: path} mapping are accepted. A request
     # runs under the ones it names, each with its scale (``lora=``); the others stay off.
     loras: tuple[tuple[str, str], ...] = ()
-    # -- transport (issue 36): the HTTP daemon's edge (``serve``'s options, not a tree's; llamactor.http.origins).
+    # -- transport: the HTTP daemon's edge (``serve``'s options, not a tree's; llamactor.http.origins;
+    # docs/operations.md, *Threat model*, "The transport").
     # The lists: a comma list or repeated, "*" for any; beside the loopback names and the bind address.
     body_timeout_s: float = 60.0  # a request body not all received by then: 408, connection closed
     header_timeout_s: float = 10.0  # a request head (line and headers) not all received by then: closed
@@ -274,7 +276,7 @@ class Config:
     max_header_bytes: int = 16384  # a request line and headers larger: refused (431 or 400) and closed
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted without keys (DNS rebinding)
     allowed_origins: tuple[str, ...] = ()  # browser origins accepted, CORS included (CSRF)
-    # -- tenant limits (issue 36)
+    # -- tenant limits (docs/operations.md, *Tenants*)
     # Sequences one request may ask for: its choices (n, best_of) times its prompts, in any dialect.
     # Beyond it, or beyond what the queue could ever hold at once (max_queue + n_parallel): a 400.
     max_sequences_per_request: int = 64
@@ -341,7 +343,7 @@ class Config:
         _require(len({t.name for t in tenants}) == len(tenants), "tenants must have distinct names")
         object.__setattr__(self, "loras", parse_loras(self.loras))
         _check_transport(self)
-        # -- tenant limits (issue 36)
+        # -- tenant limits (docs/operations.md, *Tenants*)
         _require(isinstance(self.max_sequences_per_request, int) and self.max_sequences_per_request >= 1,
                  f"max_sequences_per_request must be an integer >= 1, got {self.max_sequences_per_request!r}")
         _require(self.load_on_request in LOAD_ON_REQUEST,

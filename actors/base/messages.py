@@ -12,8 +12,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import pykka
-
 from llamactor.base.adapters import AdapterSet
 from llamactor.base.completion import Completion, Embeddings, Piece, Tokenized, TokenLogprob
 from llamactor.base.config import SamplingParams
@@ -171,7 +169,7 @@ class Tokenize:
             raise ValueError("Tokenize needs exactly one of text, parts, messages, token_ids")
 
 
-Request = Generate | Embed | Tokenize  # the messages a caller sends, kept in flight by the supervisor
+CallerMessage = Generate | Embed | Tokenize  # the messages a caller sends, kept in flight by the supervisor
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,11 +249,3 @@ class RestartBatcher:
     """Supervisor's backoff timer -> supervisor: start a new batcher now."""
 
     generation: int
-
-
-def tell_quietly(ref: pykka.ActorRef[Any], message: Any) -> None:
-    """``tell``, except that a dead recipient (the tree is stopping or restarting) is not an error."""
-    try:
-        ref.tell(message)
-    except pykka.ActorDeadError:
-        pass

@@ -1,4 +1,5 @@
-"""Priorities as callers give them, and the names of the scheduling policies (seed 001).
+"""Priorities as callers give them, and the names of the scheduling policies
+(docs/architecture.md, *Scheduling: priorities, preemption, the watchdog*).
 
 The vocabulary only: how priorities order work is ``llamactor.scheduling.policy``.
 """

@@ -106,12 +106,12 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
     "loras": Tweak("A LoRA adapter loaded with the model, NAME=PATH; repeat for several (their ids follow this "
                    "order). Requests pick adapters by name or id, each with a scale.", flag="--lora",
                    type=LoraParam()),
-    # -- tenant limits (issue 36)
+    # -- tenant limits (docs/operations.md, *Tenants*)
     "max_sequences_per_request": Tweak("Most sequences (choices n x prompts) one request may ask for."),
     "load_on_request": Tweak("Who may load an unloaded model by sending it a request: admins or tenants.",
                              type=click.Choice(["admins", "tenants"])),
 }
-# -- transport (issue 36): ``serve``'s alone (TRANSPORT_FIELDS)
+# -- transport (docs/operations.md, *Threat model*, "The transport"): ``serve``'s alone (TRANSPORT_FIELDS)
 TRANSPORT_TWEAKS: dict[str, Tweak] = {
     "body_timeout_s": Tweak("Seconds a request body may take to arrive; then 408 and the connection is closed.",
                             flag="--body-timeout"),

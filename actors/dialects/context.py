@@ -1,6 +1,6 @@
 """``RequestContext``: what the transport knows of a request beyond its body (pure).
 
-Every dialect's ``plan`` takes one: the transport's id for the request (each dialect prefixes
+Every dialect's call builder (``chat_call(body, ctx)`` ...) takes one: the transport's id for the request (each dialect prefixes
 its own: ``chatcmpl-``, ``msg_`` ...), the model that answers it -- its name, as responses name
 it, its sampling defaults, under which the body's options apply, and the format it writes tool
 calls in -- and when it was made; its LoRA adapters (a body picks them by id, or by naming one as
@@ -46,7 +46,7 @@ class RequestContext:
 
 
 class OneRequest:
-    """Mixed into the plans of bodies that make one generation request: ``requests`` is it alone."""
+    """Mixed into the calls of bodies that make one generation request: ``requests`` is it alone."""
 
     __slots__ = ()
     request: GenerationRequest

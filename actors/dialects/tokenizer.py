@@ -80,7 +80,7 @@ class TokenizeCall:
         return out
 
 
-def plan_tokenize(body: TokenizeRequest) -> TokenizeCall:
+def tokenize_call(body: TokenizeRequest) -> TokenizeCall:
     pieces = body.with_pieces or body.return_token_strs
     if body.messages is not None:
         return _chat_call(body.messages, body.tools, body.chat_template_kwargs, with_pieces=pieces)
@@ -115,7 +115,7 @@ def tokenize_reply(body: TokenizeRequest, done: Tokenized | None, info: EngineIn
             "token_strs": pieces if body.return_token_strs else None}
 
 
-def plan_apply_template(body: ApplyTemplateRequest) -> TokenizeCall:
+def apply_template_call(body: ApplyTemplateRequest) -> TokenizeCall:
     return _chat_call(body.messages, body.tools, body.chat_template_kwargs)
 
 

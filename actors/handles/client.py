@@ -25,7 +25,7 @@ from llamactor.base.tool_format import FALLBACK, ToolCallFormat
 from llamactor.base.completion import Completion, Embeddings, Score, Tokenized
 from llamactor.base.config import Config
 from llamactor.base.errors import InvalidRequestError
-from llamactor.base.messages import Embed, Generate, ReplyChannel, Request, Tokenize
+from llamactor.base.messages import CallerMessage, Embed, Generate, ReplyChannel, Tokenize
 from llamactor.base.priority import DEFAULT_PRIORITY
 from llamactor.base.request_checks import check_messages, check_text
 from llamactor.base.request import (EmbedInputs, EmbeddingRequest, GenerationRequest, Messages, Prompt,
@@ -52,7 +52,7 @@ class Client:
         limited = any(t.requests_per_minute or t.tokens_per_minute for t in self.config.tenants)
         return Limiter() if limited else None
 
-    def send(self, msg: Request) -> Future[Any]:
+    def send(self, msg: CallerMessage) -> Future[Any]:
         """Deliver ``msg``; its answer goes to ``msg.reply``, whose future this returns."""
         raise NotImplementedError
 

@@ -1,8 +1,10 @@
 """``start_tree()`` and the ``LLM`` handle it returns: one model, one actor tree.
 
-Every method runs on the caller's thread (or event loop) and only ``tell``s messages to the
-supervisor; nothing here touches llama.cpp. Safe from any number of threads
-and event loops at once.
+Every method runs on the caller's thread (or event loop); nothing here touches llama.cpp. Requests
+go to the supervisor, told and never waited on (``send``, ``cancel``). Two methods reach the
+batcher itself, through the reference the stats board publishes: ``stats`` asks it (and waits for
+the step in progress), ``inject_crash`` tells it. ``close`` stops the supervisor and waits for it.
+Safe from any number of threads and event loops at once.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from llamactor.base.config import Config
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.tool_format import ToolCallFormat
 from llamactor.base.errors import BatcherUnavailableError, ModelLoadError
-from llamactor.base.messages import Cancel, Embed, Generate, GetStats, InjectCrash, Request
+from llamactor.base.messages import CallerMessage, Cancel, Embed, Generate, GetStats, InjectCrash
 from llamactor.base.models import resolve_model_path
 from llamactor.handles.client import Client
 from llamactor.tree.board import StatsBoard
@@ -68,7 +70,7 @@ class LLM(Client):
     def tool_format(self) -> ToolCallFormat:
         return self.info.tool_format
 
-    def send(self, msg: Request) -> concurrent.futures.Future[Any]:
+    def send(self, msg: CallerMessage) -> concurrent.futures.Future[Any]:
         """Deliver ``msg`` to the tree; its answer goes to ``msg.reply`` (whose future this returns)."""
         future = msg.reply.future
         with self._lock:
@@ -142,10 +144,11 @@ class LLM(Client):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- internals (caller's thread) --------------------------------------------------------
+    # -- internals --------------------------------------------------------------------------
 
     def _on_done(self, request_id: str) -> Any:
         def done(future: concurrent.futures.Future[Completion]) -> None:
+            """Runs on the thread that settles ``future``: the batcher's, or a caller's that cancels it."""
             with self._lock:
                 self._pending.discard(future)
             if future.cancelled():  # the caller cancelled its future: free the sequence too

@@ -15,7 +15,7 @@ from typing import Any
 
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.logging import get_logger
-from llamactor.base.messages import Generate, Request
+from llamactor.base.messages import CallerMessage, Generate
 from llamactor.base.tenants import Tenant
 from llamactor.base.tool_format import ToolCallFormat
 from llamactor.handles.client import Future
@@ -44,7 +44,7 @@ class QuotaClient(ModelClient):
 
     # -- the model's own -----------------------------------------------------------------------
 
-    def send(self, msg: Request) -> Future[Any]:
+    def send(self, msg: CallerMessage) -> Future[Any]:
         return self.model.send(msg)
 
     def send_n(self, msgs: Sequence[Generate]) -> list[Future[Any]]:

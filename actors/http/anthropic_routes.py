@@ -13,8 +13,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from llamactor.dialects.anthropic import events
+from llamactor.dialects.anthropic.call import DIALECT, messages_call, rendering_of
 from llamactor.dialects.anthropic.message import message
-from llamactor.dialects.anthropic.plan import DIALECT, plan_messages, plan_rendering
 from llamactor.dialects.anthropic.schema import Conversation, MessagesRequest
 from llamactor.http.framing import NAMED_SSE
 from llamactor.http.request_path import planned, ready_model, respond, tokenize, warn_ignored
@@ -26,17 +26,17 @@ router = APIRouter()
 
 @router.post("/v1/messages", response_model=None)
 async def messages(body: MessagesRequest, request: Request, state: State) -> Any:
-    call = await planned(state, request, body.model, DIALECT, lambda ctx: plan_messages(body, ctx))
+    call = await planned(state, request, body.model, DIALECT, lambda ctx: messages_call(body, ctx))
     warn_ignored(DIALECT, call.plan.ignored, call.plan.id)
     return await respond(request, call, body.stream, events.message_events, ANTHROPIC_SSE, events.stream_error,
-                         lambda plan, done: message(plan, done[0]))
+                         lambda asked, done: message(asked, done[0]))
 
 
 @router.post("/v1/messages/count_tokens", response_model=None)
 async def count_tokens(body: Conversation, request: Request, state: State) -> dict[str, int]:
     """Exact: the conversation rendered as the model sees it (system, tools), tokenized -- the
     tenant's request, under its requests and tokens per minute."""
-    rendering = plan_rendering(body)
+    rendering = rendering_of(body)
     llm = await ready_model(state, request, body.model)
     tokenized = await tokenize(state, request, llm, rendering.messages, tools=rendering.tools,
                                chat_template_kwargs=rendering.chat_template_kwargs)

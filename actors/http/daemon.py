@@ -6,10 +6,11 @@ SIGTERM and SIGINT drain: uvicorn stops accepting connections and waits up to
 ``drain_timeout_s`` for in-flight requests (streams included), then the actor tree is closed and
 the process exits 0.
 
-The edge is bounded (issue 36; ``Config``'s transport fields): uvicorn's h11 parser, whose
-request head is capped at ``max_header_bytes`` (httptools takes any size), with a deadline on
-each head (``header_timeout_s``: a client trickling its headers cannot hold a connection), at most
-``limit_concurrency`` connections and requests (503 beyond), idle keep-alive connections closed.
+The edge is bounded (``Config``'s transport fields; docs/operations.md, *Threat model*, "The
+transport"): uvicorn's h11 parser, whose request head is capped at ``max_header_bytes`` (httptools
+takes any size), with a deadline on each head (``header_timeout_s``: a client trickling its headers
+cannot hold a connection), at most ``limit_concurrency`` connections and requests (503 beyond), idle
+keep-alive connections closed.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from starlette.background import BackgroundTask
 from llamactor.base.errors import BatcherUnavailableError, InvalidRequestError, ModelNotFoundError, PermissionDeniedError
 from llamactor.base.logging import get_logger
 from llamactor.dialects.ollama import embed as ollama_embed
+from llamactor.dialects.ollama.call import DIALECT, OllamaCall, chat_call, generate_call
 from llamactor.dialects.ollama.models import tagged
-from llamactor.dialects.ollama.plan import DIALECT, OllamaPlan, plan_chat, plan_generate
 from llamactor.dialects.ollama.replies import answer_lines, loaded_reply, stream_error, whole_answer
 from llamactor.dialects.ollama.schema import (ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest,
                                               ModelRequest, keep_alive_s)
@@ -95,43 +95,43 @@ async def load_or_unload(state: ServerState, request: Request, body: ModelReques
     return JSONResponse(loaded_reply(body.model, kind, "load"))
 
 
-async def reply(request: Request, state: ServerState, body: ModelRequest, plan: OllamaPlan | None,
+async def reply(request: Request, state: ServerState, body: ModelRequest, ollama_call: OllamaCall | None,
                 kind: str) -> Response:
-    """Stream (a refusal is a 4xx before the 200), or answer whole; no plan (nothing to say):
+    """Stream (a refusal is a 4xx before the 200), or answer whole; no call (nothing to say):
     load or unload the model."""
-    if plan is None:
+    if ollama_call is None:
         return await load_or_unload(state, request, body, kind)
     llm, load_ns = await loaded(state, request, body)
-    call = Planned.of(state, request, llm, plan, DIALECT)
+    call = Planned.of(state, request, llm, ollama_call, DIALECT)
     after = unload_after(body.keep_alive, llm)
-    if plan.streamed:
+    if ollama_call.streamed:
         return await stream(request, call, lambda p, updates: answer_lines(p, updates, load_ns), NDJSON,
                             stream_error, after)
     [c] = await answer(request, call)
-    return JSONResponse(whole_answer(plan, c, load_ns), background=after)
+    return JSONResponse(whole_answer(ollama_call, c, load_ns), background=after)
 
 
 @router.post("/api/chat", response_model=None)
 async def chat(body: ChatRequest, request: Request, state: State) -> Response:
     llm = lookup(state, body.model)
-    plan = plan_chat(body, context(request, llm, body.model), llm.config.n_ctx)  # a bad body: 400 before the model loads
-    if plan is not None and plan.request.tools is not None and not llm.loaded:
+    ollama_call = chat_call(body, context(request, llm, body.model), llm.config.n_ctx)  # a bad body: 400 before the model loads
+    if ollama_call is not None and ollama_call.request.tools is not None and not llm.loaded:
         await load(llm, request)
-        plan = plan_chat(body, context(request, llm, body.model), llm.config.n_ctx)  # in the model's own tool-call format
-    return await reply(request, state, body, plan, "chat")
+        ollama_call = chat_call(body, context(request, llm, body.model), llm.config.n_ctx)  # in the model's own tool-call format
+    return await reply(request, state, body, ollama_call, "chat")
 
 
 @router.post("/api/generate", response_model=None)
 async def generate(body: GenerateRequest, request: Request, state: State) -> Response:
     llm = lookup(state, body.model)
-    plan = plan_generate(body, context(request, llm, body.model), llm.config.n_ctx)
-    return await reply(request, state, body, plan, "generate")
+    ollama_call = generate_call(body, context(request, llm, body.model), llm.config.n_ctx)
+    return await reply(request, state, body, ollama_call, "generate")
 
 
 @router.post("/api/embed", response_model=None)
 async def embed_route(body: EmbedRequest, request: Request, state: State) -> JSONResponse:
     llm, load_ns = await loaded(state, request, body)
-    embedding = ollama_embed.plan_embed(body, context(request, llm))
+    embedding = ollama_embed.embed_request(body, context(request, llm))
     result = await embed(state, request, llm, embedding) if embedding is not None else None
     return JSONResponse(ollama_embed.embed_reply(body, result, load_ns), background=unload_after(body.keep_alive, llm))
 
@@ -140,7 +140,7 @@ async def embed_route(body: EmbedRequest, request: Request, state: State) -> JSO
 async def embeddings(body: EmbeddingsRequest, request: Request, state: State) -> JSONResponse:
     """The legacy route: one prompt, one vector, not normalized."""
     llm, _ = await loaded(state, request, body)
-    embedding = ollama_embed.plan_embeddings(body, context(request, llm))
+    embedding = ollama_embed.embeddings_request(body, context(request, llm))
     result = await embed(state, request, llm, embedding) if embedding is not None else None
     return JSONResponse(ollama_embed.embeddings_reply(result), background=unload_after(body.keep_alive, llm))
 

@@ -12,20 +12,20 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from llamactor.base.errors import ModelNotFoundError
-from llamactor.dialects.openai import events, plan, replies
-from llamactor.dialects.openai.embeddings import EmbeddingsBody, embeddings_reply, plan_embeddings
+from llamactor.dialects.openai import events, replies
+from llamactor.dialects.openai.call import DIALECT, chat_call, completions_call
+from llamactor.dialects.openai.embeddings import EmbeddingsBody, embeddings_reply, embeddings_request
 from llamactor.dialects.openai.schema import ChatRequest, CompletionRequest
 from llamactor.http.framing import OPENAI_SSE
 from llamactor.http.request_path import context, embed, find_model, load, planned, respond, warn_ignored
 from llamactor.http.state import ServerState, State, tenant_of
 
-DIALECT = plan.DIALECT
 router = APIRouter()
 
 
 @router.post("/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request, state: State) -> Any:
-    call = await planned(state, request, body.model, DIALECT, lambda ctx: plan.plan_completions(body, ctx))
+    call = await planned(state, request, body.model, DIALECT, lambda ctx: completions_call(body, ctx))
     warn_ignored(DIALECT, call.plan.ignored, call.plan.id)
     return await respond(request, call, body.stream, events.completion_events, OPENAI_SSE, events.stream_error,
                          replies.completion_reply)
@@ -33,7 +33,7 @@ async def completions(body: CompletionRequest, request: Request, state: State) -
 
 @router.post("/chat/completions", response_model=None)
 async def chat_completions(body: ChatRequest, request: Request, state: State) -> Any:
-    call = await planned(state, request, body.model, DIALECT, lambda ctx: plan.plan_chat(body, ctx))
+    call = await planned(state, request, body.model, DIALECT, lambda ctx: chat_call(body, ctx))
     warn_ignored(DIALECT, call.plan.ignored, call.plan.id)
     return await respond(request, call, body.stream, events.chat_events, OPENAI_SSE, events.stream_error,
                          replies.chat_reply)
@@ -43,7 +43,7 @@ async def chat_completions(body: ChatRequest, request: Request, state: State) ->
 async def embeddings(body: EmbeddingsBody, request: Request, state: State) -> Any:
     llm = find_model(state, body.model)
     ctx = context(request, llm)
-    embedding = plan_embeddings(body, ctx)
+    embedding = embeddings_request(body, ctx)
     return embeddings_reply(await embed(state, request, await load(llm, request), embedding), body, ctx)
 
 

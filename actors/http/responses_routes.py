@@ -15,9 +15,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from llamactor.dialects.responses.call import DIALECT, ResponsesCall, input_messages, response_call
 from llamactor.dialects.responses.events import ResponseEvents
-from llamactor.dialects.responses.output import response_reply
-from llamactor.dialects.responses.plan import DIALECT, ResponsesPlan, input_messages, plan_response
+from llamactor.dialects.responses.output_items import response_reply
 from llamactor.dialects.responses.schema import ResponsesRequest
 from llamactor.http.framing import NAMED_SSE, stream_response
 from llamactor.http.request_path import Planned, answer, open_stream, planned, warn_ignored
@@ -35,7 +35,7 @@ async def create(body: ResponsesRequest, request: Request, state: State) -> Any:
         if previous is None:
             raise ResponseNotFoundError(body.previous_response_id)
         earlier = previous.messages
-    call = await planned(state, request, body.model, DIALECT, lambda ctx: plan_response(body, ctx, earlier))
+    call = await planned(state, request, body.model, DIALECT, lambda ctx: response_call(body, ctx, earlier))
     p = call.plan
     warn_ignored(DIALECT, p.ignored, p.shell.id)
     if body.stream:
@@ -46,7 +46,7 @@ async def create(body: ResponsesRequest, request: Request, state: State) -> Any:
     return keep(state.responses, call, response_reply(p.shell, c))
 
 
-def keep(store: ResponseStore, call: Planned[ResponsesPlan], response: dict[str, Any]) -> dict[str, Any]:
+def keep(store: ResponseStore, call: Planned[ResponsesCall], response: dict[str, Any]) -> dict[str, Any]:
     """Store a finished response with its conversation as its tenant's, unless asked not to
     (OpenAI's default: stored)."""
     if call.plan.shell.body.store is not False:

@@ -30,7 +30,7 @@ async def tokenized(state: ServerState, request: Request, llm: ModelClient,
 
 @router.post("/tokenize")
 async def tokenize(body: dialect.TokenizeRequest, request: Request, state: State) -> dict[str, Any]:
-    call = dialect.plan_tokenize(body)
+    call = dialect.tokenize_call(body)
     llm = await ready_model(state, request, body.model)
     return dialect.tokenize_reply(body, await tokenized(state, request, llm, call), llm.info)
 
@@ -53,7 +53,7 @@ async def tokenizer_info(request: Request, state: State, model: str | None = Non
 
 @router.post("/apply-template")
 async def apply_template(body: dialect.ApplyTemplateRequest, request: Request, state: State) -> dict[str, Any]:
-    call = dialect.plan_apply_template(body)
+    call = dialect.apply_template_call(body)
     llm = await ready_model(state, request, body.model)
     done = await tokenized(state, request, llm, call)
     return {"prompt": done.text if done is not None else ""}

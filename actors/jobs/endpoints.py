@@ -24,12 +24,12 @@ from llamactor.base.priority import parse_priority
 from llamactor.base.request import GenerationRequest
 from llamactor.base.tenants import DEFAULT, Tenant
 from llamactor.dialects.context import RequestContext
-from llamactor.dialects.openai.embeddings import EmbeddingsBody, embeddings_reply, plan_embeddings
-from llamactor.dialects.openai.plan import plan_chat, plan_completions
+from llamactor.dialects.openai.call import chat_call, completions_call
+from llamactor.dialects.openai.embeddings import EmbeddingsBody, embeddings_reply, embeddings_request
 from llamactor.dialects.openai.replies import chat_reply, completion_reply
 from llamactor.dialects.openai.schema import ChatRequest, CompletionRequest
-from llamactor.dialects.responses.output import response_reply
-from llamactor.dialects.responses.plan import ResponsesPlan, plan_response
+from llamactor.dialects.responses.call import ResponsesCall, response_call
+from llamactor.dialects.responses.output_items import response_reply
 from llamactor.dialects.responses.schema import ResponsesRequest
 from llamactor.handles.client import Client
 
@@ -47,18 +47,18 @@ class LinePlan:
 
 
 def _chat(body: dict[str, Any], ctx: RequestContext) -> LinePlan:
-    plan = plan_chat(ChatRequest.model_validate(body), ctx)
+    plan = chat_call(ChatRequest.model_validate(body), ctx)
     return LinePlan(plan.requests, lambda done: chat_reply(plan, done))
 
 
 def _completions(body: dict[str, Any], ctx: RequestContext) -> LinePlan:
-    plan = plan_completions(CompletionRequest.model_validate(body), ctx)
+    plan = completions_call(CompletionRequest.model_validate(body), ctx)
     return LinePlan(plan.requests, lambda done: completion_reply(plan, done))
 
 
 def _embeddings(body: dict[str, Any], ctx: RequestContext) -> LinePlan:
     request = EmbeddingsBody.model_validate(body)
-    return LinePlan([], lambda done: embeddings_reply(done[0], request, ctx), plan_embeddings(request, ctx))
+    return LinePlan([], lambda done: embeddings_reply(done[0], request, ctx), embeddings_request(request, ctx))
 
 
 def _responses(body: dict[str, Any], ctx: RequestContext) -> LinePlan:
@@ -66,7 +66,7 @@ def _responses(body: dict[str, Any], ctx: RequestContext) -> LinePlan:
     # A batch line stands alone: the daemon's in-memory store of earlier responses is no journal.
     if request.previous_response_id is not None:
         raise InvalidRequestError("previous_response_id is not supported in a batch: send the conversation as input")
-    plan: ResponsesPlan = plan_response(request, ctx)
+    plan: ResponsesCall = response_call(request, ctx)
     return LinePlan(plan.requests, lambda done: response_reply(plan.shell, done[0]))
 
 

@@ -24,7 +24,7 @@ from llamactor.handles.model import ModelClient
 from llamactor.base.completion import Completion
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import BatcherRestartedError, BatcherUnavailableError, EngineError, ModelNotFoundError
-from llamactor.base.messages import Embed, Generate, ReplyChannel, Request
+from llamactor.base.messages import CallerMessage, Embed, Generate, ReplyChannel
 from llamactor.serving.model_specs import ModelSpec
 from llamactor.rayserve.replica import QUEUED
 
@@ -64,14 +64,14 @@ class RemoteReplicas(ModelClient):
             self._info = self._handle.info.remote().result(timeout_s=60)
         return self._info
 
-    def send(self, msg: Request) -> concurrent.futures.Future[Any]:
+    def send(self, msg: CallerMessage) -> concurrent.futures.Future[Any]:
         return self._run([msg])[0]
 
     def send_n(self, msgs: Sequence[Generate]) -> list[concurrent.futures.Future[Completion]]:
         """The ``n`` choices in one call, so they reach one replica and share the prompt's KV."""
         return self._run(list(msgs))
 
-    def _run(self, msgs: list[Request]) -> list[concurrent.futures.Future[Any]]:
+    def _run(self, msgs: list[CallerMessage]) -> list[concurrent.futures.Future[Any]]:
         loop = asyncio.get_running_loop()
         replies = [m.reply for m in msgs]
         task = loop.create_task(self._call(msgs, replies))
@@ -90,7 +90,7 @@ class RemoteReplicas(ModelClient):
             reply.future.add_done_callback(cancel_if_cancelled)
         return [r.future for r in replies]
 
-    async def _call(self, msgs: list[Request], replies: list[ReplyChannel]) -> None:
+    async def _call(self, msgs: list[CallerMessage], replies: list[ReplyChannel]) -> None:
         """One remote ``run`` call for ``msgs``; on a replica's death, the messages not yet ended
         are sent again (to another replica), unless one already streamed text."""
         stream = any(r.on_piece is not None for r in replies)

@@ -18,7 +18,7 @@ from llamactor.base.completion import Piece
 from llamactor.base.engine_info import EngineInfo
 from llamactor.handles.llm import start_tree
 from llamactor.base.logging import configure_from_env
-from llamactor.base.messages import Embed, Generate, ReplyChannel, Request
+from llamactor.base.messages import CallerMessage, Embed, Generate, ReplyChannel
 from llamactor.serving.model_specs import ModelSpec
 
 QUEUED = "queued"  # a request's first event: the tree accepted it
@@ -33,7 +33,7 @@ class ReplicaServer:
         self.spec = spec
         self.llm = start_tree(spec.config)
 
-    async def run(self, msgs: list[Request], stream: bool) -> AsyncIterator[tuple[int, str, Any]]:
+    async def run(self, msgs: list[CallerMessage], stream: bool) -> AsyncIterator[tuple[int, str, Any]]:
         """Yields ``(i, "queued", None)`` once message ``i`` is accepted, ``(i, "piece", Piece)``s
         (with ``stream``), then ``(i, "ok", result)`` or ``(i, "error", exception)``."""
         loop = asyncio.get_running_loop()

@@ -23,7 +23,7 @@ from llamactor.handles.model import ModelClient
 from llamactor.base.completion import Completion
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import BatcherUnavailableError, ModelLoadError
-from llamactor.base.messages import Embed, Generate, Request
+from llamactor.base.messages import CallerMessage, Embed, Generate
 from llamactor.base.models import resolve_model_path
 from llamactor.native.gguf_header import read_gguf
 from llamactor.serving.model_specs import ModelSpec
@@ -175,7 +175,7 @@ class Replicas(ModelClient):
             self.last_used = time.monotonic()
         future.add_done_callback(release)
 
-    def send(self, msg: Request) -> concurrent.futures.Future[Any]:
+    def send(self, msg: CallerMessage) -> concurrent.futures.Future[Any]:
         key = routing_key(msg.text, msg.messages, msg.token_ids) if isinstance(msg, Generate) else ""
         replica, tree = self._choose(key)
         future = tree.send(msg)  # counted once sent: a refused send leaves nothing in flight

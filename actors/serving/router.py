@@ -1,4 +1,5 @@
-"""``Router``: several models, each with its replicas, behind one handle (seeds 000 and 003).
+"""``Router``: several models, each with its replicas, behind one handle (docs/architecture.md,
+*Several models and replicas*).
 
     with llamactor.start(models=[{"name": "chat", "replicas": 2, "policy": "prefix_affinity"},
                                  {"name": "small", "path": "/models/other.gguf", "preload": False}]) as router:

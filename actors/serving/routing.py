@@ -1,13 +1,14 @@
-"""Which replica of a model gets a request: the routing policies (seeds 000 and 003).
+"""Which replica of a model gets a request: the routing policies (docs/architecture.md,
+*Several models and replicas*).
 
 Pure code, no threads and no I/O: the caller (``Replicas`` in-process, or the Ray Serve request
 router) owns a ``RoutingPolicy``, tells it each replica's load when asking for a ranking, and
 tells it where the request went. Replicas are named by any hashable id (an index in-process, a
 Ray ``ReplicaID`` under Ray Serve), so replicas may come and go between calls.
 
-- ``shortest_queue`` (seed 000): an idle replica first, then the fewest requests in flight
+- ``shortest_queue``: an idle replica first, then the fewest requests in flight
   (waiting + running); ties rotate, so equal replicas share the work.
-- ``round_robin`` (seed 003): each replica in turn, whatever its load.
+- ``round_robin``: each replica in turn, whatever its load.
 - ``prefix_affinity`` (Ray Serve LLM's prefix-aware router): the replica that recently served the
   longest part of this prompt, whose prefix cache most likely still holds its KV; shortest queue
   when the loads differ by more than ``imbalance_threshold`` requests, or when no replica holds a

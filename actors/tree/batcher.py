@@ -45,11 +45,11 @@ from llamactor.base.messages import (
     GetStats,
     InjectCrash,
     PromptPrepared,
-    Request,
+    CallerMessage,
     Step,
     Tokenize,
-    tell_quietly,
 )
+from llamactor.tree.tell import tell_quietly
 from llamactor.native.engine import Engine
 from llamactor.native.sampling import Sampled
 from llamactor.scheduling.policy import Policy
@@ -241,7 +241,7 @@ class BatcherActor(pykka.ThreadingActor):
         self._publish(time.perf_counter())
         return None
 
-    def _on_request(self, msg: Request, message: Request | PromptPrepared) -> None:
+    def _on_request(self, msg: CallerMessage, message: CallerMessage | PromptPrepared) -> None:
         """One request's message (``msg`` itself, or its prompt prepared by the pool): whatever
         handling it raises fails that request alone."""
         try:

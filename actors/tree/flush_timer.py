@@ -13,7 +13,8 @@ from typing import Any
 
 import pykka
 
-from llamactor.base.messages import FlushDue, tell_quietly
+from llamactor.base.messages import FlushDue
+from llamactor.tree.tell import tell_quietly
 
 
 class FlushTimer:

@@ -22,9 +22,10 @@ import structlog
 
 from llamactor.base.errors import CancelledError, LlamactorError
 from llamactor.base.logging import get_logger
-from llamactor.base.messages import Generate, PromptPrepared, Tokenize, tell_quietly
+from llamactor.base.messages import Generate, PromptPrepared, Tokenize
 from llamactor.tree.prompt_tokens import PromptBuilder
 from llamactor.tree.request_state import request_error
+from llamactor.tree.tell import tell_quietly
 
 log = get_logger("llamactor.batcher")
 

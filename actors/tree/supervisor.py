@@ -54,11 +54,11 @@ from llamactor.base.messages import (
     Forget,
     Embed,
     Generate,
-    Request,
+    CallerMessage,
     Tokenize,
     RestartBatcher,
-    tell_quietly,
 )
+from llamactor.tree.tell import tell_quietly
 
 log = get_logger("llamactor.supervisor")
 
@@ -84,7 +84,7 @@ class SupervisorActor(pykka.ThreadingActor):
         self.start_batcher = start_batcher
         self.board = board if board is not None else StatsBoard()
         self.tiers = tiers
-        self.inflight: dict[str, Request] = {}
+        self.inflight: dict[str, CallerMessage] = {}
         # In-flight requests whose Cancel went to the batcher: if it dies before answering them,
         # they are cancelled here rather than replayed (a dead batcher's inbox is dropped).
         self.cancelled: set[str] = set()
@@ -168,7 +168,7 @@ class SupervisorActor(pykka.ThreadingActor):
         self._publish()
         return None
 
-    def _on_generate(self, msg: Request) -> None:
+    def _on_generate(self, msg: CallerMessage) -> None:
         if self.state in ("failed", "stopped"):
             msg.reply.fail(BatcherUnavailableError(f"the batcher is not running ({self.failure_reason})"))
             return

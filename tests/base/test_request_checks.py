@@ -17,7 +17,7 @@ from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import Grammar
 from llamactor.base.request import EmbeddingRequest, GenerationRequest
 from llamactor.base.request_checks import MAX_MESSAGES, check_text
-from llamactor.dialects.tokenizer import ApplyTemplateRequest, TokenizeRequest, plan_apply_template, plan_tokenize
+from llamactor.dialects.tokenizer import ApplyTemplateRequest, TokenizeRequest, apply_template_call, tokenize_call
 from llamactor.tree.text import TextAssembler
 
 pytestmark = pytest.mark.pure
@@ -91,9 +91,9 @@ def test_embedding_inputs_and_the_tokenizer_routes_refuse_lone_surrogates_too() 
                         (TokenizeRequest(prompt=LONE), "prompt"),
                         (TokenizeRequest(messages=[{"role": "user", "content": LONE}]), r"messages\[0\].content")):
         with pytest.raises(InvalidRequestError, match=f"^{where} holds a lone surrogate"):
-            plan_tokenize(body)
+            tokenize_call(body)
     with pytest.raises(InvalidRequestError, match=r"^tools\[0\].function.name"):
-        plan_apply_template(ApplyTemplateRequest(messages=[{"role": "user", "content": "q"}],
+        apply_template_call(ApplyTemplateRequest(messages=[{"role": "user", "content": "q"}],
                                                  tools=[{"type": "function", "function": {"name": f"f{LONE}"}}]))
 
 
@@ -120,7 +120,7 @@ def test_malformed_tool_calls_of_an_earlier_turn_are_refused_naming_the_message(
                 {"role": "tool", "content": "sunny", "tool_call_id": "c1"}]
     refused(f"^{where}", messages=messages, tools=tools)
     with pytest.raises((InvalidRequestError, ValidationError)):  # the route's schema refuses a non-object
-        plan_tokenize(TokenizeRequest(messages=messages))
+        tokenize_call(TokenizeRequest(messages=messages))
 
 
 def test_well_formed_tool_calls_pass_with_arguments_as_text_or_an_object() -> None:
@@ -139,7 +139,7 @@ def test_more_messages_than_the_cap_are_refused_at_once_before_anything_is_rende
             tools=[WEATHER])
     assert time.perf_counter() - start < 2.0
     with pytest.raises(InvalidRequestError, match=f"at most {MAX_MESSAGES}"):
-        plan_apply_template(ApplyTemplateRequest(messages=[{"role": "user", "content": "x"}] * (MAX_MESSAGES + 1)))
+        apply_template_call(ApplyTemplateRequest(messages=[{"role": "user", "content": "x"}] * (MAX_MESSAGES + 1)))
 
 
 # -- schemas and grammars ---------------------------------------------------------------------

@@ -19,9 +19,9 @@ except ImportError:  # older SDKs
 
 from llamactor.base.errors import InvalidRequestError, LlamactorError
 from llamactor.base.tools import ToolCall
+from llamactor.dialects.anthropic.call import MessagesCall, anthropic_tools, messages_call
 from llamactor.dialects.anthropic.events import message_events, stream_error
 from llamactor.dialects.anthropic.message import message
-from llamactor.dialects.anthropic.plan import MessagesPlan, anthropic_tools, plan_messages
 from llamactor.dialects.anthropic.schema import MessagesRequest, ToolChoice
 from llamactor.http.anthropic_routes import ANTHROPIC_SSE
 from llamactor.http.framing import with_keepalive
@@ -33,13 +33,13 @@ WEATHER = {"name": "get_weather", "description": "The weather of a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
 
-def plan(**fields: Any) -> MessagesPlan:
+def messages_of(**fields: Any) -> MessagesCall:
     fields.setdefault("messages", [{"role": "user", "content": "hi"}])
-    return plan_messages(MessagesRequest.model_validate({"model": "m", "max_tokens": 16, **fields}), CTX)
+    return messages_call(MessagesRequest.model_validate({"model": "m", "max_tokens": 16, **fields}), CTX)
 
 
 def chat(**fields: Any) -> list[dict[str, Any]]:
-    return list(plan(**fields).request.messages or ())
+    return list(messages_of(**fields).request.messages or ())
 
 
 def test_system_text_and_system_role_entries_become_one_leading_system_message() -> None:
@@ -76,12 +76,12 @@ def test_blocks_and_tools_the_model_cannot_use_are_refused_with_where_they_are()
             {"type": "text", "text": "What is this?"},
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
     with pytest.raises(InvalidRequestError, match="tools.0: server tools"):
-        plan(tools=[{"type": "web_search_20250305", "name": "web_search"}])
+        messages_of(tools=[{"type": "web_search_20250305", "name": "web_search"}])
     with pytest.raises(InvalidRequestError, match=r"messages.0.content.0.input: a JSON object"):
         chat(messages=[{"role": "assistant", "content": [
             {"type": "tool_use", "id": "t", "name": "f", "input": "x"}]}])
     with pytest.raises(InvalidRequestError, match='tool_choice "any" needs tools'):
-        plan(tool_choice={"type": "any"})
+        messages_of(tool_choice={"type": "any"})
 
 
 def test_tool_choice_maps_to_llamactors_choices_and_parallel_use() -> None:
@@ -97,7 +97,7 @@ def test_tool_choice_maps_to_llamactors_choices_and_parallel_use() -> None:
 
 
 def test_sampling_fields_map_and_accepted_but_unhonoured_fields_are_named() -> None:
-    p = plan(temperature=0.5, top_k=3, stop_sequences=["\n\n"], metadata={"user_id": "u"},
+    p = messages_of(temperature=0.5, top_k=3, stop_sequences=["\n\n"], metadata={"user_id": "u"},
              thinking={"type": "enabled", "budget_tokens": 2048},
              output_config={"effort": "low", "format": {"type": "json_schema", "schema": {"type": "object"}}})
     params = p.request.params
@@ -112,7 +112,7 @@ def test_sampling_fields_map_and_accepted_but_unhonoured_fields_are_named() -> N
 
 
 def test_the_stop_sequence_reported_is_the_callers_own_and_a_clamp_that_ran_out_is_the_window() -> None:
-    p = plan(stop_sequences=["42", " is"])
+    p = messages_of(stop_sequences=["42", " is"])
     assert message(p, completion("The answer", stop_sequence=" is"))["stop_sequence"] == " is"
     ended = message(p, completion("Paris", stop_sequence="\nUser:"))  # the chat format's own stop: end of turn
     assert (ended["stop_sequence"], ended["stop_reason"]) == (None, "end_turn")
@@ -123,19 +123,19 @@ def test_the_stop_sequence_reported_is_the_callers_own_and_a_clamp_that_ran_out_
 
 def test_the_message_splits_reasoning_and_gives_tool_calls_object_inputs() -> None:
     call = ToolCall("call_abc", "get_weather", '{"city": "Paris"}')
-    m = message(plan(), completion("<think>Use the tool.</think>", "tool_calls", (call,)))
+    m = message(messages_of(), completion("<think>Use the tool.</think>", "tool_calls", (call,)))
     assert m["content"] == [{"type": "thinking", "thinking": "Use the tool.", "signature": "llamactor"},
                             {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}}]
     assert m["stop_reason"] == "tool_use" and m["stop_sequence"] is None
     assert (m["id"], m["model"], m["role"]) == ("msg_test", "m", "assistant")
     assert m["usage"] == {"input_tokens": 12, "output_tokens": 5, "cache_creation_input_tokens": 0,
                           "cache_read_input_tokens": 8}
-    assert message(plan(), completion(""))["content"] == [{"type": "text", "text": ""}]
+    assert message(messages_of(), completion(""))["content"] == [{"type": "text", "text": ""}]
 
 
 def sse_bytes(pieces: list[str], done: Completion | LlamactorError, tools: Any = None) -> bytes:
     """The message's events as the transport frames them."""
-    p = plan(tools=[WEATHER]) if tools else plan()
+    p = messages_of(tools=[WEATHER]) if tools else messages_of()
     return framed(message_events(p, updates(pieces, done)), ANTHROPIC_SSE, stream_error).encode()
 
 

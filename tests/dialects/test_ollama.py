@@ -14,7 +14,7 @@ import pytest
 from llamactor.base.completion import Completion, TokenLogprob, Timings, Usage
 from llamactor.base.errors import BatcherRestartedError, InvalidRequestError
 from llamactor.base.tools import ToolCall
-from llamactor.dialects.ollama.plan import OllamaPlan, chat_messages, plan_chat, plan_generate
+from llamactor.dialects.ollama.call import OllamaCall, chat_call, chat_messages, generate_call
 from llamactor.dialects.ollama.replies import answer_lines, done_fields, logprobs, stream_error, tool_calls, whole_answer
 from llamactor.dialects.ollama.schema import ChatRequest, EmbedRequest, GenerateRequest, Message, Options, keep_alive_s
 from llamactor.http.framing import NDJSON
@@ -29,10 +29,10 @@ WEATHER = [{"type": "function", "function": {
 HI = [{"role": "user", "content": "hi"}]
 
 
-def chat(**fields: Any) -> OllamaPlan:
-    plan = plan_chat(ChatRequest.model_validate({"model": "m", "messages": HI, **fields}), CTX, 2048)
-    assert plan is not None
-    return plan
+def chat(**fields: Any) -> OllamaCall:
+    asked = chat_call(ChatRequest.model_validate({"model": "m", "messages": HI, **fields}), CTX, 2048)
+    assert asked is not None
+    return asked
 
 
 def completion(text: str, **kw: Any) -> Completion:
@@ -79,16 +79,16 @@ def test_top_level_options_are_read_but_options_win() -> None:
 
 
 def test_format_think_and_logprobs_become_sampling_and_template_variables() -> None:
-    plan = chat(format={"type": "object"}, think="high", logprobs=True, top_logprobs=2, stream=False)
-    r = plan.request
-    assert r.params.grammar is not None and r.params.grammar.kind == "json_schema" and not plan.streamed
-    assert r.params.top_logprobs == 2 and plan.logprobs
+    asked = chat(format={"type": "object"}, think="high", logprobs=True, top_logprobs=2, stream=False)
+    r = asked.request
+    assert r.params.grammar is not None and r.params.grammar.kind == "json_schema" and not asked.streamed
+    assert r.params.top_logprobs == 2 and asked.logprobs
     assert r.chat_template_kwargs == {"enable_thinking": True, "reasoning_effort": "high"}
     assert chat(think=False).request.chat_template_kwargs == {"enable_thinking": False}
     assert chat(format="json").request.params.grammar.kind == "json_object"  # type: ignore[union-attr]
     plain = chat(format="").request
     assert plain.params.grammar is None and plain.params.max_tokens is None and plain.chat_template_kwargs is None
-    assert plan_chat(ChatRequest(model="m"), CTX, 2048) is None  # no messages: the request only loads the model
+    assert chat_call(ChatRequest(model="m"), CTX, 2048) is None  # no messages: the request only loads the model
 
 
 def test_generate_refuses_what_it_cannot_do_in_ollamas_words() -> None:
@@ -134,7 +134,7 @@ def test_thinking_is_split_from_content_and_dropped_when_not_wanted() -> None:
         lines = collect(answer_lines(chat(think=think), updates(pieces, completion("")), 0))
         assert "".join(line["message"].get("thinking", "") for line in lines) == expected
         assert "".join(line["message"]["content"] for line in lines) == "Blue."
-    raw = plan_generate(GenerateRequest(model="m", prompt="p", raw=True), CTX, 2048)
+    raw = generate_call(GenerateRequest(model="m", prompt="p", raw=True), CTX, 2048)
     assert raw is not None
     lines = collect(answer_lines(raw, updates(["<think>x</think>y"], completion("")), 0))
     assert lines[0]["response"] == "<think>x</think>y" and "thinking" not in lines[0]

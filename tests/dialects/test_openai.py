@@ -17,8 +17,8 @@ from llamactor.base.errors import BatcherRestartedError, InvalidRequestError
 from llamactor.base.request import GenerationRequest
 from llamactor.base.tools import ToolCall, Tools, parse_tool_calls
 from llamactor.dialects.answer import AnswerSplitter, split_answer
+from llamactor.dialects.openai.call import chat_call, completions_call
 from llamactor.dialects.openai.events import chat_events, completion_events, stream_error
-from llamactor.dialects.openai.plan import plan_chat, plan_completions
 from llamactor.dialects.openai.schema import ChatRequest, CompletionRequest
 from llamactor.http.framing import NDJSON, OPENAI_SSE
 from llamactor.http.middleware import JsonBodies
@@ -97,13 +97,13 @@ def openai_client(body: str) -> openai.OpenAI:
     return openai.OpenAI(api_key="k", base_url="http://test/v1", http_client=httpx.Client(transport=transport))
 
 
-def chat_plan(**fields: Any) -> Any:
-    return plan_chat(ChatRequest.model_validate({"messages": HI, **fields}), CTX)
+def chat_of(**fields: Any) -> Any:
+    return chat_call(ChatRequest.model_validate({"messages": HI, **fields}), CTX)
 
 
 @pytest.mark.parametrize("failure", [BatcherRestartedError("the replica died"), RuntimeError("a bug")])
 def test_a_failure_after_the_first_chunk_is_an_error_event_then_done_and_the_sdk_raises(failure: Exception) -> None:
-    body = framed(chat_events(chat_plan(), updates(["Hel", "lo"], failure)), OPENAI_SSE, stream_error)
+    body = framed(chat_events(chat_of(), updates(["Hel", "lo"], failure)), OPENAI_SSE, stream_error)
     data = sse_data(body)
     assert data[-1] == "[DONE]" and "error" in data[-2]
     assert data[-2]["error"]["message"] == ("the replica died" if isinstance(failure, BatcherRestartedError)
@@ -118,7 +118,7 @@ def test_a_failure_after_the_first_chunk_is_an_error_event_then_done_and_the_sdk
 def test_completions_usage_comes_last_in_a_chunk_of_its_own_and_only_when_asked() -> None:
     def chunks(**fields: Any) -> list[dict[str, Any]]:
         body = CompletionRequest.model_validate({"prompt": "Once", "stream": True, **fields})
-        return collect(completion_events(plan_completions(body, CTX), updates([" upon", " a"], completion(" upon a"))))
+        return collect(completion_events(completions_call(body, CTX), updates([" upon", " a"], completion(" upon a"))))
     asked = chunks(stream_options={"include_usage": True})
     assert asked[-1]["choices"] == [] and asked[-1]["usage"]["completion_tokens"] == 5
     assert asked[-2]["choices"][0]["finish_reason"] == "stop" and "usage" not in asked[-2]
@@ -151,8 +151,8 @@ def test_a_body_is_read_as_json_whatever_it_declares_but_an_upload_stays_multipa
 
 
 def test_a_tool_call_streamed_whole_keeps_its_id_as_the_chunks_index() -> None:
-    plan = chat_plan(tools=[WEATHER], tool_choice="required", parallel_tool_calls=True)
+    required = chat_of(tools=[WEATHER], tool_choice="required", parallel_tool_calls=True)
     calls = (ToolCall("call_1", "get_weather", '{"city": "Paris"}'),)
-    chunks = collect(chat_events(plan, updates([CALL, "\n", CALL], completion("", "tool_calls", calls))))
+    chunks = collect(chat_events(required, updates([CALL, "\n", CALL], completion("", "tool_calls", calls))))
     deltas = [t for c in chunks for choice in c["choices"] for t in choice["delta"].get("tool_calls", [])]
     assert [d["index"] for d in deltas] == [0, 1] and {d["function"]["name"] for d in deltas} == {"get_weather"}

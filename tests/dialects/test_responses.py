@@ -16,9 +16,9 @@ from openai.types.responses import Response, ResponseStreamEvent
 from llamactor.base.completion import Completion, Timings, Usage
 from llamactor.base.errors import BatcherRestartedError, InvalidRequestError
 from llamactor.base.tools import ToolCall
+from llamactor.dialects.responses.call import ResponsesCall, input_messages, response_call
 from llamactor.dialects.responses.events import ResponseEvents
-from llamactor.dialects.responses.output import Shell, output_items, status_of, usage
-from llamactor.dialects.responses.plan import ResponsesPlan, input_messages, plan_response
+from llamactor.dialects.responses.output_items import Shell, output_items, status_of, usage
 from llamactor.dialects.responses.schema import ResponsesRequest
 from llamactor.http.framing import NAMED_SSE
 from llamactor.http.responses_store import ResponseStore
@@ -38,8 +38,8 @@ def completion(text: str, finish: str = "stop", calls: tuple[ToolCall, ...] = ()
                       tool_calls=calls)
 
 
-def plan(body: ResponsesRequest, earlier: list[dict[str, Any]] | None = None) -> ResponsesPlan:
-    return plan_response(body, CTX, earlier or [])
+def response_of(body: ResponsesRequest, earlier: list[dict[str, Any]] | None = None) -> ResponsesCall:
+    return response_call(body, CTX, earlier or [])
 
 
 def refused(call: Any) -> InvalidRequestError:
@@ -79,30 +79,30 @@ def test_unsupported_input_parts_and_item_types_are_refused_naming_the_field() -
 
 def test_instructions_lead_the_chat_but_stay_out_of_the_history_that_is_stored() -> None:
     earlier = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi."}]
-    p = plan(ResponsesRequest(input="Bye", instructions="Be kind.", max_output_tokens=5, temperature=0), earlier)
+    p = response_of(ResponsesRequest(input="Bye", instructions="Be kind.", max_output_tokens=5, temperature=0), earlier)
     messages = list(p.request.messages or ())
     assert messages == [{"role": "system", "content": "Be kind."}, *earlier, {"role": "user", "content": "Bye"}]
     assert p.history == messages[1:]
     assert p.request.params.temperature == 0 and p.request.params.max_tokens == 5 and p.request.tools is None
-    assert refused(lambda: plan(ResponsesRequest())).details["param"] == "input"
+    assert refused(lambda: response_of(ResponsesRequest())).details["param"] == "input"
 
 
 def test_flat_function_tools_and_a_named_choice_become_chat_tools_and_other_tool_types_are_refused() -> None:
-    p = plan(ResponsesRequest(input="Weather in Paris?", tools=[WEATHER],
+    p = response_of(ResponsesRequest(input="Weather in Paris?", tools=[WEATHER],
                               tool_choice={"type": "function", "name": "get_weather"}))
     tools = p.request.tools
     assert tools is not None and p.request.parsed_tools is tools and p.request.params.grammar is not None
     assert tools.choice == "get_weather" and tools.functions[0]["parameters"] == WEATHER["parameters"]
     web = ResponsesRequest(input="x", tools=[WEATHER, {"type": "web_search"}])
-    assert refused(lambda: plan(web)).details["param"] == "tools[1].type"
+    assert refused(lambda: response_of(web)).details["param"] == "tools[1].type"
     search = ResponsesRequest(input="x", tools=[WEATHER], tool_choice={"type": "file_search"})
-    assert refused(lambda: plan(search)).details["param"] == "tool_choice"
-    assert refused(lambda: plan(ResponsesRequest(input="x", tool_choice="required"))).details["param"] == "tool_choice"
+    assert refused(lambda: response_of(search)).details["param"] == "tool_choice"
+    assert refused(lambda: response_of(ResponsesRequest(input="x", tool_choice="required"))).details["param"] == "tool_choice"
 
 
 def test_text_formats_become_the_constraint_of_the_answer() -> None:
     def grammar(fmt: dict[str, Any]) -> Any:
-        return plan(ResponsesRequest(input="x", text={"format": fmt})).request.params.grammar
+        return response_of(ResponsesRequest(input="x", text={"format": fmt})).request.params.grammar
     assert grammar({"type": "text"}) is None
     assert grammar({"type": "json_object"}).kind == "json_object"
     assert grammar({"type": "json_schema", "name": "W", "schema": WEATHER["parameters"]}).kind == "json_schema"
@@ -114,7 +114,7 @@ def test_fields_not_acted_on_and_unknown_fields_are_named_and_unsupported_modes_
                                             "metadata": {"k": "v"}, "store": False, "frobnicate": 1})
     assert body.ignored_fields() == ["reasoning", "truncation", "frobnicate"]
     assert ResponsesRequest(input="x", user="u", truncation="disabled").ignored_fields() == []
-    assert refused(lambda: plan(ResponsesRequest(input="x", background=True))).details["param"] == "background"
+    assert refused(lambda: response_of(ResponsesRequest(input="x", background=True))).details["param"] == "background"
 
 
 def test_a_finished_answer_is_a_response_object_the_sdk_reads() -> None:
@@ -137,7 +137,7 @@ def streamed(pieces: list[str], done: Completion | None, tools: Any = None) -> t
     was handed to the store."""
     body = ResponsesRequest(input="x", tools=[WEATHER] if tools else None)
     kept: list[Any] = []
-    stream = ResponseEvents(plan(body), kept.append)
+    stream = ResponseEvents(response_of(body), kept.append)
     # as the engine's failure reaches a stream: after its pieces
     body_text = framed(stream.events(updates(pieces, done or BatcherRestartedError("the batcher crashed"))),
                        NAMED_SSE, stream.failed)

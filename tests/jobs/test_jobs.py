@@ -17,7 +17,7 @@ import pytest
 from llamactor.base.completion import Completion, Timings, Usage
 from llamactor.base.config import Config
 from llamactor.base.errors import InvalidRequestError, QueueFullError
-from llamactor.base.messages import Generate, Request
+from llamactor.base.messages import CallerMessage, Generate
 from llamactor.handles.client import Client
 from llamactor.jobs import records
 from llamactor.jobs.endpoints import check_body
@@ -161,7 +161,7 @@ class FakeClient(Client):
         self.refuse_first = refuse_first
         self.changed = threading.Condition()
 
-    def send(self, msg: Request) -> concurrent.futures.Future[Any]:
+    def send(self, msg: CallerMessage) -> concurrent.futures.Future[Any]:
         with self.changed:
             if self.refuse_first:
                 self.refuse_first -= 1

@@ -27,7 +27,8 @@ import llamactor
 from llamactor.base.config import Config, SamplingParams
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, EngineError, LlamactorError, \
     PoisonRequestError, RequestFailedError
-from llamactor.base.messages import BatcherFailed, Cancel, Embed, Generate, ReplyChannel, Tokenize, tell_quietly
+from llamactor.base.messages import BatcherFailed, Cancel, Embed, Generate, ReplyChannel, Tokenize
+from llamactor.tree.tell import tell_quietly
 from llamactor.base.tools import Tools
 from llamactor.tree.batcher import BatcherActor
 from llamactor.jobs.runner import JobRunner

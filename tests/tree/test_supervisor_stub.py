@@ -21,9 +21,10 @@ from llamactor.base.completion import Completion, FinishReason, Timings, Usage
 from llamactor.base.config import Config, SamplingParams
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import BatcherUnavailableError, CancelledError
-from llamactor.base.messages import BatcherFailed, BatcherReady, Cancel, Generate, ReplyChannel, tell_quietly
+from llamactor.base.messages import BatcherFailed, BatcherReady, Cancel, Generate, ReplyChannel
 from llamactor.tree.board import StatsBoard
 from llamactor.tree.supervisor import SupervisorActor
+from llamactor.tree.tell import tell_quietly
 
 pytestmark = pytest.mark.pure
 

@@ -1,2 +1,2 @@
 """Anthropic's Messages dialect: request bodies (``schema``), what they mean on the chat path
-(``plan``), the Message object (``message``) and the streamed events (``events``)."""
+(``call``), the Message object (``message``) and the streamed events (``events``)."""

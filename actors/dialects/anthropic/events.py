@@ -18,8 +18,8 @@ from typing import Any
 
 from llamactor.base.completion import ChoiceUpdate, Piece
 from llamactor.base.tools import ToolCall
+from llamactor.dialects.anthropic.call import MessagesCall
 from llamactor.dialects.anthropic.message import SIGNATURE, stop_reason, stop_sequence, tool_input, tool_use_id, usage
-from llamactor.dialects.anthropic.plan import MessagesPlan
 from llamactor.dialects.answer import AnswerSplitter, Parts
 from llamactor.dialects.errors import ErrorInfo
 
@@ -88,15 +88,15 @@ class Blocks:
         return {"type": "content_block_delta", "index": self.index, "delta": delta}
 
 
-async def message_events(plan: MessagesPlan, updates: AsyncIterator[ChoiceUpdate]) -> AsyncGenerator[Event, None]:
+async def message_events(call: MessagesCall, updates: AsyncIterator[ChoiceUpdate]) -> AsyncGenerator[Event, None]:
     """The events of one message. The prompt's token counts are known only at the end:
     ``message_start`` says 0 and ``message_delta`` carries them (the SDK takes the delta's counts)."""
     zero = {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-    head = {"id": plan.id, "type": "message", "role": "assistant", "model": plan.model}
+    head = {"id": call.id, "type": "message", "role": "assistant", "model": call.model}
     yield {"type": "message_start", "message": {**head, "content": [], "stop_reason": None, "stop_sequence": None,
                                                 "usage": zero}}
     yield PING
-    blocks, splitter = Blocks(plan.show_thinking), AnswerSplitter(plan.request.parsed_tools)
+    blocks, splitter = Blocks(call.show_thinking), AnswerSplitter(call.request.parsed_tools)
     async for _, item in updates:
         if isinstance(item, Piece):
             for event in blocks.parts(splitter.feed(item.text)):
@@ -105,6 +105,6 @@ async def message_events(plan: MessagesPlan, updates: AsyncIterator[ChoiceUpdate
         for event in blocks.parts(splitter.finish()) + blocks.finish():
             yield event
         yield {"type": "message_delta", "usage": usage(item),
-               "delta": {"stop_reason": stop_reason(plan, item, blocks.tool_uses > 0),
-                         "stop_sequence": stop_sequence(plan, item)}}
+               "delta": {"stop_reason": stop_reason(call, item, blocks.tool_uses > 0),
+                         "stop_sequence": stop_sequence(call, item)}}
         yield {"type": "message_stop"}

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from llamactor.base.completion import Completion
-from llamactor.dialects.anthropic.plan import MessagesPlan
 from llamactor.dialects.answer import split_answer
+from llamactor.dialects.anthropic.call import MessagesCall
 
 # A thinking block's signature: the SDK's type needs a string; replayed blocks' are not checked.
 SIGNATURE = "llamactor"
@@ -37,17 +37,17 @@ def usage(c: Completion) -> dict[str, int]:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": c.usage.cached_tokens}
 
 
-def stop_sequence(plan: MessagesPlan, c: Completion) -> str | None:
+def stop_sequence(call: MessagesCall, c: Completion) -> str | None:
     """Which of the caller's ``stop_sequences`` ended the answer; None for an end of turn (the
     chat format's own stop strings included)."""
-    return c.stop_sequence if c.finish_reason == "stop" and c.stop_sequence in plan.stop_sequences else None
+    return c.stop_sequence if c.finish_reason == "stop" and c.stop_sequence in call.stop_sequences else None
 
 
-def stop_reason(plan: MessagesPlan, c: Completion, sent_tool_uses: bool = True) -> str:
+def stop_reason(call: MessagesCall, c: Completion, sent_tool_uses: bool = True) -> str:
     """Anthropic's stop reason; running out of a ``max_tokens`` the engine clamped to the room left
     in the context is the context window's doing. ``sent_tool_uses`` False: calls that a stream
     could not parse out (text came first) went out as text, so the turn simply ended."""
-    if stop_sequence(plan, c) is not None:
+    if stop_sequence(call, c) is not None:
         return "stop_sequence"
     if c.finish_reason == "length" and c.clamped_max_tokens is not None:
         return "model_context_window_exceeded"
@@ -70,8 +70,8 @@ def content_blocks(c: Completion, show_thinking: bool = True) -> list[dict[str, 
     return blocks
 
 
-def message(plan: MessagesPlan, c: Completion) -> dict[str, Any]:
+def message(call: MessagesCall, c: Completion) -> dict[str, Any]:
     """The Message object of a finished answer."""
-    return {"id": plan.id, "type": "message", "role": "assistant", "model": plan.model,
-            "content": content_blocks(c, plan.show_thinking), "stop_reason": stop_reason(plan, c),
-            "stop_sequence": stop_sequence(plan, c), "usage": usage(c)}
+    return {"id": call.id, "type": "message", "role": "assistant", "model": call.model,
+            "content": content_blocks(c, call.show_thinking), "stop_reason": stop_reason(call, c),
+            "stop_sequence": stop_sequence(call, c), "usage": usage(c)}

@@ -2,7 +2,7 @@
 
 Unknown top-level fields are refused (400), as Anthropic's API does; documented fields that
 change nothing here are accepted and named in a warning (``ignored``). What a body means is
-``plan``. The ``anthropic`` package is a test dependency only: nothing here imports it.
+``call``. The ``anthropic`` package is a test dependency only: nothing here imports it.
 """
 
 from __future__ import annotations

@@ -1,3 +1,3 @@
 """The Ollama dialect: request bodies and options (``schema``), what a chat or generate body means
-(``plan``), its answers whole and streamed (``replies``), embeddings (``embed``) and what the
+(``call``), its answers whole and streamed (``replies``), embeddings (``embed``) and what the
 model routes say of the models (``models``)."""

@@ -17,7 +17,7 @@ from llamactor.dialects.context import RequestContext
 from llamactor.dialects.ollama.schema import EmbeddingsRequest, EmbedRequest
 
 
-def plan_embed(body: EmbedRequest, ctx: RequestContext) -> EmbeddingRequest | None:
+def embed_request(body: EmbedRequest, ctx: RequestContext) -> EmbeddingRequest | None:
     texts = ([body.input] if body.input else []) if isinstance(body.input, str) else body.input
     if not texts:
         return None
@@ -33,7 +33,7 @@ def embed_reply(body: EmbedRequest, result: Embeddings | None, load_ns: int) -> 
             "prompt_eval_count": result.prompt_tokens}
 
 
-def plan_embeddings(body: EmbeddingsRequest, ctx: RequestContext) -> EmbeddingRequest | None:
+def embeddings_request(body: EmbeddingsRequest, ctx: RequestContext) -> EmbeddingRequest | None:
     if not body.prompt:
         return None
     return EmbeddingRequest((body.prompt,), normalize=False, truncate=True, request_id=ctx.id("ollama-embd-"))

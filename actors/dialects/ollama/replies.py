@@ -1,5 +1,5 @@
 """The answers of ``/api/chat`` and ``/api/generate`` (pure): whole replies and the lines of a
-stream, from a plan and its finished (or streaming) answer.
+stream, from a call and its finished (or streaming) answer.
 
 An answer's text is split into Ollama's parts (``llamactor.dialects.answer``): ``thinking`` (a
 ``<think>`` block, when thinking is parsed), ``content`` (``response`` for generate) and whole
@@ -21,7 +21,7 @@ from llamactor.base.completion import ChoiceUpdate, Completion, Piece, TokenLogp
 from llamactor.base.tools import ToolCall
 from llamactor.dialects.answer import AnswerSplitter, Parts, split_answer
 from llamactor.dialects.errors import ErrorInfo
-from llamactor.dialects.ollama.plan import OllamaPlan
+from llamactor.dialects.ollama.call import OllamaCall
 
 # (content, thinking, Ollama tool calls) -> the body fields of one chunk: chat's message, generate's response
 Shape = Callable[[str, str, list[dict[str, Any]]], dict[str, Any]]
@@ -86,13 +86,13 @@ def generate_shape(content: str, thinking: str, calls: list[dict[str, Any]]) -> 
     return {"response": content, **({"thinking": thinking} if thinking else {})}
 
 
-def shape_of(plan: OllamaPlan) -> Shape:
-    return chat_shape if plan.kind == "chat" else generate_shape
+def shape_of(call: OllamaCall) -> Shape:
+    return chat_shape if call.kind == "chat" else generate_shape
 
 
-def head(plan: OllamaPlan) -> dict[str, Any]:
+def head(call: OllamaCall) -> dict[str, Any]:
     """The fields every line starts with: the model as named, and now."""
-    return {"model": plan.model, "created_at": created_at()}
+    return {"model": call.model, "created_at": created_at()}
 
 
 def loaded_reply(model: str, kind: str, reason: str) -> dict[str, Any]:
@@ -101,30 +101,30 @@ def loaded_reply(model: str, kind: str, reason: str) -> dict[str, Any]:
     return {"model": model, "created_at": created_at(), **shape, "done": True, "done_reason": reason}
 
 
-def whole_answer(plan: OllamaPlan, c: Completion, load_ns: int) -> dict[str, Any]:
+def whole_answer(call: OllamaCall, c: Completion, load_ns: int) -> dict[str, Any]:
     """A non-streamed reply. Tool calls are the engine's (parsed from the finished answer)."""
-    answer = split_answer(c, plan.parse_thinking)
-    thinking = answer.reasoning or "" if plan.keep_thinking else ""
-    out = {**head(plan), **shape_of(plan)(answer.content, thinking, tool_calls(answer.calls)), **done_fields(c, load_ns)}
-    if plan.logprobs:
+    answer = split_answer(c, call.parse_thinking)
+    thinking = answer.reasoning or "" if call.keep_thinking else ""
+    out = {**head(call), **shape_of(call)(answer.content, thinking, tool_calls(answer.calls)), **done_fields(c, load_ns)}
+    if call.logprobs:
         out["logprobs"] = logprobs(c.logprobs)
     return out
 
 
-async def answer_lines(plan: OllamaPlan, updates: AsyncIterator[ChoiceUpdate],
+async def answer_lines(call: OllamaCall, updates: AsyncIterator[ChoiceUpdate],
                        load_ns: int) -> AsyncGenerator[dict[str, Any], None]:
     """A streamed answer's lines: parts as they arrive, then the final one (``done``, counts,
     durations) with empty content, as Ollama ends its streams."""
-    splitter, shape = AnswerSplitter(plan.request.parsed_tools, plan.parse_thinking), shape_of(plan)
+    splitter, shape = AnswerSplitter(call.request.parsed_tools, call.parse_thinking), shape_of(call)
     n_calls = n_logprobs = 0
 
     def line(parts: Parts, tokens: Any = None) -> dict[str, Any] | None:
         nonlocal n_calls, n_logprobs
-        lp = logprobs(tokens) if plan.logprobs else []
-        thinking = parts.reasoning if plan.keep_thinking else ""
+        lp = logprobs(tokens) if call.logprobs else []
+        thinking = parts.reasoning if call.keep_thinking else ""
         if not (thinking or parts.content or parts.calls or lp):
             return None
-        out = {**head(plan), **shape(parts.content, thinking, tool_calls(parts.calls, n_calls)), "done": False}
+        out = {**head(call), **shape(parts.content, thinking, tool_calls(parts.calls, n_calls)), "done": False}
         n_calls += len(parts.calls)
         n_logprobs += len(lp)
         return {**out, "logprobs": lp} if lp else out
@@ -136,8 +136,8 @@ async def answer_lines(plan: OllamaPlan, updates: AsyncIterator[ChoiceUpdate],
             continue
         if (out := line(splitter.finish())) is not None:
             yield out
-        last = {**head(plan), **shape("", "", []), **done_fields(item, load_ns)}
+        last = {**head(call), **shape("", "", []), **done_fields(item, load_ns)}
         # Tokens whose text never became a piece (a stop string, held back, then cut) still had their
         # logprobs: they come with the last line, so the stream reports every token once, as a whole reply does.
-        rest = logprobs(item.logprobs)[n_logprobs:] if plan.logprobs else []
+        rest = logprobs(item.logprobs)[n_logprobs:] if call.logprobs else []
         yield {**last, "logprobs": rest} if rest else last

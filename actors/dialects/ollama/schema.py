@@ -1,4 +1,4 @@
-"""Ollama's request bodies and their options (pure; what they mean is ``plan``).
+"""Ollama's request bodies and their options (pure; what they mean is ``call``).
 
 Ollama's server is lenient where Go's JSON decoding is: unknown top-level fields are ignored, and
 so are unknown ``options`` (with a warning); known fields are type-checked (a wrong type is a 400).

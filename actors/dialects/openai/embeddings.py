@@ -31,7 +31,7 @@ class EmbeddingsBody(BaseModel):
     normalize: bool = True
 
 
-def plan_embeddings(body: EmbeddingsBody, ctx: RequestContext) -> EmbeddingRequest:
+def embeddings_request(body: EmbeddingsBody, ctx: RequestContext) -> EmbeddingRequest:
     if isinstance(body.input, list) and not 1 <= len(body.input) <= MAX_EMBEDDING_INPUTS:
         raise InvalidRequestError(f"input must hold 1 to {MAX_EMBEDDING_INPUTS} items")
     return EmbeddingRequest.build(body.input, pooling=body.pooling, normalize=body.normalize,

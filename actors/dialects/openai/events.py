@@ -20,8 +20,8 @@ from openai.types.chat import ChatCompletionChunk
 from llamactor.base.completion import ChoiceUpdate, Completion, Piece
 from llamactor.dialects.answer import AnswerSplitter, Parts
 from llamactor.dialects.errors import ErrorInfo
+from llamactor.dialects.openai.call import ChatCall, CompletionsCall
 from llamactor.dialects.openai.logprobs import chat_logprobs, completion_logprobs
-from llamactor.dialects.openai.plan import ChatPlan, CompletionsPlan
 from llamactor.dialects.openai.replies import FINISH_REASON, envelope, usage
 
 Event = dict[str, Any]
@@ -32,34 +32,34 @@ def stream_error(e: BaseException) -> list[Event]:
     return [ErrorInfo.of(e).body("openai")]
 
 
-async def completion_events(plan: CompletionsPlan, updates: AsyncIterator[ChoiceUpdate]) -> AsyncGenerator[Event, None]:
-    head = envelope(plan.id, "text_completion", plan.model, plan.created)
-    n_choices = len(plan.requests) * plan.n
+async def completion_events(call: CompletionsCall, updates: AsyncIterator[ChoiceUpdate]) -> AsyncGenerator[Event, None]:
+    head = envelope(call.id, "text_completion", call.model, call.created)
+    n_choices = len(call.requests) * call.n
     offsets = [0] * n_choices  # where each choice's text is, for text_offset
-    if plan.echo:
+    if call.echo:
         for index in range(n_choices):
-            prompt = str(plan.prompts[index // plan.n])
+            prompt = str(call.prompts[index // call.n])
             offsets[index] = len(prompt)
             yield {**head, "choices": [{"index": index, "text": prompt, "finish_reason": None}]}
     done: list[Completion] = []
     async for index, item in updates:
         if isinstance(item, Piece):
-            logprobs = completion_logprobs(item.logprobs, plan.logprobs, offsets[index]) \
-                if plan.logprobs is not None else None
+            logprobs = completion_logprobs(item.logprobs, call.logprobs, offsets[index]) \
+                if call.logprobs is not None else None
             offsets[index] += len(item.text)
             yield {**head, "choices": [{"index": index, "text": item.text, "finish_reason": None,
                                         **({"logprobs": logprobs} if logprobs else {})}]}
             continue
         done.append(item)
         yield {**head, "choices": [{"index": index, "text": "", "finish_reason": FINISH_REASON[item.finish_reason]}]}
-    if plan.include_usage:
+    if call.include_usage:
         yield {**head, "choices": [], "usage": usage(done)}
 
 
-async def chat_events(plan: ChatPlan, updates: AsyncIterator[ChoiceUpdate]) -> AsyncGenerator[Event, None]:
-    head = envelope(plan.id, "chat.completion.chunk", plan.model, plan.created)
-    n = plan.request.n
-    splitters = [AnswerSplitter(plan.request.parsed_tools) for _ in range(n)]
+async def chat_events(call: ChatCall, updates: AsyncIterator[ChoiceUpdate]) -> AsyncGenerator[Event, None]:
+    head = envelope(call.id, "chat.completion.chunk", call.model, call.created)
+    n = call.request.n
+    splitters = [AnswerSplitter(call.request.parsed_tools) for _ in range(n)]
     n_calls = [0] * n  # tool calls sent so far per choice: their delta index
 
     def delta(index: int, parts: Parts, logprobs: Any = None) -> Event:
@@ -67,10 +67,10 @@ async def chat_events(plan: ChatPlan, updates: AsyncIterator[ChoiceUpdate]) -> A
         if parts.reasoning:
             d["reasoning_content"] = parts.reasoning
         if parts.calls:
-            d["tool_calls"] = [{"index": n_calls[index] + k, **call.to_openai()} for k, call in enumerate(parts.calls)]
+            d["tool_calls"] = [{"index": n_calls[index] + k, **tool_call.to_openai()} for k, tool_call in enumerate(parts.calls)]
             n_calls[index] += len(parts.calls)
         return {**head, "choices": [{"index": index, "delta": d, "finish_reason": None,
-                                     **({"logprobs": chat_logprobs(logprobs)} if plan.logprobs else {})}]}
+                                     **({"logprobs": chat_logprobs(logprobs)} if call.logprobs else {})}]}
 
     for index in range(n):
         yield {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
@@ -78,7 +78,7 @@ async def chat_events(plan: ChatPlan, updates: AsyncIterator[ChoiceUpdate]) -> A
     done: list[Completion] = []
     async for index, item in updates:
         if isinstance(item, Piece):
-            if (parts := splitters[index].feed(item.text)) or plan.logprobs:
+            if (parts := splitters[index].feed(item.text)) or call.logprobs:
                 yield delta(index, parts, item.logprobs)
             continue
         if parts := splitters[index].finish():
@@ -86,5 +86,5 @@ async def chat_events(plan: ChatPlan, updates: AsyncIterator[ChoiceUpdate]) -> A
         done.append(item)
         yield ChatCompletionChunk.model_validate({**head, "choices": [
             {"index": index, "delta": {}, "finish_reason": FINISH_REASON[item.finish_reason]}]}).model_dump(exclude_none=True)
-    if plan.include_usage:
+    if call.include_usage:
         yield {**head, "choices": [], "usage": usage(done)}

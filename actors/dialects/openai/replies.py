@@ -13,8 +13,8 @@ from openai.types.chat import ChatCompletion
 
 from llamactor.base.completion import Completion
 from llamactor.dialects.answer import split_answer
+from llamactor.dialects.openai.call import ChatCall, CompletionsCall
 from llamactor.dialects.openai.logprobs import chat_logprobs, completion_logprobs, echo_logprobs, vllm_prompt_logprobs
-from llamactor.dialects.openai.plan import ChatPlan, CompletionsPlan
 
 FINISH_REASON = {"stop": "stop", "length": "length", "cancelled": "stop", "context_full": "length",
                  "tool_calls": "tool_calls"}
@@ -46,9 +46,9 @@ def chat_message(c: Completion) -> dict[str, Any]:
     return message
 
 
-def chat_reply(plan: ChatPlan, done: list[Completion]) -> dict[str, Any]:
+def chat_reply(call: ChatCall, done: list[Completion]) -> dict[str, Any]:
     return ChatCompletion.model_validate({
-        **envelope(plan.id, "chat.completion", plan.model, plan.created),
+        **envelope(call.id, "chat.completion", call.model, call.created),
         "choices": [{"index": i, "message": chat_message(c), "finish_reason": FINISH_REASON[c.finish_reason],
                      "logprobs": chat_logprobs(c.logprobs)} for i, c in enumerate(done)],
         "usage": usage(done)}).model_dump(exclude_none=True)
@@ -70,29 +70,29 @@ def echo_text(c: Completion, prompt: str | list[int]) -> str:
     return c.prompt_text if c.prompt_text is not None else "".join(c.prompt_pieces or ())
 
 
-def completion_choice(index: int, c: Completion, prompt: str | list[int], plan: CompletionsPlan) -> dict[str, Any]:
+def completion_choice(index: int, c: Completion, prompt: str | list[int], call: CompletionsCall) -> dict[str, Any]:
     """One ``/v1/completions`` choice; with ``echo`` its text and logprobs start with the prompt's."""
-    echoed = echo_text(c, prompt) if plan.echo else ""
+    echoed = echo_text(c, prompt) if call.echo else ""
     choice: dict[str, Any] = {"index": index, "text": echoed + c.text, "finish_reason": FINISH_REASON[c.finish_reason]}
-    if plan.logprobs is not None:
-        choice["logprobs"] = (echo_logprobs(c, plan.logprobs) if plan.echo
-                              else completion_logprobs(c.logprobs, plan.logprobs))
-    if plan.prompt_logprobs is not None:
+    if call.logprobs is not None:
+        choice["logprobs"] = (echo_logprobs(c, call.logprobs) if call.echo
+                              else completion_logprobs(c.logprobs, call.logprobs))
+    if call.prompt_logprobs is not None:
         choice["prompt_logprobs"] = vllm_prompt_logprobs(c)
     return choice
 
 
-def completion_reply(plan: CompletionsPlan, generated: list[Completion]) -> dict[str, Any]:
+def completion_reply(call: CompletionsCall, generated: list[Completion]) -> dict[str, Any]:
     """The body of ``generated`` (``n_generated`` per prompt, in order): the ``n`` best of each
     prompt's with ``best_of``, numbered ``prompt * n + choice`` as OpenAI does."""
-    n, n_gen = plan.n, plan.n_generated
-    done = [c for p in range(len(plan.prompts)) for c in (
+    n, n_gen = call.n, call.n_generated
+    done = [c for p in range(len(call.prompts)) for c in (
         best_of(generated[p * n_gen:(p + 1) * n_gen], n) if n_gen > n else generated[p * n_gen:(p + 1) * n_gen])]
-    choices = [completion_choice(i, c, plan.prompts[i // n], plan) for i, c in enumerate(done)]
+    choices = [completion_choice(i, c, call.prompts[i // n], call) for i, c in enumerate(done)]
     # The openai package types token_logprobs as floats, but with echo the API's first one is
     # null (its client parses that leniently): validate the rest, then put the echo logprobs back.
-    lifted = [choice.pop("logprobs", None) if plan.echo else None for choice in choices]
-    out = OACompletion.model_validate({**envelope(plan.id, "text_completion", plan.model, plan.created),
+    lifted = [choice.pop("logprobs", None) if call.echo else None for choice in choices]
+    out = OACompletion.model_validate({**envelope(call.id, "text_completion", call.model, call.created),
                                        "choices": choices, "usage": usage(generated)}).model_dump(exclude_none=True)
     for choice, logprobs in zip(out["choices"], lifted):
         if logprobs is not None:

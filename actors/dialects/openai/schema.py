@@ -3,7 +3,7 @@
 Requests are our own pydantic models: an unknown or misspelt parameter is a 400 instead of being
 silently ignored (``extras``: the fields of the peers, llama-server and vLLM, that clients send),
 and llama.cpp-style extras (``top_k``, ``min_p``, ``repeat_penalty``, ``ignore_eos``) are
-accepted as llama.cpp's server does. What a body means is ``plan``; replies use the ``openai``
+accepted as llama.cpp's server does. What a body means is ``call``; replies use the ``openai``
 package's own types (``replies``).
 """
 

@@ -1,2 +1,2 @@
 """OpenAI's Responses dialect: request bodies (``schema``), what they mean on the chat path
-(``plan``), the response object and its items (``output``), and the streamed events (``events``)."""
+(``call``), the response object and its output items (``output_items``), and the streamed events (``events``)."""

@@ -21,9 +21,9 @@ from llamactor.base.completion import ChoiceUpdate, Piece
 from llamactor.base.tools import ToolCall
 from llamactor.dialects.answer import AnswerSplitter, Parts
 from llamactor.dialects.errors import ErrorInfo
-from llamactor.dialects.responses.output import (Item, call_item, message_item, new_id, reasoning_item, status_of,
-                                                 text_part, usage)
-from llamactor.dialects.responses.plan import ResponsesPlan
+from llamactor.dialects.responses.call import ResponsesCall
+from llamactor.dialects.responses.output_items import (Item, call_item, message_item, new_id, reasoning_item, status_of,
+                                                       text_part, usage)
 
 Event = dict[str, Any]
 
@@ -111,16 +111,16 @@ class ResponseEvents:
     """The numbered events of one streamed response. ``finished``: called with the final response
     object (to store it) before the last event."""
 
-    def __init__(self, plan: ResponsesPlan, finished: Callable[[dict[str, Any]], object]) -> None:
-        self.plan, self.finished = plan, finished
+    def __init__(self, call: ResponsesCall, finished: Callable[[dict[str, Any]], object]) -> None:
+        self.call, self.finished = call, finished
         self.out = StreamedOutput()
         self._seq = 0
 
     async def events(self, updates: AsyncIterator[ChoiceUpdate]) -> AsyncGenerator[Event, None]:
-        shell = self.plan.shell
+        shell = self.call.shell
         yield self._numbered({"type": "response.created", "response": shell.response("in_progress", [])})
         yield self._numbered({"type": "response.in_progress", "response": shell.response("in_progress", [])})
-        splitter = AnswerSplitter(self.plan.request.parsed_tools)
+        splitter = AnswerSplitter(self.call.request.parsed_tools)
         async for _, item in updates:
             if isinstance(item, Piece):
                 for event in self._write(splitter.feed(item.text)):
@@ -136,7 +136,7 @@ class ResponseEvents:
     def failed(self, e: BaseException) -> list[Event]:
         """The ``response.failed`` event a failure after the first event becomes."""
         error = ErrorInfo.of(e)
-        return [self._numbered({"type": "response.failed", "response": self.plan.shell.response(
+        return [self._numbered({"type": "response.failed", "response": self.call.shell.response(
             "failed", self.out.items, error={"code": "server_error", "message": error.message})})]
 
     def _write(self, parts: Parts) -> list[Event]:

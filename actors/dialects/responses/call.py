@@ -15,7 +15,7 @@ from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import Grammar
 from llamactor.base.request import GenerationRequest
 from llamactor.dialects.context import OneRequest, RequestContext
-from llamactor.dialects.responses.output import Shell
+from llamactor.dialects.responses.output_items import Shell
 from llamactor.dialects.responses.schema import ResponsesRequest
 
 DIALECT = "responses"  # the metrics' dialect label
@@ -23,15 +23,17 @@ TEXT_PARTS = ("input_text", "output_text", "text")  # assistant replays may carr
 
 
 @dataclass(frozen=True, slots=True)
-class ResponsesPlan(OneRequest):
+class ResponsesCall(OneRequest):
+    """One ``POST /v1/responses`` call: its ``GenerationRequest``, the response's fixed fields, the conversation so far."""
+
     shell: Shell  # the response object's fields that do not change while it is generated
     request: GenerationRequest
     history: list[dict[str, Any]]  # earlier turns + this input, without instructions (what is stored)
     ignored: list[str]  # fields given that change nothing here (for the warning)
 
 
-def plan_response(body: ResponsesRequest, ctx: RequestContext,
-                  earlier: Sequence[Mapping[str, Any]] = ()) -> ResponsesPlan:
+def response_call(body: ResponsesRequest, ctx: RequestContext,
+                  earlier: Sequence[Mapping[str, Any]] = ()) -> ResponsesCall:
     """``earlier``: the stored conversation of ``previous_response_id`` (chat messages)."""
     body.check_supported()
     if body.input is None and not earlier:
@@ -57,7 +59,7 @@ def plan_response(body: ResponsesRequest, ctx: RequestContext,
         tool_choice=chat_tool_choice(body.tool_choice) if body.tools else None,
         parallel_tool_calls=body.parallel_tool_calls,
         max_tokens=body.max_output_tokens, **ctx.lora(), **sampling)  # max_tokens None: until the end of the turn or the context
-    return ResponsesPlan(Shell(body, rid, ctx.model, ctx.created), request, history, body.ignored_fields())
+    return ResponsesCall(Shell(body, rid, ctx.model, ctx.created), request, history, body.ignored_fields())
 
 
 def input_messages(items: Sequence[Any]) -> list[dict[str, Any]]:

@@ -30,7 +30,9 @@ _TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}
 
 
 @dataclass(frozen=True, slots=True)
-class MessagesPlan(OneRequest):
+class MessagesCall(OneRequest):
+    """One ``POST /v1/messages`` call: its ``GenerationRequest`` and what its Message and events need."""
+
     id: str  # msg_...
     model: str
     request: GenerationRequest
@@ -49,7 +51,7 @@ class Rendering:
     grammar: Grammar | None  # the output format (checked here too: count_tokens refuses a bad one alike)
 
 
-def plan_rendering(body: Conversation) -> Rendering:
+def rendering_of(body: Conversation) -> Rendering:
     """The conversation, its tools and template variables; every 400 of the body itself."""
     if body.mcp_servers:
         raise InvalidRequestError("mcp_servers are not supported: nothing here calls remote tools")
@@ -61,8 +63,8 @@ def plan_rendering(body: Conversation) -> Rendering:
     return Rendering(messages, tools, kwargs, _output_format(body, tools))
 
 
-def plan_messages(body: MessagesRequest, ctx: RequestContext) -> MessagesPlan:
-    rendering = plan_rendering(body)
+def messages_call(body: MessagesRequest, ctx: RequestContext) -> MessagesCall:
+    rendering = rendering_of(body)
     sampling: dict[str, Any] = {k: v for k, v in (("temperature", body.temperature), ("top_p", body.top_p), ("top_k", body.top_k),
                                   ("stop", body.stop_sequences or None)) if v is not None}
     request = GenerationRequest.build(
@@ -70,7 +72,7 @@ def plan_messages(body: MessagesRequest, ctx: RequestContext) -> MessagesPlan:
         tool_format=ctx.tool_format,
         chat_template_kwargs=rendering.chat_template_kwargs, grammar=rendering.grammar, max_tokens=body.max_tokens,
         clamp_max_tokens=True, **ctx.lora(), **sampling)
-    return MessagesPlan(ctx.id("msg_"), ctx.model, request, tuple(body.stop_sequences or ()), body.show_thinking,
+    return MessagesCall(ctx.id("msg_"), ctx.model, request, tuple(body.stop_sequences or ()), body.show_thinking,
                         body.ignored())
 
 

@@ -25,7 +25,9 @@ DIALECT = "ollama"
 
 
 @dataclass(frozen=True, slots=True)
-class OllamaPlan(OneRequest):
+class OllamaCall(OneRequest):
+    """One ``/api/chat`` or ``/api/generate`` call: its ``GenerationRequest`` and how its answer is shaped."""
+
     model: str  # as the request named it (echoed)
     request: GenerationRequest
     kind: Literal["chat", "generate"]  # the answer's field: chat's message, generate's response
@@ -39,7 +41,7 @@ class OllamaPlan(OneRequest):
         return self.think is not False
 
 
-def plan_chat(body: ChatRequest, ctx: RequestContext, n_ctx: int) -> OllamaPlan | None:
+def chat_call(body: ChatRequest, ctx: RequestContext, n_ctx: int) -> OllamaCall | None:
     """None: no messages, so nothing to answer (the request loads or unloads the model)."""
     if not body.messages:
         return None
@@ -47,10 +49,10 @@ def plan_chat(body: ChatRequest, ctx: RequestContext, n_ctx: int) -> OllamaPlan 
     request = GenerationRequest.build(ctx.defaults, messages=messages, request_id=ctx.id("ollama-"),
                                       tools=body.tools or None, tool_format=ctx.tool_format,
                                       **_options(body, n_ctx), **_template_kwargs(body), **ctx.lora())
-    return OllamaPlan(body.model, request, "chat", body.think, True, _logprobs(body), body.streamed)
+    return OllamaCall(body.model, request, "chat", body.think, True, _logprobs(body), body.streamed)
 
 
-def plan_generate(body: GenerateRequest, ctx: RequestContext, n_ctx: int) -> OllamaPlan | None:
+def generate_call(body: GenerateRequest, ctx: RequestContext, n_ctx: int) -> OllamaCall | None:
     """None: an empty prompt, so nothing to answer (the request loads or unloads the model)."""
     body.check()
     if not body.prompt:
@@ -58,12 +60,12 @@ def plan_generate(body: GenerateRequest, ctx: RequestContext, n_ctx: int) -> Oll
     rid, options = ctx.id("ollama-"), {**_options(body, n_ctx), **ctx.lora()}
     if body.raw:  # the prompt as is; the answer as the model wrote it (thinking parsed only when asked)
         request = GenerationRequest.build(ctx.defaults, prompt=body.prompt, request_id=rid, **options)
-        return OllamaPlan(body.model, request, "generate", body.think, bool(body.think), _logprobs(body), body.streamed)
+        return OllamaCall(body.model, request, "generate", body.think, bool(body.think), _logprobs(body), body.streamed)
     messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
         {"role": "user", "content": body.prompt}]
     request = GenerationRequest.build(ctx.defaults, messages=messages, request_id=rid, **options,
                                       **_template_kwargs(body))
-    return OllamaPlan(body.model, request, "generate", body.think, True, _logprobs(body), body.streamed)
+    return OllamaCall(body.model, request, "generate", body.think, True, _logprobs(body), body.streamed)
 
 
 def _options(body: ModelRequest, n_ctx: int) -> dict[str, Any]:

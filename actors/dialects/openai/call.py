@@ -21,7 +21,9 @@ DIALECT = "openai"
 
 
 @dataclass(frozen=True, slots=True)
-class ChatPlan(OneRequest):
+class ChatCall(OneRequest):
+    """One chat completions call: its ``GenerationRequest`` (``n`` choices) and what its reply and chunks need."""
+
     id: str  # chatcmpl-...
     model: str
     created: int
@@ -32,7 +34,9 @@ class ChatPlan(OneRequest):
 
 
 @dataclass(frozen=True, slots=True)
-class CompletionsPlan:
+class CompletionsCall:
+    """One completions call: a ``GenerationRequest`` per prompt and what its reply and chunks need."""
+
     id: str  # cmpl-...
     model: str
     created: int
@@ -47,7 +51,7 @@ class CompletionsPlan:
     ignored: list[str]
 
 
-def plan_chat(body: ChatRequest, ctx: RequestContext) -> ChatPlan:
+def chat_call(body: ChatRequest, ctx: RequestContext) -> ChatCall:
     if body.echo or body.prompt_logprobs is not None:
         raise InvalidRequestError("prompt log-probabilities (echo, prompt_logprobs) are not available on "
                                   "/v1/chat/completions: use /v1/completions with echo: true and logprobs: k")
@@ -61,11 +65,11 @@ def plan_chat(body: ChatRequest, ctx: RequestContext) -> ChatPlan:
         tool_format=ctx.tool_format,
         tools=body.tools or None, tool_choice=body.tool_choice, parallel_tool_calls=body.parallel_tool_calls,
         **_lora(body, ctx), **sampling)
-    return ChatPlan(ctx.id("chatcmpl-"), ctx.model, ctx.created, request, body.logprobs, _include_usage(body),
+    return ChatCall(ctx.id("chatcmpl-"), ctx.model, ctx.created, request, body.logprobs, _include_usage(body),
                     body.ignored_fields())
 
 
-def plan_completions(body: CompletionRequest, ctx: RequestContext) -> CompletionsPlan:
+def completions_call(body: CompletionRequest, ctx: RequestContext) -> CompletionsCall:
     prompts = body.prompts()
     _check_completions(body, prompts)
     sampling = _sampling(body, body.max_tokens)
@@ -83,7 +87,7 @@ def plan_completions(body: CompletionRequest, ctx: RequestContext) -> Completion
                                         echo_prompt=body.echo and not isinstance(prompt, str) and not body.scores_prompt,
                                         **lora, **sampling)
                 for p, prompt in enumerate(prompts)]
-    return CompletionsPlan(rid, ctx.model, ctx.created, requests, prompts, body.n, body.n_generated, body.echo,
+    return CompletionsCall(rid, ctx.model, ctx.created, requests, prompts, body.n, body.n_generated, body.echo,
                            body.logprobs, body.prompt_logprobs, _include_usage(body), body.ignored_fields())
 
 
