@@ -15,8 +15,8 @@ from typing import Any
 import openai
 import pytest
 
+from tests.support.batch_api import chat_line, jsonl, upload
 from tests.support.daemon import Daemon, start_daemon
-from tests.http.test_batch_api import chat_line, jsonl, upload
 
 ALICE, BOB = "alice-key-0001", "bob-key-000001"
 KEYS = f"""

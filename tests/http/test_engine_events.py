@@ -127,6 +127,7 @@ def test_llamactor_top_says_why_when_the_key_is_refused(daemon: Daemon) -> None:
     assert "403" in done.stderr and "the engine view is for admin keys" in done.stderr
 
 
+@pytest.mark.pure
 def test_the_pages_ship_inside_the_package() -> None:
     from importlib import resources
 
