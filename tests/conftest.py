@@ -21,6 +21,9 @@ from llamactor.base.messages import AuditKv
 from llamactor.base.models import default_model_path, instruct_model_path
 from llamactor.native.engine import Engine
 
+# Holds every test to its ``pure`` marker (model-free), watching every model load: see there.
+pytest_plugins = ["tests.support.pure_marker"]
+
 # Greedy decoding of the same sequence in differently shaped batches can flip between two
 # tokens whose logits are this close. With Q4_K on the CPU, llama.cpp picks other matmul kernels
 # (and activation quantizations) for other batch sizes: the same 30-token prompt prefilled as

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 
 import pexpect
+import pytest
 from click.testing import CliRunner
 
 from llamactor.cli.commands import main
@@ -43,6 +44,7 @@ def test_info_reports_the_model_its_context_and_the_backend_devices() -> None:
     assert isinstance(info["gpu_offload"], bool) and info["n_gpu_layers"] == (-1 if info["gpu_offload"] else 0)
 
 
+@pytest.mark.pure
 def test_a_bad_model_path_is_a_one_line_error_not_a_traceback(tmp_path) -> None:
     result = CliRunner().invoke(main, ["ask", "hi", "--model", str(tmp_path / "missing.gguf")])
     assert result.exit_code != 0 and "model file not found" in result.output and "Traceback" not in result.output

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from llamactor.cli.commands import main
 
 from tests.support.daemon import Daemon, start_daemon, wait_until
+from tests.support.keys import write_keys_file
 from tests.support.model_dir import model_folder
 
 ADMIN, USER = "sk-admin-key", "sk-user-key"
@@ -28,9 +29,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 def daemon(tmp_path_factory: pytest.TempPathFactory, model_path: str, instruct_path: str) -> Iterator[Daemon]:
     root = tmp_path_factory.mktemp("served")
     folder = model_folder(root / "models", model_path, instruct_path)
-    keys = root / "keys.toml"
-    keys.write_text(f'[[keys]]\nkey = "{ADMIN}"\ntenant = "ops"\nadmin = true\n\n'
-                    f'[[keys]]\nkey = "{USER}"\ntenant = "alice"\n')
+    keys = write_keys_file(root, {ADMIN: {"tenant": "ops", "admin": True}, USER: {"tenant": "alice"}})
     d = start_daemon("--models-dir", str(folder), "--max-loaded", "1", "--keys", str(keys), "--n-parallel", "2",
                      "--load-on-request", "tenants",  # alice's first requests load each model
                      "--n-ctx", "1024")

@@ -5,49 +5,17 @@ cancelled. Each test starts its own daemon on a data directory of its own."""
 
 from __future__ import annotations
 
-import io
-import json
 import signal
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
-from openai.types import Batch
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from tests.support.daemon import MODEL_ID, Daemon, start_daemon, wait_until
-
-SYSTEM = "You are a terse assistant. Answer in a few words."
-
-
-def chat_line(custom_id: str, question: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": MODEL_ID, "max_tokens": max_tokens, "temperature": 0,
-                     "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-                     **extra}}
-
-
-def jsonl(lines: list[Any]) -> bytes:
-    return "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines).encode()
-
-
-def upload(client: openai.OpenAI, data: bytes) -> str:
-    return client.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch").id
-
-
-def finished(d: Daemon, batch_id: str, timeout: float = 120) -> Batch:
-    """The batch once its job has logged ``job_finished`` (an event, not a poll)."""
-    assert d.wait_for_log(lambda line: line.get("event") == "job_finished" and line.get("batch_id") == batch_id,
-                          timeout), f"{batch_id} did not finish"
-    return d.client().batches.retrieve(batch_id)
-
-
-def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    assert file_id is not None
-    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+from tests.support.batch_api import SYSTEM, chat_line, finished, jsonl, lines_of, upload
+from tests.support.daemon import MODEL_ID, start_daemon, wait_until
 
 
 def test_the_openai_client_runs_a_batch_job_end_to_end_and_downloads_its_output(tmp_path: Path) -> None:

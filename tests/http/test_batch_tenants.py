@@ -15,27 +15,20 @@ from typing import Any
 import openai
 import pytest
 
+from tests.support.batch_api import chat_line, jsonl, upload
 from tests.support.daemon import Daemon, start_daemon
-from tests.http.test_batch_api import chat_line, jsonl, upload
+from tests.support.keys import write_keys_file
 
 ALICE, BOB = "alice-key-0001", "bob-key-000001"
-KEYS = f"""
-[[keys]]
-key = "{ALICE}"
-tenant = "alice"
-
-[[keys]]
-key = "{BOB}"
-tenant = "bob"
-"""
+KEY_TABLES = {ALICE: {"tenant": "alice"}, BOB: {"tenant": "bob"}}
 DAY = 24 * 3600
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     where = tmp_path_factory.mktemp("tenants")
-    (where / "keys.toml").write_text(KEYS)
-    d = start_daemon("--keys", str(where / "keys.toml"), "--n-parallel", "2", "--data-dir", str(where / "data"))
+    keys = write_keys_file(where, KEY_TABLES)
+    d = start_daemon("--keys", str(keys), "--n-parallel", "2", "--data-dir", str(where / "data"))
     yield d
     assert d.stop() == 0
 

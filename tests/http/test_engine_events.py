@@ -17,24 +17,15 @@ import httpx
 import pytest
 
 from tests.support.daemon import Daemon, start_daemon
+from tests.support.keys import write_keys_file
 
 ADMIN, TENANT = "sk-ops-admin-01", "sk-bob-plain-02"
-KEYS_FILE = f'''
-[[keys]]
-key = "{ADMIN}"
-tenant = "ops"
-admin = true
-
-[[keys]]
-key = "{TENANT}"
-tenant = "bob"
-'''
+KEY_TABLES = {ADMIN: {"tenant": "ops", "admin": True}, TENANT: {"tenant": "bob"}}
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    keys = tmp_path_factory.mktemp("keys") / "keys.toml"
-    keys.write_text(KEYS_FILE)
+    keys = write_keys_file(tmp_path_factory.mktemp("keys"), KEY_TABLES)
     d = start_daemon("--keys", str(keys))
     yield d
     d.stop()
@@ -127,6 +118,7 @@ def test_llamactor_top_says_why_when_the_key_is_refused(daemon: Daemon) -> None:
     assert "403" in done.stderr and "the engine view is for admin keys" in done.stderr
 
 
+@pytest.mark.pure
 def test_the_pages_ship_inside_the_package() -> None:
     from importlib import resources
 

@@ -34,18 +34,10 @@ from llamactor.http.ollama_model_routes import UNSUPPORTED
 from llamactor.http.server import BOTH_PREFIXES, create_app
 
 from tests.support.daemon import MODEL_ID, Daemon, start_daemon
+from tests.support.keys import write_keys_file
 
 TENANT_KEY, ADMIN_KEY = "sk-fuzz-tenant-0001", "sk-fuzz-admin-00001"
-KEYS_FILE = f'''
-[[keys]]
-key = "{TENANT_KEY}"
-tenant = "fuzzer"
-
-[[keys]]
-key = "{ADMIN_KEY}"
-tenant = "ops"
-admin = true
-'''
+KEY_TABLES = {TENANT_KEY: {"tenant": "fuzzer"}, ADMIN_KEY: {"tenant": "ops", "admin": True}}
 ADMIN_PATHS = ("/metrics", "/engine/events", "/models/load", "/models/unload")
 EXAMPLES = int(os.environ.get("LLAMACTOR_FUZZ_EXAMPLES", "8"))
 MAX_TOKENS = 4  # what a generated request may decode at most
@@ -161,8 +153,7 @@ class FuzzedDaemon:
 
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzedDaemon]:
-    keys = tmp_path_factory.mktemp("keys") / "keys.toml"
-    keys.write_text(KEYS_FILE)
+    keys = write_keys_file(tmp_path_factory.mktemp("keys"), KEY_TABLES)
     box = FuzzedDaemon(keys)
     yield box
     box.stop()

@@ -20,60 +20,24 @@ import openai
 import pytest
 
 from tests.support.daemon import Daemon, start_daemon
+from tests.support.keys import write_keys_file
 
 KEYS = {"alice": "sk-alice-0001", "bob": "sk-bob-00002", "ops": "sk-ops-000003", "limited": "sk-limited-04",
         "counter": "sk-counter-05", "metered": "sk-metered-06", "batcher": "sk-batcher-07",
         "walker": "sk-walker-08"}
 TOKENS_PER_MINUTE = 240
-KEYS_FILE = f'''
-[[keys]]
-key = "{KEYS["alice"]}"
-tenant = "alice"
-
-[[keys]]
-key = "{KEYS["bob"]}"
-tenant = "bob"
-
-[[keys]]
-key = "{KEYS["ops"]}"
-tenant = "ops"
-admin = true
-
-[[keys]]
-key = "{KEYS["limited"]}"
-tenant = "limited"
-requests_per_minute = 2
-
-[[keys]]
-key = "{KEYS["counter"]}"
-tenant = "counter"
-requests_per_minute = 1
-
-[[keys]]
-key = "{KEYS["metered"]}"
-tenant = "metered"
-tokens_per_minute = {TOKENS_PER_MINUTE}
-
-[[keys]]
-key = "{KEYS["batcher"]}"
-tenant = "batcher"
-requests_per_minute = 6
-max_batch_jobs = 1
-max_files = 2
-max_file_bytes = 4096
-
-[[keys]]
-key = "{KEYS["walker"]}"
-tenant = "walker"
-tokens_per_minute = 600
-'''
+KEY_TABLES = {KEYS[tenant]: {"tenant": tenant, **table} for tenant, table in {
+    "alice": {}, "bob": {}, "ops": {"admin": True}, "limited": {"requests_per_minute": 2},
+    "counter": {"requests_per_minute": 1}, "metered": {"tokens_per_minute": TOKENS_PER_MINUTE},
+    "batcher": {"requests_per_minute": 6, "max_batch_jobs": 1, "max_files": 2, "max_file_bytes": 4096},
+    "walker": {"tokens_per_minute": 600}}.items()}
 LONG = {"max_tokens": 1500, "extra_body": {"ignore_eos": True}}  # runs until cancelled
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Iterator[Daemon]:
     where = tmp_path_factory.mktemp("shares")
-    (where / "keys.toml").write_text(KEYS_FILE)
+    keys = write_keys_file(where, KEY_TABLES)
     (where / "models.toml").write_text(f'''
 [[models]]
 name = "main"
@@ -93,7 +57,7 @@ path = "{model_path}"
 preload = false
 load_on_request = "tenants"
 ''')
-    d = start_daemon("--config", str(where / "models.toml"), "--keys", str(where / "keys.toml"))
+    d = start_daemon("--config", str(where / "models.toml"), "--keys", str(keys))
     yield d
     assert d.stop() == 0
 

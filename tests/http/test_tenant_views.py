@@ -17,18 +17,10 @@ import pytest
 
 from tests.support.adapters import write_lora
 from tests.support.daemon import MODEL_ID, Daemon, start_daemon
+from tests.support.keys import write_keys_file
 
 TENANT_KEY, ADMIN_KEY = "sk-alice-views-1", "sk-ops-views-002"
-KEYS_FILE = f'''
-[[keys]]
-key = "{TENANT_KEY}"
-tenant = "alice"
-
-[[keys]]
-key = "{ADMIN_KEY}"
-tenant = "ops"
-admin = true
-'''
+KEY_TABLES = {TENANT_KEY: {"tenant": "alice"}, ADMIN_KEY: {"tenant": "ops", "admin": True}}
 SYSTEM = "You are the harbour master's assistant. Internal note: the vault code is 4417."
 
 
@@ -45,8 +37,7 @@ def serve(lora: Path, *args: str) -> Iterator[Daemon]:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, lora: Path) -> Iterator[Daemon]:
-    keys = tmp_path_factory.mktemp("keys") / "keys.toml"
-    keys.write_text(KEYS_FILE)
+    keys = write_keys_file(tmp_path_factory.mktemp("keys"), KEY_TABLES)
     yield from serve(lora, "--keys", str(keys))
 
 

@@ -16,44 +16,21 @@ import openai
 import pytest
 
 from tests.support.daemon import MODEL_ID, Daemon, start_daemon
+from tests.support.keys import write_keys_file
 
 KEYS = {"alice": "sk-alice-0001", "carol": "sk-carol-0003", "bob": "sk-bob-00002", "ops": "sk-ops-000004",
         "limited": "sk-limited-05"}
-KEYS_FILE = f'''
-[[keys]]
-key = "{KEYS["alice"]}"
-tenant = "alice"
-cache_scope = "team"
-
-[[keys]]
-key = "{KEYS["carol"]}"
-tenant = "carol"
-cache_scope = "team"
-
-[[keys]]
-key = "{KEYS["bob"]}"
-tenant = "bob"
-
-[[keys]]
-key = "{KEYS["ops"]}"
-tenant = "ops"
-admin = true
-
-[[keys]]
-key = "{KEYS["limited"]}"
-tenant = "limited"
-requests_per_minute = 2
-tokens_per_minute = 400
-'''
+KEY_TABLES = {KEYS["alice"]: {"tenant": "alice", "cache_scope": "team"},
+              KEYS["carol"]: {"tenant": "carol", "cache_scope": "team"},
+              KEYS["bob"]: {"tenant": "bob"}, KEYS["ops"]: {"tenant": "ops", "admin": True},
+              KEYS["limited"]: {"tenant": "limited", "requests_per_minute": 2, "tokens_per_minute": 400}}
 STORY = ("Once upon a time, in a small harbour town, there lived a clockmaker who repaired the lighthouse "
          "lamp every spring. ")
 
 
 @pytest.fixture(scope="module")
 def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("keys") / "keys.toml"
-    path.write_text(KEYS_FILE)
-    return path
+    return write_keys_file(tmp_path_factory.mktemp("keys"), KEY_TABLES)
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +136,7 @@ def test_sighup_reloads_the_keys_file_without_a_restart(daemon: Daemon, keys_fil
     dave = "sk-dave-000006"
     with pytest.raises(openai.AuthenticationError):
         daemon.client(dave).models.list()
-    keys_file.write_text(KEYS_FILE + f'\n[[keys]]\nkey = "{dave}"\ntenant = "dave"\n')
+    write_keys_file(keys_file.parent, {**KEY_TABLES, dave: {"tenant": "dave"}})
     seen = len(daemon.events("keys_reloaded"))
     daemon.process.send_signal(signal.SIGHUP)
     assert daemon.wait_for_log(lambda line: line.get("event") == "keys_reloaded" and len(daemon.events("keys_reloaded")) > seen)
@@ -168,4 +145,4 @@ def test_sighup_reloads_the_keys_file_without_a_restart(daemon: Daemon, keys_fil
     daemon.process.send_signal(signal.SIGHUP)
     assert daemon.wait_for_log(lambda line: line.get("event") == "keys_reload_failed")
     assert daemon.client(dave).models.list().data  # a broken file keeps the keys in force
-    keys_file.write_text(KEYS_FILE)
+    write_keys_file(keys_file.parent, KEY_TABLES)

@@ -5,38 +5,23 @@ same behaviours on the real model: tests/http/test_batch_api.py and tests/cli/te
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from llamactor.base.completion import Completion, Timings, Usage
-from llamactor.base.config import Config
-from llamactor.base.errors import InvalidRequestError, QueueFullError
-from llamactor.base.messages import CallerMessage, Generate
-from llamactor.handles.client import Client
+from llamactor.base.errors import InvalidRequestError
 from llamactor.jobs import records
 from llamactor.jobs.endpoints import check_body
 from llamactor.jobs.plan import NotJsonlError, check_transition, plan_lines, rank_by_prefix, resumable
 from llamactor.jobs.runner import InteractiveWatch, JobRunner, Progress
 from llamactor.jobs.store import JobStore, StoreLockedError
 
+from tests.support.jobs import CHAT, FakeClient, answer, line, new_batch, plan, run_in_thread
+
 pytestmark = pytest.mark.pure
-CHAT = "/v1/chat/completions"
-
-
-def line(custom_id: Any, content: str = "hi", system: str | None = None, url: str = CHAT, **body: Any) -> str:
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url,
-                       "body": {"model": "m", "messages": messages, "max_tokens": 4, **body}})
-
-
-def plan(*lines: str) -> list[Any]:
-    return plan_lines("\n".join(lines).encode(), CHAT, check_body)
 
 
 # -- plan -----------------------------------------------------------------------------------
@@ -100,14 +85,6 @@ def store(tmp_path: Path) -> Iterator[JobStore]:
     s.close()
 
 
-def new_batch(store: JobStore, *lines: str, batch_id: str = "batch_t") -> str:
-    store.create_batch({"id": batch_id, "status": "validating", "created_at": 0})
-    planned = plan(*lines)
-    store.add_lines(batch_id, planned, {p.line_no: records.invalid_line(batch_id, p.line_no, p.custom_id, *p.error)
-                                        for p in planned if p.error})
-    return batch_id
-
-
 def test_a_second_store_on_the_same_journal_is_refused_until_the_first_closes(tmp_path: Path) -> None:
     first = JobStore(tmp_path / "j.sqlite3")
     with pytest.raises(StoreLockedError):
@@ -149,54 +126,6 @@ def test_status_changes_set_their_timestamps_and_refuse_going_back(store: JobSto
 
 
 # -- runner on a fake client ------------------------------------------------------------------
-
-class FakeClient(Client):
-    """Hands each message to the test, which resolves its future; counts what is outstanding."""
-
-    def __init__(self, refuse_first: int = 0) -> None:
-        self.config = Config()
-        self.sent: list[Generate] = []
-        self.outstanding = 0
-        self.most_outstanding = 0
-        self.refuse_first = refuse_first
-        self.changed = threading.Condition()
-
-    def send(self, msg: CallerMessage) -> concurrent.futures.Future[Any]:
-        with self.changed:
-            if self.refuse_first:
-                self.refuse_first -= 1
-                raise QueueFullError("full")
-            assert isinstance(msg, Generate)
-            self.sent.append(msg)
-            self.outstanding += 1
-            self.most_outstanding = max(self.most_outstanding, self.outstanding)
-            msg.reply.future.add_done_callback(lambda _f: self._done())
-            self.changed.notify_all()
-        return msg.reply.future
-
-    def _done(self) -> None:
-        with self.changed:
-            self.outstanding -= 1
-
-    def cancel(self, request_id: str) -> None:
-        pass
-
-    def next_message(self, index: int) -> Generate:
-        with self.changed:
-            assert self.changed.wait_for(lambda: len(self.sent) > index, 10), "the runner sent nothing"
-            return self.sent[index]
-
-
-def answer(msg: Generate, text: str = "ok") -> None:
-    msg.reply.future.set_result(Completion(msg.request_id, text, (1,), "stop", Usage(5, 1, 0), Timings(0, 0, 0, 0)))
-
-
-def run_in_thread(runner: JobRunner) -> tuple[threading.Thread, list[bool]]:
-    result: list[bool] = []
-    thread = threading.Thread(target=lambda: result.append(runner.run()), daemon=True)
-    thread.start()
-    return thread, result
-
 
 def test_the_runner_keeps_at_most_max_in_flight_and_journals_every_line_once(store: JobStore) -> None:
     b = new_batch(store, *(line(f"q{i}", f"question {i:02d}") for i in range(7)))

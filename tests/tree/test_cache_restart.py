@@ -9,8 +9,8 @@ from pathlib import Path
 from llamactor.native.engine import Engine
 
 from tests.conftest import assert_equal_up_to_near_tie
+from tests.support.chat_prompts import PERSONA, chat_tokens
 from tests.support.daemon import MODEL_ID, start_daemon
-from tests.tree.test_prefix_cache import PERSONA, chat_tokens
 
 
 def turns(first_answer: str) -> tuple[list[dict[str, str]], list[dict[str, str]]]:

@@ -13,7 +13,7 @@ import llamactor
 from llamactor.native.engine import Engine
 
 from tests.conftest import NEAR_TIE, assert_equal_up_to_near_tie, audit_kv, batcher_ref, decode_prompt
-from tests.tree.test_prefix_cache import PERSONA, chat_tokens
+from tests.support.chat_prompts import PERSONA, chat_tokens
 
 # The same KV in other cells changes the order of llama.cpp's attention sums, and a prefix
 # computed in other chunks has other KV (NEAR_TIE): next-token logits measured here moved by a

@@ -19,10 +19,10 @@ from typing import Any
 from llamactor.native.engine import Engine
 
 from tests.conftest import assert_equal_up_to_near_tie
+from tests.support.batch_api import chat_line, finished, jsonl, upload
+from tests.support.cache_files import rewrite, secret_of, split
+from tests.support.chat_prompts import chat_tokens
 from tests.support.daemon import MODEL_ID, start_daemon
-from tests.http.test_batch_api import chat_line, finished, jsonl, upload
-from tests.tree.test_private_data import rewrite, secret_of, split
-from tests.tree.test_prefix_cache import chat_tokens
 
 ASK = dict(max_tokens=8, temperature=0)
 # long enough that restoring it pays (``restore_pays``), short enough for a loaded 2-core machine

@@ -36,8 +36,8 @@ from llamactor.jobs.store import JobStore
 from llamactor.tree.request_state import RequestState
 from llamactor.tree.supervisor import SupervisorActor
 
-from tests.jobs.test_jobs import CHAT, FakeClient, answer, line, new_batch, run_in_thread
-from tests.tree.test_supervisor_stub import TIMEOUT, Answer, Batchers, HoldingBoard, Received, StubBatcher, Tree, generated
+from tests.support.jobs import CHAT, FakeClient, answer, line, new_batch, run_in_thread
+from tests.support.stub_tree import TIMEOUT, Answer, Batchers, HoldingBoard, Received, StubBatcher, Tree, generated
 
 
 def params(**bypassing_validation: Any) -> SamplingParams:

@@ -11,37 +11,14 @@ import concurrent.futures
 import pytest
 
 import llamactor
-from llamactor.base.config import SamplingParams
-from llamactor.base.messages import Generate, ReplyChannel
-from llamactor.native.engine import Engine
-from llamactor.tree.prompt_tokens import PromptBuilder
 
 from tests.conftest import assert_equal_up_to_near_tie, audit_kv, batcher_ref
+from tests.support.chat_prompts import PERSONA, chat_tokens
 
 # The cache's reuse, sliding window and eviction hold for a quantized KV cache too (kv_type q8_0:
 # attached and recomputed cells hold the same quantized values; near-ties read on a q8_0 reference).
 # A quantized cache decodes through flash attention, slower on the CPU: a longer timeout.
 KV_TYPES = pytest.mark.parametrize("kv_type", ["f16", pytest.param("q8_0", marks=pytest.mark.timeout(360))])
-
-PERSONA = " ".join(
-    f"Fact {i}: Captain Ada Brightwater sailed the {colour} schooner '{ship}' from {port} in {1850 + i}, "
-    f"carrying {cargo} and a crew of {10 + i} sailors who sang old songs every evening."
-    for i, (colour, ship, port, cargo) in enumerate(zip(
-        ["red", "blue", "green", "white", "black", "grey", "golden", "silver", "amber", "violet", "olive", "ivory",
-         "coral", "teal", "crimson", "azure"],
-        ["Petrel", "Albatross", "Gannet", "Tern", "Heron", "Osprey", "Plover", "Curlew", "Kestrel", "Merlin",
-         "Swift", "Wren", "Lark", "Finch", "Robin", "Egret"],
-        ["Lisbon", "Bristol", "Boston", "Hamburg", "Genoa", "Cadiz", "Bergen", "Dublin", "Antwerp", "Marseille",
-         "Naples", "Oporto", "Riga", "Danzig", "Brest", "Malaga"],
-        ["tea", "salt", "wool", "timber", "spices", "copper", "cotton", "coffee", "sugar", "tobacco", "wine", "iron",
-         "silk", "rice", "cocoa", "amber"]))) + " You answer as Captain Ada, briefly."
-
-
-def chat_tokens(engine: Engine, messages: list[dict[str, str]]) -> list[int]:
-    """The prompt tokens llamactor builds for ``messages`` (no system prompt configured)."""
-    msg = Generate(request_id="ref", params=SamplingParams(max_tokens=1), reply=ReplyChannel(), submitted_at=0.0,
-                   messages=tuple(messages))
-    return PromptBuilder(engine.tokenizer, engine.chat_template, None).prompt_tokens(msg)[0]
 
 
 @KV_TYPES

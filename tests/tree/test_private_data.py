@@ -6,24 +6,23 @@ served. Files are 0600 in 0700 folders. On the real engine and daemon: tests/tre
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import stat
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from llamactor.tree.tiers import disk as disk_tier
 from llamactor.base.private_files import open_private, private_dir, read_or_create_secret
 from llamactor.tree.tiers.ram import CacheTiers
 from llamactor.tree.tiers.disk import DiskTier
 from llamactor.jobs.store import JobStore
 from llamactor.native.kv_state import SeqState
+
+from tests.support.cache_files import rewrite, secret_of, split
 
 pytestmark = pytest.mark.pure
 
@@ -44,35 +43,6 @@ def usual_umask() -> Iterator[None]:
     old = os.umask(0o022)  # what most systems run with: files 0644 and folders 0755 unless made private
     yield
     os.umask(old)
-
-
-# A cache file's parts, in whichever format the tier writes (the helpers read the format from the
-# file itself, so the tests tell what a file planted in that format does).
-def split(path: Path) -> tuple[bytes, dict[str, Any], bytes, bytes]:
-    """(magic and length prefix, header, MAC or b"", payload)."""
-    data = path.read_bytes()
-    (n,) = struct.unpack("<I", data[14:18])
-    mac_len = getattr(disk_tier, "MAC_BYTES", 0)
-    return data[:14], json.loads(data[18:18 + n]), data[18 + n:18 + n + mac_len], data[18 + n + mac_len:]
-
-
-def rewrite(source: Path, target: Path, change: Callable[[dict[str, Any]], None], secret: bytes | None) -> None:
-    """``target``: ``source`` with its header changed by ``change``, its payload checksum
-    recomputed, and (``secret``) a MAC made with it -- else the old MAC kept (one who cannot
-    read the secret cannot make one)."""
-    magic, header, mac, payload = split(source)
-    change(header)
-    header["payload_sha256"] = hashlib.sha256(payload).hexdigest()
-    raw = json.dumps(header).encode()
-    head = magic + struct.pack("<I", len(raw)) + raw
-    if mac and secret is not None:
-        mac = hmac.digest(secret, head, "sha256")
-    target.write_bytes(head + mac + payload)
-
-
-def secret_of(folder: Path) -> bytes | None:
-    path = folder / "cache.secret"
-    return path.read_bytes() if path.exists() else None
 
 
 def written(folder: Path, scope: str = "alice", tokens: list[int] = TOKENS) -> Path:
