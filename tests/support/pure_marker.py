@@ -51,14 +51,14 @@ class Ledger:
 
     def used_a_model(self, item: pytest.Item) -> bool:
         """Whether ``item`` or a fixture in its closure (set up now or earlier) loaded a model."""
-        return test_owner(item) in self.owners or any(fixture_owner(d) in self.owners for d in fixture_defs(item))
+        return owner_of_test(item) in self.owners or any(owner_of_fixture(d) in self.owners for d in fixture_defs(item))
 
 
-def test_owner(item: pytest.Item) -> str:
+def owner_of_test(item: pytest.Item) -> str:
     return f"test {item.nodeid}"
 
 
-def fixture_owner(fixturedef: Any) -> str:
+def owner_of_fixture(fixturedef: Any) -> str:
     return f"fixture {fixturedef.baseid}::{fixturedef.argname}"
 
 
@@ -112,12 +112,12 @@ class PureMarker:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef: Any) -> Generator[None, Any, Any]:
-        with environment(OWNER, fixture_owner(fixturedef)):
+        with environment(OWNER, owner_of_fixture(fixturedef)):
             return (yield)
 
     def guarded_phase(self, item: pytest.Item) -> Generator[None, Any, Any]:
         """One phase of ``item`` run as its owner; a pure one may load nothing."""
-        with environment(OWNER, test_owner(item)), environment(PURE, "1" if is_pure(item) else None):
+        with environment(OWNER, owner_of_test(item)), environment(PURE, "1" if is_pure(item) else None):
             result = yield
         if self.pure_but_used_a_model(item):
             raise PureTestLoadedAModel(f"{item.nodeid} is marked pure, but it or one of its fixtures loaded a model")
