@@ -57,7 +57,7 @@ Workload = Callable[[BenchSettings, Callable[[], None]], Any]
 # The smoke run (``--quick`` without ``--only``: docs/performance.md, "Quick, default and full runs"):
 # a few workloads, one per part of the system, whose goals are ratios against a baseline measured
 # in the same run; the rest run in the default and full runs (and at their quick sizes with --only).
-QUICK = ("uniform", "single", "multiturn", "structured", "scoring")
+QUICK = ("uniform", "single", "multiturn", "structured")
 
 
 def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
