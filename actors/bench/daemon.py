@@ -2,7 +2,7 @@
 
 The in-process leg runs the same load through ``LLM.stream_chat`` from N threads, in the same
 run but not at the same time (both would share the same two cores). Also records the idle CPU
-of the started daemon (``results["daemon_idle"]``).
+of the started daemon (``results["daemon_idle"]``). ``report_lines`` renders its table in the report.
 """
 
 from __future__ import annotations
@@ -102,3 +102,16 @@ def bench_daemon(s: BenchSettings, tick: Callable[[], None]) -> list[dict[str, A
                          "daemon_vs_in_process": remote["tokens_per_s"] / local["tokens_per_s"]})
             tick()
     return rows
+
+
+def report_lines(results: dict[str, Any]) -> list[str]:
+    """The report's table: per concurrency, in-process vs daemon tok/s and TTFT."""
+    if "daemon" not in results:
+        return []
+    lines = ["Streamed chat completions, N threads: in-process `stream_chat` vs the daemon over loopback HTTP.", "",
+             "| concurrency | in-process tok/s | daemon tok/s | daemon / in-process | TTFT p50 in-process / daemon ms |",
+             "|---:|---:|---:|---:|---|"]
+    for r in results["daemon"]:
+        lines.append(f"| {r['concurrency']} | {r['in_process_tok_s']:.1f} | {r['daemon_tok_s']:.1f} | "
+                     f"{r['daemon_vs_in_process']:.3f} | {r['in_process_ttft_p50_ms']:.0f} / {r['daemon_ttft_p50_ms']:.0f} |")
+    return lines + [""]

@@ -1,4 +1,4 @@
-"""The *embeddings* leg of ``llamactor bench`` (seed 004).
+"""The *embeddings* leg of ``llamactor bench``.
 
 512 short texts (8-64 words) embedded by 16 concurrent callers, one text per call, so the
 batcher packs inputs of different callers into each step; the yardstick is the same texts one
@@ -56,3 +56,18 @@ def bench_embeddings(s: BenchSettings, tick: Callable[[], None]) -> dict[str, An
     out["throughput_ratio"] = out["llamactor"]["inputs_per_s"] / out["one_at_a_time"]["inputs_per_s"]
     out["generation_ratio"] = loaded / alone
     return out
+
+
+def report_lines(results: dict[str, Any]) -> list[str]:
+    """The report's line: packed vs one-at-a-time embeddings, and generation beside an embedding load."""
+    if not (em := results.get("embeddings")):
+        return []
+    ours, theirs, gen = em["llamactor"], em["one_at_a_time"], em["generation"]
+    return [f"Embeddings: {em['texts']} texts of 8-64 words, from {em['callers']} concurrent callers one text per "
+            f"call: {ours['inputs_per_s']:.1f} inputs/s, {ours['tokens_per_s']:.0f} tokens/s "
+            f"({ours['steps']} steps of {ours['ms_per_step']:.0f} ms, {ours['inputs_per_step']:.1f} inputs and "
+            f"{ours['packing_efficiency']:.0%} of n_batch per step) vs {theirs['inputs_per_s']:.1f} inputs/s, "
+            f"{theirs['tokens_per_s']:.0f} tokens/s one at a time through Llama.embed "
+            f"({em['throughput_ratio']:.2f}×). Generation of 16 × 64 tokens: {gen['alone_tokens_per_s']:.1f} "
+            f"tok/s alone, {gen['under_load_tokens_per_s']:.1f} tok/s while 16 callers keep embedding "
+            f"({em['generation_ratio']:.2f}×; {gen['texts_embedded_meanwhile']} texts embedded meanwhile).", ""]

@@ -6,6 +6,7 @@ prompt vs the same prompt inlined), *arrivals* (Poisson arrivals, mixed prompt a
 lengths), *single* (one request alone, then the idle CPU use of the started tree) and *sampled*
 (16 streams drawn with the default filters -- temperature 0.8, top-k 40, top-p 0.95, min-p 0.05 --
 and with 5 alternatives' logprobs, against the same streams greedy: what the sampler costs).
+``report_lines`` renders their section of the report (*sampled* has only its goals).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import llamactor
 from llamactor.bench import baselines
-from llamactor.bench.measure import llamactor_burst, median_runs, percentile
+from llamactor.bench.measure import llamactor_burst, median_runs, percentile, step_ms_cell
 from llamactor.bench.prompts import ANIMALS, WORDS, uniform_prompts
 from llamactor.bench.settings import BenchSettings
 
@@ -159,3 +160,40 @@ def _idle_cpu(llm: llamactor.LLM, seconds: float = 2.0) -> float:
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return 100 * cpu / (time.perf_counter() - t0)
+
+
+def report_lines(results: dict[str, Any]) -> list[str]:
+    """The report's section: the uniform table, then one paragraph of shared prompt, arrivals, single."""
+    return _uniform_lines(results.get("uniform")) + _paragraph_lines(results)
+
+
+def _uniform_lines(rows: list[dict[str, Any]] | None) -> list[str]:
+    if rows is None:
+        return []
+    lines = ["| concurrency | sequential tok/s | ceiling tok/s | llamactor tok/s | vs ceiling | vs sequential "
+             "| step ms: decode / sample / other |", "|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['concurrency']} | {r['sequential_tok_s']:.1f} | {r['ceiling_tok_s']:.1f} | "
+                     f"{r['llamactor_tok_s']:.1f} | {r['vs_ceiling']:.3f} | {r['vs_sequential']:.2f} | "
+                     f"{step_ms_cell(r['step_ms'])} |")
+    return lines + [""]
+
+
+def _paragraph_lines(results: dict[str, Any]) -> list[str]:
+    lines = []
+    if sp := results.get("shared_prefix"):
+        lines.append(f"Shared system prompt ({sp['system_prompt_tokens']} tokens), {sp['concurrency']} concurrent: "
+                     f"TTFT p50 {sp['shared']['ttft_p50_ms']:.0f} ms shared vs {sp['inlined']['ttft_p50_ms']:.0f} ms "
+                     f"inlined ({sp['ttft_p50_ratio']:.2f}×); throughput {sp['shared']['tokens_per_s']:.1f} vs "
+                     f"{sp['inlined']['tokens_per_s']:.1f} tok/s ({sp['throughput_ratio']:.2f}×), both without the "
+                     f"prefix cache; inlined with the prefix cache: TTFT p50 {sp['cached']['ttft_p50_ms']:.0f} ms, "
+                     f"{sp['cached']['tokens_per_s']:.1f} tok/s.")
+    if ar := results.get("arrivals"):
+        lines.append(f"Arrivals ({ar['requests']} requests, Poisson {ar['rate_per_s']:g}/s, prompts 16–512 words, "
+                     f"16–256 new tokens): {ar['tokens_per_s']:.1f} tok/s, TTFT p50/p99 {ar['ttft_p50_ms']:.0f}/"
+                     f"{ar['ttft_p99_ms']:.0f} ms, latency p50/p99 {ar['latency_p50_ms']:.0f}/{ar['latency_p99_ms']:.0f} ms.")
+    if si := results.get("single"):
+        lines.append(f"Single request: TTFT {si['llamactor_ttft_ms']:.1f} ms vs {si['sequential_ttft_ms']:.1f} ms "
+                     f"sequential; {si['llamactor_tok_s']:.1f} vs {si['sequential_tok_s']:.1f} tok/s. "
+                     f"Idle CPU {si['idle_cpu_percent']:.2f}%.")
+    return lines + [""] if lines else []

@@ -17,7 +17,7 @@ postprocess (accepting tokens: detokenizing, stop strings, replies, finishing) -
 
 Every figure is a per-step mean over one burst (its prefill steps included), the median of the
 repeats; each size runs on a tree of its own, without cache tiers (a tier's copies of evicted KV
-would land in the schedule time).
+would land in the schedule time). ``report_lines`` renders its table in the report.
 """
 
 from __future__ import annotations
@@ -105,3 +105,27 @@ def n_ticks() -> int:
 def bench_host(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
     return measure_host(s.model_path, max_tokens=s.max_tokens, repeats=min(s.repeats, 3), n_threads=s.n_threads,
                         n_ctx=s.n_ctx, n_gpu_layers=s.n_gpu_layers, tick=tick)
+
+
+def report_lines(results: dict[str, Any]) -> list[str]:
+    """The report's table: per size, sampler and leg, the host ms per step and its parts."""
+    if not (h := results.get("host")):
+        return []
+    lines = [f"Host work per step: N sequences at once, {h['max_tokens']} new tokens each, greedy and with "
+             "the default sampler chain, sampled inside llama.cpp's graph; the batcher's counters per step (host = "
+             "schedule + postprocess). *real*: "
+             "llama.cpp decodes; *null*: the real batcher replaying recorded logits "
+             f"({h['recorded_rows']} distinct rows), no decode, no KV. Beyond {h['max_real_sequences']} sequences "
+             "only the null leg runs: a llama.cpp context holds 256 sequence ids, halved by the shadow ids.", "",
+             "| sequences | sampler | leg | host ms | schedule | sample | mask + score | other postprocess "
+             "| decode ms | wall ms | tok/s |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    sizes = sorted({int(c[1:]) for leg in ("real", "null") for c in h[leg]})
+    for n in sizes:
+        for sampler in ("greedy", "default"):
+            for leg in ("real", "null"):
+                if (m := h[leg].get(f"c{n}", {}).get(sampler)) is not None:
+                    lines.append(f"| {n} | {sampler} | {leg} | {m['host_ms']:.2f} | {m['schedule_ms']:.2f} | "
+                                 f"{m['sample_ms']:.2f} | {m['mask_ms'] + m['score_ms']:.2f} | "
+                                 f"{m['post_other_ms']:.2f} | {m['decode_ms']:.2f} | {m['wall_ms']:.2f} | "
+                                 f"{m['tokens_per_s']:.0f} |")
+    return lines + [""]

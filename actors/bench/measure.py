@@ -1,4 +1,5 @@
-"""Measurement helpers the benchmark's workloads share: percentiles, interleaved medians, bursts.
+"""Measurement helpers the benchmark's workloads share: percentiles, interleaved medians, bursts,
+and the report's per-step cell.
 
 ``median_runs`` interleaves the legs it compares, so the drift of a shared machine's speed over
 minutes hits them alike; ``llamactor_burst`` is the standard load: N threads calling ``ask()`` at once.
@@ -63,3 +64,9 @@ def burst_beside_load(llm: llamactor.Client, max_tokens: int, load: Callable[[in
         finally:
             stop.set()
         return tokens_per_s, sum(f.result() for f in loaders)
+
+
+def step_ms_cell(ms: dict[str, float]) -> str:
+    """The report's "step ms: decode / sample / other" cell from the batcher's per-step counters
+    (*other*: scheduling and postprocessing beside the sampling)."""
+    return f"{ms['decode']:.1f} / {ms['sample']:.2f} / {ms['schedule'] + ms['postprocess'] - ms['sample']:.2f}"

@@ -4,8 +4,8 @@ Runs only when the path of a ``llama-server`` binary is given (``--peer-server``
 ``$LLAMACTOR_PEER_SERVER``; ``../shared/tools/build-llama-server.sh`` builds one from the llama.cpp
 that our llama-cpp-python vendors). Both servers get the same model, threads, parallel sequences
 and KV cells, one after the other; each user re-sends its whole plain-transcript history to
-``/v1/completions`` every turn, as in the prefix-cache issue's report (llama-server keeps each
-slot's last prompt in KV: ``cache_prompt``).
+``/v1/completions`` every turn (llama-server keeps each slot's last prompt in KV: ``cache_prompt``).
+``report_lines`` renders its line in the report.
 """
 
 from __future__ import annotations
@@ -67,3 +67,16 @@ def bench_peer(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
     out["wall_ratio"] = out["llamactor"]["wall_s"] / out["llama_server"]["wall_s"]
     out["ttft_later_p50_ratio"] = out["llamactor"]["ttft_later_p50_ms"] / out["llama_server"]["ttft_later_p50_ms"]
     return out
+
+
+def report_lines(results: dict[str, Any]) -> list[str]:
+    """The report's line: wall time and later-turn TTFT, llamactor vs llama-server."""
+    if not (p := results.get("peer")):
+        return []
+    ours, theirs = p["llamactor"], p["llama_server"]
+    return [f"Against llama.cpp's llama-server (same engine, {p['n_parallel']} parallel, unified KV): {p['users']} users "
+            f"× {p['turns']} turns over `/v1/completions`, plain transcripts, history re-sent, 32 tokens a turn. "
+            f"Wall {ours['wall_s']:.1f} s llamactor vs {theirs['wall_s']:.1f} s llama-server ({p['wall_ratio']:.2f}×); "
+            f"later-turn TTFT p50 {ours['ttft_later_p50_ms']:.0f} vs {theirs['ttft_later_p50_ms']:.0f} ms "
+            f"({p['ttft_later_p50_ratio']:.2f}×), p90 {ours['ttft_later_p90_ms']:.0f} vs "
+            f"{theirs['ttft_later_p90_ms']:.0f} ms.", ""]

@@ -3,7 +3,8 @@
 *multiturn*: U users, each with its own ~300-token persona, hold T-turn conversations through
 ``LLM.chat`` (the whole history re-sent every turn, 32 new tokens a turn, greedy), all users at
 once. *few-shot*: 16 requests sharing a ~1,000-token prefix of worked examples, distinct questions.
-Each runs on a tree with the prefix cache and one without, in the same run.
+Each runs on a tree with the prefix cache and one without, in the same run. ``report_lines``
+renders both in the report.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import llamactor
 from llamactor.bench.conversations import conversation
-from llamactor.bench.measure import percentile
+from llamactor.bench.measure import percentile, step_ms_cell
 from llamactor.bench.prompts import TOWNS, TRADES
 from llamactor.bench.settings import BenchSettings
 
@@ -43,10 +44,15 @@ def multiturn_run(llm: llamactor.LLM, n_users: int, n_turns: int, max_tokens: in
             "step_ms": {k: round((after["step_ms"][k] - before["step_ms"][k]) / steps, 3) for k in after["step_ms"]}}
 
 
+def multiturn_shapes(s: BenchSettings) -> list[tuple[int, int, int, int]]:
+    """(users, turns, sequences, n_ctx) of each row; the second (more users than sequences) only in
+    the default and full runs. Two progress ticks a row (cache on, off)."""
+    return [(4, 3, 4, 8192)] if s.quick else [(8, 6, 8, 8192), (32, 4, 8, 32768)]
+
+
 def bench_multiturn(s: BenchSettings, tick: Callable[[], None]) -> list[dict[str, Any]]:
-    shapes = [(4, 3, 4, 8192), (8, 2, 4, 8192)] if s.quick else [(8, 6, 8, 8192), (32, 4, 8, 32768)]
     rows = []
-    for n_users, n_turns, n_parallel, n_ctx in shapes:
+    for n_users, n_turns, n_parallel, n_ctx in multiturn_shapes(s):
         row: dict[str, Any] = {"users": n_users, "turns": n_turns, "n_parallel": n_parallel, "n_ctx": n_ctx}
         for cache in (True, False):
             with llamactor.start(s.model_path, n_parallel=n_parallel, n_ctx=n_ctx, n_threads=s.n_threads,
@@ -96,3 +102,38 @@ def bench_few_shot(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]
     out["ttft_p50_ratio"] = out["cache_on"]["ttft_p50_ms"] / out["cache_off"]["ttft_p50_ms"]
     out["wall_ratio"] = out["cache_on"]["wall_s"] / out["cache_off"]["wall_s"]
     return out
+
+
+def report_lines(results: dict[str, Any]) -> list[str]:
+    """The report's section: the multiturn table (cache on and off per shape), then the few-shot line."""
+    return _multiturn_lines(results.get("multiturn")) + _few_shot_lines(results.get("few_shot"))
+
+
+def _multiturn_lines(rows: list[dict[str, Any]] | None) -> list[str]:
+    if rows is None:
+        return []
+    lines = ["Multi-turn chat: U users at once, each its own ~300-token persona, the history re-sent every turn "
+             "through `LLM.chat`, 32 new tokens a turn, greedy; prefix cache on vs off.", "",
+             "| users × turns (sequences, n_ctx) | cache | wall s | TTFT p50/p90 turn 1 ms | TTFT p50/p90 later ms "
+             "| prompt tokens sent / computed / new | history from cache | step ms: decode / sample / other |",
+             "|---|---|---:|---|---|---|---:|---|"]
+    for r in rows:
+        for key in ("cache_on", "cache_off"):
+            m = r[key]
+            lines.append(f"| {r['users']} × {r['turns']} ({r['n_parallel']}, {r['n_ctx']}) | {key[6:]} | "
+                         f"{m['wall_s']:.1f} | {m['ttft_turn1_p50_ms']:.0f} / {m['ttft_turn1_p90_ms']:.0f} | "
+                         f"{m['ttft_later_p50_ms']:.0f} / {m['ttft_later_p90_ms']:.0f} | {m['prompt_tokens_sent']} / "
+                         f"{m['prompt_tokens_computed']} / {m['prompt_tokens_new']} | {m['history_from_cache']:.1%} | "
+                         f"{step_ms_cell(m['step_ms'])} |")
+    return lines + [""]
+
+
+def _few_shot_lines(fs: dict[str, Any] | None) -> list[str]:
+    if not fs:
+        return []
+    on, off = fs["cache_on"], fs["cache_off"]
+    return [f"Few-shot: {fs['requests']} requests at once sharing a {fs['shared_prefix_tokens']}-token prefix, distinct "
+            f"questions: TTFT p50 {on['ttft_p50_ms']:.0f} ms with the cache vs {off['ttft_p50_ms']:.0f} ms without "
+            f"({fs['ttft_p50_ratio']:.2f}×), wall {on['wall_s']:.1f} vs {off['wall_s']:.1f} s ({fs['wall_ratio']:.2f}×), "
+            f"prompt tokens computed {on['prompt_tokens_computed']} vs {off['prompt_tokens_computed']} "
+            f"(of {on['prompt_tokens_sent']} sent).", ""]

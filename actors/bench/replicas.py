@@ -5,7 +5,7 @@ tree of 16 sequences (2 threads): the same cores in total. On 2 cores the replic
 them, so this shows the router's cost, not a gain (a gain needs a replica per socket or GPU).
 *multiturn*: 9 users' conversations (history re-sent each turn) over 2 replicas under
 ``prefix_affinity`` vs ``shortest_queue``: the share of history tokens served from a replica's
-prefix cache, and the later turns' TTFT.
+prefix cache, and the later turns' TTFT. ``report_lines`` renders both in the report.
 """
 
 from __future__ import annotations
@@ -66,3 +66,19 @@ def bench_replicas(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]
     mt_out["ttft_later_p50_ratio"] = (mt_out["prefix_affinity"]["ttft_later_p50_ms"]
                                       / mt_out["shortest_queue"]["ttft_later_p50_ms"])
     return out
+
+
+def report_lines(results: dict[str, Any]) -> list[str]:
+    """The report's line: throughput on 2 replicas vs one tree, and the two routing policies' cache use."""
+    if not (rp := results.get("replicas")):
+        return []
+    t, mt = rp["throughput"], rp["multiturn"]
+    pa, sq = mt["prefix_affinity"], mt["shortest_queue"]
+    return [f"Replicas: 16 concurrent uniform requests on 2 replicas × 8 sequences (1 thread each) "
+            f"{t['two_replicas']['tokens_per_s']:.1f} tok/s vs one tree × 16 (2 threads) "
+            f"{t['one_tree']['tokens_per_s']:.1f} tok/s ({t['ratio']:.2f}×; TTFT p50 "
+            f"{t['two_replicas']['ttft_p50_ms']:.0f} vs {t['one_tree']['ttft_p50_ms']:.0f} ms). "
+            f"{mt['users']} users × {mt['turns']} turns on 2 replicas: prefix_affinity "
+            f"{pa['history_from_cache']:.0%} of history from cache, later-turn TTFT p50 "
+            f"{pa['ttft_later_p50_ms']:.0f} ms, wall {pa['wall_s']:.1f} s; shortest_queue "
+            f"{sq['history_from_cache']:.0%}, {sq['ttft_later_p50_ms']:.0f} ms, {sq['wall_s']:.1f} s.", ""]

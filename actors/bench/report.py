@@ -1,4 +1,10 @@
-"""Turning benchmark results into the table, the JSON file, the plot, and the targets' verdicts."""
+"""The frame of the benchmark's report: the header, the workloads' sections in order, the goals
+table, and the files (JSON, markdown, plot; optionally docs/performance.md's generated section).
+
+Each workload module renders its own section (its ``report_lines(results)``: nothing when its
+workloads did not run); this module orders them and owns the goals (``TARGETS``), each a ratio
+or count the workloads measured in the same run.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +12,39 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from llamactor.bench.report_host import host_lines, streams_lines
-from llamactor.bench.two_models import model_lines
+from llamactor.bench import (
+    daemon,
+    embeddings,
+    generation,
+    host,
+    peer,
+    prefix,
+    replicas,
+    scheduling,
+    streams,
+    structured,
+    tiers,
+    two_models,
+)
+
+Section = Callable[[dict[str, Any]], list[str]]
+
+# The report's order; workloads with only goals (sampled, batch, the memory legs...) have no section.
+SECTIONS: tuple[Section, ...] = (
+    generation.report_lines, daemon.report_lines, prefix.report_lines, tiers.report_lines, peer.report_lines,
+    scheduling.report_lines, structured.report_lines, embeddings.report_lines, replicas.report_lines,
+    host.report_lines, streams.report_lines, two_models.report_lines)
 
 # (name, how to read it from the results, comparison, target)
 TARGETS: list[tuple[str, str, str, float]] = [
     ("uniform c=16: llamactor / ceiling", "uniform[16].vs_ceiling", ">=", 0.93),
     ("uniform c=16: llamactor / sequential", "uniform[16].vs_sequential", ">=", 2.8),
     ("uniform c=8: llamactor / ceiling", "uniform[8].vs_ceiling", ">=", 0.93),
-    # issue 28 (--full runs): the raw batched decode at 64 sequences, measured in the same run
+    # --full runs only: the raw batched decode at 64 sequences, measured in the same run
     ("uniform c=64: llamactor / ceiling", "uniform[64].vs_ceiling", ">=", 0.95),
     ("host c=64, greedy: host ms per step (schedule + postprocess)", "host.real.c64.greedy.host_ms", "<=", 2.0),
     ("host c=64, default sampler chain: host ms per step", "host.real.c64.default.host_ms", "<=", 2.0),
@@ -31,7 +58,7 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("shared prompt c=16: throughput shared / inlined", "shared_prefix.throughput_ratio", ">=", 1.5),
     ("idle: CPU % of the started tree", "single.idle_cpu_percent", "<", 1.0),
     ("idle: CPU % of the daemon", "daemon_idle.cpu_percent", "<", 1.0),
-    # multiturn rows: 8 users x 6 turns, then 32 users on 8 sequences (quick runs: 4 x 3, 8 on 4)
+    # multiturn rows: 8 users x 6 turns, then 32 users on 8 sequences (quick runs: 4 x 3 on 4 only)
     ("multiturn 8×6: later-turn TTFT p50, cache / no cache", "multiturn[0].ttft_later_p50_ratio", "<=", 0.35),
     ("multiturn 8×6: wall time, cache / no cache", "multiturn[0].wall_ratio", "<=", 0.6),
     ("multiturn 8×6: prompt tokens computed / new tokens", "multiturn[0].computed_vs_new", "<=", 1.5),
@@ -70,7 +97,7 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("tenants: throughput, two backlogged tenants / one", "tenants.two_tenant_throughput_ratio", ">=", 0.97),
     ("tenants: service shares of backlogged tenants, largest error vs weights", "tenants.share_error", "<=", 0.10),
     ("adapters c=16: tok/s, half under a LoRA adapter / all on the base model", "adapters.mixed_ratio", ">=", 0.5),
-    # issue 30: what bit-exact numbers cost at 8 streams (each mode in its own process)
+    # what bit-exact numbers cost at 8 streams (each mode in its own process)
     ("batch-invariant c=8: uniform tok/s, invariant / default", "batch_invariant.uniform_ratio", ">=", 0.7),
     ("batch-invariant c=8: scoring requests/s, invariant / default", "batch_invariant.scoring_ratio", ">=", 0.7),
 ]
@@ -93,6 +120,7 @@ def lookup(results: dict[str, Any], path: str) -> float | None:
 
 
 def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every goal with its measured value and whether it is met (``None`` for both when not measured)."""
     out = []
     for name, path, op, target in TARGETS:
         value = lookup(results, path)
@@ -103,13 +131,13 @@ def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The report: header, the workloads' sections, the failed workloads, the measured goals' table."""
     lines = [f"Run {meta['timestamp']} on {meta['machine']}, model {meta['model']}, "
              f"{meta['settings']['n_threads']} threads, {meta['settings']['max_tokens']} new tokens per request "
-             f"({'quick' if meta['settings']['quick'] else 'full'} run).", ""]
+             f"({run_kind(meta['settings'])} run).", ""]
     failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
     ok = {k: v for k, v in results.items() if k not in failed}
-    for section in (_uniform, _others, _daemon, _multiturn, _few_shot, _tiers, _peer, _scheduling, host_lines,
-                    streams_lines, model_lines):
+    for section in SECTIONS:
         lines += section(ok)
     lines += [f"**{name} failed**: {error}" for name, error in failed.items()] + ([""] if failed else [])
     measured = [v for v in verdicts(results) if v["value"] is not None]  # not the workloads left out
@@ -120,167 +148,19 @@ def markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _uniform(results: dict[str, Any]) -> list[str]:
-    if "uniform" not in results:
-        return []
-    lines = ["| concurrency | sequential tok/s | ceiling tok/s | llamactor tok/s | vs ceiling | vs sequential "
-             "| step ms: decode / sample / other |", "|---:|---:|---:|---:|---:|---:|---|"]
-    for r in results["uniform"]:
-        lines.append(f"| {r['concurrency']} | {r['sequential_tok_s']:.1f} | {r['ceiling_tok_s']:.1f} | "
-                     f"{r['llamactor_tok_s']:.1f} | {r['vs_ceiling']:.3f} | {r['vs_sequential']:.2f} | "
-                     f"{_step_ms(r['step_ms'])} |")
-    return lines + [""]
+def run_kind(settings: dict[str, Any]) -> str:
+    """How thorough the run was: quick (the smoke run), full (up to 64 streams), or default."""
+    return "quick" if settings["quick"] else "full" if settings.get("full") else "default"
 
 
-def _step_ms(ms: dict[str, float]) -> str:
-    return f"{ms['decode']:.1f} / {ms['sample']:.2f} / {ms['schedule'] + ms['postprocess'] - ms['sample']:.2f}"
-
-
-def _others(results: dict[str, Any]) -> list[str]:
-    lines = []
-    if sp := results.get("shared_prefix"):
-        lines.append(f"Shared system prompt ({sp['system_prompt_tokens']} tokens), {sp['concurrency']} concurrent: "
-                     f"TTFT p50 {sp['shared']['ttft_p50_ms']:.0f} ms shared vs {sp['inlined']['ttft_p50_ms']:.0f} ms "
-                     f"inlined ({sp['ttft_p50_ratio']:.2f}×); throughput {sp['shared']['tokens_per_s']:.1f} vs "
-                     f"{sp['inlined']['tokens_per_s']:.1f} tok/s ({sp['throughput_ratio']:.2f}×), both without the "
-                     f"prefix cache; inlined with the prefix cache: TTFT p50 {sp['cached']['ttft_p50_ms']:.0f} ms, "
-                     f"{sp['cached']['tokens_per_s']:.1f} tok/s.")
-    if ar := results.get("arrivals"):
-        lines.append(f"Arrivals ({ar['requests']} requests, Poisson {ar['rate_per_s']:g}/s, prompts 16–512 words, "
-                     f"16–256 new tokens): {ar['tokens_per_s']:.1f} tok/s, TTFT p50/p99 {ar['ttft_p50_ms']:.0f}/"
-                     f"{ar['ttft_p99_ms']:.0f} ms, latency p50/p99 {ar['latency_p50_ms']:.0f}/{ar['latency_p99_ms']:.0f} ms.")
-    if si := results.get("single"):
-        lines.append(f"Single request: TTFT {si['llamactor_ttft_ms']:.1f} ms vs {si['sequential_ttft_ms']:.1f} ms "
-                     f"sequential; {si['llamactor_tok_s']:.1f} vs {si['sequential_tok_s']:.1f} tok/s. "
-                     f"Idle CPU {si['idle_cpu_percent']:.2f}%.")
-    return lines + [""] if lines else []
-
-
-def _daemon(results: dict[str, Any]) -> list[str]:
-    if "daemon" not in results:
-        return []
-    lines = ["Streamed chat completions, N threads: in-process `stream_chat` vs the daemon over loopback HTTP.", "",
-             "| concurrency | in-process tok/s | daemon tok/s | daemon / in-process | TTFT p50 in-process / daemon ms |",
-             "|---:|---:|---:|---:|---|"]
-    for r in results["daemon"]:
-        lines.append(f"| {r['concurrency']} | {r['in_process_tok_s']:.1f} | {r['daemon_tok_s']:.1f} | "
-                     f"{r['daemon_vs_in_process']:.3f} | {r['in_process_ttft_p50_ms']:.0f} / {r['daemon_ttft_p50_ms']:.0f} |")
-    return lines + [""]
-
-
-def _multiturn(results: dict[str, Any]) -> list[str]:
-    if "multiturn" not in results:
-        return []
-    lines = ["Multi-turn chat: U users at once, each its own ~300-token persona, the history re-sent every turn "
-             "through `LLM.chat`, 32 new tokens a turn, greedy; prefix cache on vs off.", "",
-             "| users × turns (sequences, n_ctx) | cache | wall s | TTFT p50/p90 turn 1 ms | TTFT p50/p90 later ms "
-             "| prompt tokens sent / computed / new | history from cache | step ms: decode / sample / other |",
-             "|---|---|---:|---|---|---|---:|---|"]
-    for r in results["multiturn"]:
-        for key in ("cache_on", "cache_off"):
-            m = r[key]
-            lines.append(f"| {r['users']} × {r['turns']} ({r['n_parallel']}, {r['n_ctx']}) | {key[6:]} | "
-                         f"{m['wall_s']:.1f} | {m['ttft_turn1_p50_ms']:.0f} / {m['ttft_turn1_p90_ms']:.0f} | "
-                         f"{m['ttft_later_p50_ms']:.0f} / {m['ttft_later_p90_ms']:.0f} | {m['prompt_tokens_sent']} / "
-                         f"{m['prompt_tokens_computed']} / {m['prompt_tokens_new']} | {m['history_from_cache']:.1%} | "
-                         f"{_step_ms(m['step_ms'])} |")
-    return lines + [""]
-
-
-def _few_shot(results: dict[str, Any]) -> list[str]:
-    if not (fs := results.get("few_shot")):
-        return []
-    on, off = fs["cache_on"], fs["cache_off"]
-    return [f"Few-shot: {fs['requests']} requests at once sharing a {fs['shared_prefix_tokens']}-token prefix, distinct "
-            f"questions: TTFT p50 {on['ttft_p50_ms']:.0f} ms with the cache vs {off['ttft_p50_ms']:.0f} ms without "
-            f"({fs['ttft_p50_ratio']:.2f}×), wall {on['wall_s']:.1f} vs {off['wall_s']:.1f} s ({fs['wall_ratio']:.2f}×), "
-            f"prompt tokens computed {on['prompt_tokens_computed']} vs {off['prompt_tokens_computed']} "
-            f"(of {on['prompt_tokens_sent']} sent).", ""]
-
-
-def _tiers(results: dict[str, Any]) -> list[str]:
-    lines = []
-    if mu := results.get("many_users"):
-        on, off = mu["ram_on"], mu["ram_off"]
-        lines += [f"Many users: {mu['users']} users × {mu['turns']} turns on {mu['n_parallel']} sequences, n_ctx "
-                  f"{mu['n_ctx']}, history re-sent: history tokens from cache {on['history_from_cache']:.1%} with the "
-                  f"host-RAM tier vs {off['history_from_cache']:.1%} without; later-turn TTFT p50 "
-                  f"{on['ttft_later_p50_ms']:.0f} vs {off['ttft_later_p50_ms']:.0f} ms ({mu['ttft_later_p50_ratio']:.2f}×), "
-                  f"wall {on['wall_s']:.1f} vs {off['wall_s']:.1f} s; {on['tier']['restored']} restores of "
-                  f"{on['tier']['restored_tokens']} tokens ({on['tier']['restore_ms']:.0f} ms), {on['tier']['saved']} "
-                  f"saves ({on['tier']['save_ms']:.0f} ms).", ""]
-    if wr := results.get("warm_restart"):
-        lines += [f"Warm restart: {wr['users']} users' next turn at once after the daemon was stopped (SIGTERM) and "
-                  f"started on its --cache-dir: TTFT p50 {wr['warm_ttft_p50_ms']:.0f} ms vs {wr['cold_ttft_p50_ms']:.0f} "
-                  f"ms on a cold daemon ({wr['ttft_p50_ratio']:.2f}×), p90 {wr['warm_ttft_p90_ms']:.0f} vs "
-                  f"{wr['cold_ttft_p90_ms']:.0f} ms.", ""]
-    return lines
-
-
-def _peer(results: dict[str, Any]) -> list[str]:
-    if not (p := results.get("peer")):
-        return []
-    ours, theirs = p["llamactor"], p["llama_server"]
-    return [f"Against llama.cpp's llama-server (same engine, {p['n_parallel']} parallel, unified KV): {p['users']} users "
-            f"× {p['turns']} turns over `/v1/completions`, plain transcripts, history re-sent, 32 tokens a turn. "
-            f"Wall {ours['wall_s']:.1f} s llamactor vs {theirs['wall_s']:.1f} s llama-server ({p['wall_ratio']:.2f}×); "
-            f"later-turn TTFT p50 {ours['ttft_later_p50_ms']:.0f} vs {theirs['ttft_later_p50_ms']:.0f} ms "
-            f"({p['ttft_later_p50_ratio']:.2f}×), p90 {ours['ttft_later_p90_ms']:.0f} vs "
-            f"{theirs['ttft_later_p90_ms']:.0f} ms.", ""]
-
-
-def _scheduling(results: dict[str, Any]) -> list[str]:
-    lines = []
-    if pr := results.get("priorities"):
-        lines += [f"Priorities: {pr['requests']} Poisson arrivals at {pr['rate_per_s']:g}/s (20% high, 80% low), "
-                  f"{pr['max_tokens']} tokens each, {pr['n_parallel']} sequences (a queue builds).", "",
-                  "| policy | high TTFT p50 / p99 ms | low TTFT p50 / p99 ms | tok/s | step ms: decode / sample / other |",
-                  "|---|---|---|---:|---|"]
-        for policy in ("fcfs", "priority"):
-            m = pr[policy]
-            lines.append(f"| {policy} | {m['high']['ttft_p50_ms']:.0f} / {m['high']['ttft_p99_ms']:.0f} | "
-                         f"{m['low']['ttft_p50_ms']:.0f} / {m['low']['ttft_p99_ms']:.0f} | {m['tokens_per_s']:.1f} | "
-                         f"{_step_ms(m['step_ms'])} |")
-        lines.append("")
-    if oc := results.get("overcommit"):
-        t, r = oc["tight"], oc["roomy"]
-        lines += [f"Overcommit: {oc['requests']} sequences × {oc['max_tokens']} tokens at once in {t['n_ctx']} KV cells "
-                  f"(they need ~{oc['requests'] * (oc['max_tokens'] + 15)} at full length): {t['failed']} failed, "
-                  f"{t['preemptions']} preemptions, {t['tokens_recomputed']} tokens recomputed, {t['tokens_per_s']:.1f} "
-                  f"tok/s vs {r['tokens_per_s']:.1f} tok/s in {r['n_ctx']} cells ({oc['throughput_ratio']:.2f}×).", ""]
-    if st := results.get("structured"):
-        c, u, ms = st["constrained"], st["unconstrained"], st["step_ms"]
-        lines += [f"Structured: {st['requests']} concurrent requests constrained by a JSON Schema ({st['rounds']} "
-                  f"rounds, {st['tokens']} tokens) vs the same token counts unconstrained: {c['tokens_per_s']:.1f} vs "
-                  f"{u['tokens_per_s']:.1f} tok/s ({st['throughput_ratio']:.2f}×), "
-                  f"{st['valid_fraction']:.0%} of the constrained outputs valid; {st['rows_masked']:.0%} of the constrained "
-                  f"draws needed the full mask. Per step (both runs): decode {ms['decode']:.1f} ms, masks "
-                  f"{ms['mask']:.2f} ms, sampling {ms['sample']:.2f} ms.", ""]
-    if em := results.get("embeddings"):
-        ours, theirs, gen = em["llamactor"], em["one_at_a_time"], em["generation"]
-        lines += [f"Embeddings: {em['texts']} texts of 8-64 words, from {em['callers']} concurrent callers one text per "
-                  f"call: {ours['inputs_per_s']:.1f} inputs/s, {ours['tokens_per_s']:.0f} tokens/s "
-                  f"({ours['steps']} steps of {ours['ms_per_step']:.0f} ms, {ours['inputs_per_step']:.1f} inputs and "
-                  f"{ours['packing_efficiency']:.0%} of n_batch per step) vs {theirs['inputs_per_s']:.1f} inputs/s, "
-                  f"{theirs['tokens_per_s']:.0f} tokens/s one at a time through Llama.embed "
-                  f"({em['throughput_ratio']:.2f}×). Generation of 16 × 64 tokens: {gen['alone_tokens_per_s']:.1f} "
-                  f"tok/s alone, {gen['under_load_tokens_per_s']:.1f} tok/s while 16 callers keep embedding "
-                  f"({em['generation_ratio']:.2f}×; {gen['texts_embedded_meanwhile']} texts embedded meanwhile).", ""]
-    if rp := results.get("replicas"):
-        t, mt = rp["throughput"], rp["multiturn"]
-        pa, sq = mt["prefix_affinity"], mt["shortest_queue"]
-        lines += [f"Replicas: 16 concurrent uniform requests on 2 replicas × 8 sequences (1 thread each) "
-                  f"{t['two_replicas']['tokens_per_s']:.1f} tok/s vs one tree × 16 (2 threads) "
-                  f"{t['one_tree']['tokens_per_s']:.1f} tok/s ({t['ratio']:.2f}×; TTFT p50 "
-                  f"{t['two_replicas']['ttft_p50_ms']:.0f} vs {t['one_tree']['ttft_p50_ms']:.0f} ms). "
-                  f"{mt['users']} users × {mt['turns']} turns on 2 replicas: prefix_affinity "
-                  f"{pa['history_from_cache']:.0%} of history from cache, later-turn TTFT p50 "
-                  f"{pa['ttft_later_p50_ms']:.0f} ms, wall {pa['wall_s']:.1f} s; shortest_queue "
-                  f"{sq['history_from_cache']:.0%}, {sq['ttft_later_p50_ms']:.0f} ms, {sq['wall_s']:.1f} s.", ""]
-    return lines
+def seconds_line(seconds: dict[str, float]) -> str:
+    """Each workload's wall seconds and their sum, one line for the console."""
+    return "seconds: " + ", ".join(f"{name} {s:.1f}" for name, s in seconds.items()) + f"; total {sum(seconds.values()):.1f}"
 
 
 def plot(results: dict[str, Any], path: Path) -> bool:
+    """The uniform workload's tok/s against concurrency and the arrivals' latencies, as a PNG (False:
+    those workloads did not run, or matplotlib is missing)."""
     if not isinstance(results.get("uniform"), list) or "tokens_per_s" not in results.get("arrivals", {}):
         return False
     try:

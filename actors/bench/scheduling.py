@@ -4,7 +4,7 @@
 them, so a queue builds; the same arrivals run under ``fcfs`` and under ``priority`` in the same
 run, and each class's TTFT is reported. *overcommit*: more sequences at once than the KV cache
 holds at full length, so sequences are preempted and resumed; the same requests on a roomy cache
-are the baseline.
+are the baseline. ``report_lines`` renders both in the report.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import llamactor
-from llamactor.bench.measure import percentile
+from llamactor.bench.measure import percentile, step_ms_cell
 from llamactor.bench.prompts import ANIMALS, uniform_prompts
 from llamactor.bench.settings import BenchSettings
 
@@ -91,3 +91,33 @@ def bench_overcommit(s: BenchSettings, tick: Callable[[], None]) -> dict[str, An
         tick()
     out["throughput_ratio"] = out["tight"]["tokens_per_s"] / out["roomy"]["tokens_per_s"]
     return out
+
+
+def report_lines(results: dict[str, Any]) -> list[str]:
+    """The report's section: the priorities table (fcfs and priority), then the overcommit line."""
+    return _priorities_lines(results.get("priorities")) + _overcommit_lines(results.get("overcommit"))
+
+
+def _priorities_lines(pr: dict[str, Any] | None) -> list[str]:
+    if not pr:
+        return []
+    lines = [f"Priorities: {pr['requests']} Poisson arrivals at {pr['rate_per_s']:g}/s (20% high, 80% low), "
+             f"{pr['max_tokens']} tokens each, {pr['n_parallel']} sequences (a queue builds).", "",
+             "| policy | high TTFT p50 / p99 ms | low TTFT p50 / p99 ms | tok/s | step ms: decode / sample / other |",
+             "|---|---|---|---:|---|"]
+    for policy in ("fcfs", "priority"):
+        m = pr[policy]
+        lines.append(f"| {policy} | {m['high']['ttft_p50_ms']:.0f} / {m['high']['ttft_p99_ms']:.0f} | "
+                     f"{m['low']['ttft_p50_ms']:.0f} / {m['low']['ttft_p99_ms']:.0f} | {m['tokens_per_s']:.1f} | "
+                     f"{step_ms_cell(m['step_ms'])} |")
+    return lines + [""]
+
+
+def _overcommit_lines(oc: dict[str, Any] | None) -> list[str]:
+    if not oc:
+        return []
+    t, r = oc["tight"], oc["roomy"]
+    return [f"Overcommit: {oc['requests']} sequences × {oc['max_tokens']} tokens at once in {t['n_ctx']} KV cells "
+            f"(they need ~{oc['requests'] * (oc['max_tokens'] + 15)} at full length): {t['failed']} failed, "
+            f"{t['preemptions']} preemptions, {t['tokens_recomputed']} tokens recomputed, {t['tokens_per_s']:.1f} "
+            f"tok/s vs {r['tokens_per_s']:.1f} tok/s in {r['n_ctx']} cells ({oc['throughput_ratio']:.2f}×).", ""]

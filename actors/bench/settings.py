@@ -1,8 +1,10 @@
 """The settings of one ``llamactor bench`` run, shared by the runner and every workload.
 
 ``BenchSettings`` says which model, how many threads and GPU layers, and how thorough a run is
-(``quick``, ``full``), derives the concurrencies, new tokens and repeats from that, and carries the results
-dict that workloads may add side results to (the daemon's idle CPU).
+(``quick``: the smoke run's sizes; ``full``: the default run and concurrencies 32 and 64; neither:
+the default run), derives the concurrencies, new tokens and repeats from that, and carries the
+results dict that workloads may add side results to (the daemon's idle CPU) and each workload's
+wall seconds.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class BenchSettings:
     peer_server: str | None = None  # a llama-server binary: adds the "peer" and "streams" workloads
     n_gpu_layers: int = 0  # layers offloaded to a GPU (the CLI's default: Config's), for both servers alike
     results: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # each workload's wall time, by results key
 
     @property
     def concurrencies(self) -> list[int]:

@@ -13,6 +13,7 @@ and p50 request latency; and llamactor / llama-server-with-``-bs`` throughput.
 
 The client is cheap enough for thousands of tokens/s: one ``httpx.Client`` (a connection per
 caller, kept alive) shared by N threads, one JSON body per request, no per-token events.
+``report_lines`` renders its table in the report.
 """
 
 from __future__ import annotations
@@ -118,3 +119,21 @@ def bench_streams(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
     out["vs_bs"] = ratios(out)
     out["min_ratio_vs_bs"] = min(r for by_n in out["vs_bs"].values() for r in by_n.values())
     return out
+
+
+def report_lines(results: dict[str, Any]) -> list[str]:
+    """The report's table: per N and sampler, each server's tok/s (p50 latency) and llamactor / ``-bs``."""
+    if not (st := results.get("streams")):
+        return []
+    lines = [f"Streams: N callers, each {st['rounds']} non-streamed `/v1/completions` of ~{st['prompt_words']} prompt "
+             f"tokens and {st['max_tokens']} new (EOG ignored), against `llamactor serve` ({st['n_parallel']} "
+             f"sequences) and llama-server `-np {st['n_parallel']} -kvu`, without and with `-bs`; n_ctx {st['n_ctx']}, "
+             f"{st['n_gpu_layers']} GPU layers. Aggregate tok/s (p50 latency ms).", "",
+             "| N | sampler | llamactor | llama-server | llama-server -bs | llamactor / -bs |",
+             "|---:|---|---:|---:|---:|---:|"]
+    for sampler, by_n in st["vs_bs"].items():
+        for n, ratio in by_n.items():
+            cells = [f"{st[name][sampler][n]['tokens_per_s']:.0f} ({st[name][sampler][n]['latency_p50_ms']:.0f})"
+                     for name in ("llamactor", "llama_server", "llama_server_bs")]
+            lines.append(f"| {n} | {sampler} | {' | '.join(cells)} | {ratio:.3f} |")
+    return lines + [""]

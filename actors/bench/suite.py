@@ -1,7 +1,7 @@
-"""``llamactor bench``: the registry of workloads and the runner, the one module that imports them.
+"""``llamactor bench``: the registry of workloads and the runner (``report`` imports their sections).
 
 Everything runs in one process, one after the other, on the same model and thread count, so the
-ratios compare like with like. Workloads (seed issue 4), by their results key: *uniform*,
+ratios compare like with like. Workloads, by their results key: *uniform*,
 *shared_prefix*, *arrivals* and *single* (``generation``: against the sequential baseline and the
 batched-decode ceiling, and the idle CPU use of a started tree), the daemon (``daemon``), the
 prefix cache's *multiturn* and *few_shot* (``prefix``), the scheduler's *priorities* and
@@ -17,11 +17,13 @@ vs the default, each in its own process (``batch_invariant``), and with a llama-
 binary the *peer* leg (``peer``) and N concurrent callers against it with and without backend
 sampling (``streams``). The shared pieces live beside them: ``settings``
 (``BenchSettings``, re-exported here for the CLI), ``measure``, ``prompts``, ``conversations``,
-``servers``, ``baselines``, ``replay``; ``report`` (with ``report_host``) turns the results into the table.
+``servers``, ``baselines``, ``replay``; ``report`` turns the results into the report, each workload
+module rendering its own section.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,9 +50,14 @@ from llamactor.bench import (
 )
 from llamactor.bench.settings import BenchSettings
 
-__all__ = ["BenchSettings", "Workload", "failures", "n_ticks", "run", "workloads"]
+__all__ = ["QUICK", "BenchSettings", "Workload", "failures", "n_ticks", "run", "selected", "workloads"]
 
 Workload = Callable[[BenchSettings, Callable[[], None]], Any]
+
+# The smoke run (``--quick`` without ``--only``: docs/performance.md, "Quick, default and full runs"):
+# a few workloads, one per part of the system, whose goals are ratios against a baseline measured
+# in the same run; the rest run in the default and full runs (and at their quick sizes with --only).
+QUICK = ("uniform", "single", "multiturn", "structured")
 
 
 def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
@@ -61,7 +68,7 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "arrivals": (1, generation.bench_arrivals), "single": (1, generation.bench_single),
         "sampled": (1, generation.bench_sampled),
         "daemon": (len(daemon.daemon_concurrencies(s)), daemon.bench_daemon),  # also fills results["daemon_idle"]
-        "multiturn": (4, prefix.bench_multiturn), "few_shot": (2, prefix.bench_few_shot),
+        "multiturn": (2 * len(prefix.multiturn_shapes(s)), prefix.bench_multiturn), "few_shot": (2, prefix.bench_few_shot),
         "priorities": (2, scheduling.bench_priorities), "overcommit": (2, scheduling.bench_overcommit),
         "structured": (1, structured.bench_structured), "embeddings": (3, embeddings.bench_embeddings),
         "replicas": (3, replicas.bench_replicas), "scoring": (3, scoring.bench_scoring),
@@ -79,20 +86,33 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
     return found
 
 
+def selected(s: BenchSettings, only: list[str] | None = None) -> list[str]:
+    """The workloads a run measures, in the registry's order: those named in ``only``, else the
+    smoke set in a quick run, else every one."""
+    names = only if only is not None else (QUICK if s.quick else None)
+    return [name for name in workloads(s) if names is None or name in names]
+
+
 def run(s: BenchSettings, tick: Callable[[], None], only: list[str] | None = None) -> dict[str, Any]:
-    """Run the workloads; one that fails is recorded as ``{"error": ...}`` and the others go on."""
-    for name, (_, workload) in workloads(s).items():
-        if only is None or name in only:
-            try:
-                s.results[name] = workload(s, tick)
-            except Exception as e:  # noqa: BLE001 - reported in the results, and by the exit code
-                s.results[name] = {"error": f"{type(e).__name__}: {e}"}
+    """Run the selected workloads, timing each (``s.seconds``); one that fails is recorded as
+    ``{"error": ...}`` and the others go on."""
+    registry = workloads(s)
+    for name in selected(s, only):
+        start = time.perf_counter()
+        try:
+            s.results[name] = registry[name][1](s, tick)
+        except Exception as e:  # noqa: BLE001 - reported in the results, and by the exit code
+            s.results[name] = {"error": f"{type(e).__name__}: {e}"}
+        s.seconds[name] = round(time.perf_counter() - start, 1)
     return s.results
 
 
 def failures(results: dict[str, Any]) -> dict[str, str]:
+    """The failed workloads' errors, by name."""
     return {name: r["error"] for name, r in results.items() if isinstance(r, dict) and "error" in r}
 
 
 def n_ticks(s: BenchSettings, only: list[str] | None = None) -> int:
-    return sum(n for name, (n, _) in workloads(s).items() if only is None or name in only)
+    """The progress ticks of the selected workloads."""
+    registry = workloads(s)
+    return sum(registry[name][0] for name in selected(s, only))

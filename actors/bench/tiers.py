@@ -5,7 +5,7 @@
 turns): the host-RAM tier on vs off, in the same run. *warm_restart*: 8 users' first turns on a
 daemon with ``--cache-dir``, the daemon stopped with SIGTERM and started again on the same
 directory, then every user's next turn at once (streamed, TTFT to the first piece) against the
-same turns on a cold daemon.
+same turns on a cold daemon. ``report_lines`` renders both in the report.
 """
 
 from __future__ import annotations
@@ -92,3 +92,23 @@ def bench_warm_restart(s: BenchSettings, tick: Callable[[], None]) -> dict[str, 
                warm_ttft_p90_ms=percentile(warm, 90), cold_ttft_p90_ms=percentile(cold, 90))
     out["ttft_p50_ratio"] = out["warm_ttft_p50_ms"] / out["cold_ttft_p50_ms"]
     return out
+
+
+def report_lines(results: dict[str, Any]) -> list[str]:
+    """The report's section: one line for many_users, one for warm_restart."""
+    lines = []
+    if mu := results.get("many_users"):
+        on, off = mu["ram_on"], mu["ram_off"]
+        lines += [f"Many users: {mu['users']} users × {mu['turns']} turns on {mu['n_parallel']} sequences, n_ctx "
+                  f"{mu['n_ctx']}, history re-sent: history tokens from cache {on['history_from_cache']:.1%} with the "
+                  f"host-RAM tier vs {off['history_from_cache']:.1%} without; later-turn TTFT p50 "
+                  f"{on['ttft_later_p50_ms']:.0f} vs {off['ttft_later_p50_ms']:.0f} ms ({mu['ttft_later_p50_ratio']:.2f}×), "
+                  f"wall {on['wall_s']:.1f} vs {off['wall_s']:.1f} s; {on['tier']['restored']} restores of "
+                  f"{on['tier']['restored_tokens']} tokens ({on['tier']['restore_ms']:.0f} ms), {on['tier']['saved']} "
+                  f"saves ({on['tier']['save_ms']:.0f} ms).", ""]
+    if wr := results.get("warm_restart"):
+        lines += [f"Warm restart: {wr['users']} users' next turn at once after the daemon was stopped (SIGTERM) and "
+                  f"started on its --cache-dir: TTFT p50 {wr['warm_ttft_p50_ms']:.0f} ms vs {wr['cold_ttft_p50_ms']:.0f} "
+                  f"ms on a cold daemon ({wr['ttft_p50_ratio']:.2f}×), p90 {wr['warm_ttft_p90_ms']:.0f} vs "
+                  f"{wr['cold_ttft_p90_ms']:.0f} ms.", ""]
+    return lines

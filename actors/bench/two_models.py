@@ -7,6 +7,7 @@ the two models, so a shared machine's drift hits both alike), KV bytes per token
 per-sequence state of a 512-token prompt), the logits row one sampled token costs (``n_vocab`` ×
 4 bytes: llama.cpp's output buffer holds one per generating sequence, and the host sampler reads
 every entry of it), and the daemon's resident memory after one request (16 sequences, 8k cells).
+``report_lines`` renders the two models side by side in the report.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
     return {k: round(v, 3) for k, v in out.items()}
 
 
-def model_lines(results: dict[str, Any]) -> list[str]:
+def report_lines(results: dict[str, Any]) -> list[str]:
     """The report's table of the two models (nothing if the workload did not run)."""
     r = results.get("models")
     if not isinstance(r, dict) or "bench" not in r:

@@ -131,8 +131,9 @@ def info(**opts: Any) -> None:
 
 
 @main.command()
-@click.option("--quick", is_flag=True, help="A smoke run (under 3 minutes): fewer concurrencies and tokens.")
-@click.option("--full", is_flag=True, help="Also concurrencies 32 and 64.")
+@click.option("--quick", is_flag=True, help="A smoke run (under 3 minutes on 2 cores): a few workloads at small "
+              "sizes, one repeat; with --only, those workloads at the small sizes.")
+@click.option("--full", is_flag=True, help="The default run and the uniform workload at concurrencies 32 and 64.")
 @click.option("--model", envvar="LLAMACTOR_MODEL")
 @click.option("--n-threads", type=int, default=None)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-results", show_default=True)
@@ -151,6 +152,8 @@ def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out
     from llamactor.base.models import resolve_model_path
     from llamactor.native.devices import default_n_gpu_layers  # every layer on a GPU build, as Config's default
 
+    if quick and full:
+        raise click.BadParameter("a run is either --quick or --full", param_hint="--full")
     llamactor_logging.configure("auto", "warning")
     settings = suite.BenchSettings(model_path=resolve_model_path(model), quick=quick, full=full,
                                        n_threads=n_threads or default_n_threads(), peer_server=peer_server,
@@ -161,14 +164,15 @@ def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out
         raise click.BadParameter(f"unknown workload(s) {', '.join(sorted(unknown))}; "
                                  f"known: {', '.join(suite.workloads(settings))}", param_hint="--only")
     if docs and names:
-        raise click.BadParameter("--docs records a full run; leave out --only", param_hint="--docs")
+        raise click.BadParameter("--docs records a whole run; leave out --only", param_hint="--docs")
     with click.progressbar(length=suite.n_ticks(settings, names), label="benchmarking", file=sys.stderr) as bar:
         results = suite.run(settings, lambda: bar.update(1), names)
     meta = {"quick": quick, "full": full, "n_threads": settings.n_threads, "max_tokens": settings.max_tokens,
             "repeats": settings.repeats, "n_ctx": settings.n_ctx, "peer_server": peer_server,
-            "n_gpu_layers": settings.n_gpu_layers}
+            "n_gpu_layers": settings.n_gpu_layers, "seconds": settings.seconds}
     path, table = report.write(results, meta, Path(settings.model_path).name, Path(out_dir))
     click.echo(table)
+    click.echo(report.seconds_line(settings.seconds))
     click.echo(f"results: {path}")
     if failed := suite.failures(results):
         raise click.ClickException("workload(s) failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llamactor.bench.report import markdown
-from llamactor.bench.two_models import _ratios, model_lines
+from llamactor.bench.two_models import _ratios, report_lines
 
 pytestmark = pytest.mark.pure
 
@@ -27,9 +27,9 @@ def test_the_ratios_are_instruct_over_the_bench_model_figure_by_figure() -> None
 
 
 def test_the_report_renders_both_models_side_by_side_and_nothing_when_the_leg_did_not_run() -> None:
-    lines = model_lines({"models": RESULT})
+    lines = report_lines({"models": RESULT})
     assert "| vocabulary | 262,144 | 49,152 |" in lines and "| tok/s at 16 streams | 70.8 | 73.4 |" in lines
-    assert model_lines({}) == [] and model_lines({"models": {"error": "x"}}) == []
+    assert report_lines({}) == [] and report_lines({"models": {"error": "x"}}) == []
     meta = {"timestamp": "t", "machine": "m", "model": "gemma.gguf", "settings": {"n_threads": 2, "max_tokens": 32,
                                                                                 "quick": True}}
     assert "| logits row (bytes per sampled token) | 1,048,576 | 196,608 |" in markdown({"models": RESULT}, meta)
