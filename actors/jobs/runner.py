@@ -1,7 +1,7 @@
 """``JobRunner``: runs a batch job's unfinished lines on a model, journaling each result.
 
 At most ``max_in_flight`` lines are in flight at once (so a job never fills the batcher's queue,
-and leaves sequences free for interactive callers), taken in the plan's run order (lines that
+and leaves sequences free for interactive callers), taken in the input's run order (lines that
 share a prefix together). While other callers have work on the model (``InteractiveWatch``: the
 model's running and waiting sequences beyond the job's own, seen for a while), the job keeps at
 most ``yield_in_flight`` lines in flight: on a CPU every sequence in a step makes the step
@@ -45,7 +45,7 @@ from llamactor.handles.model import ModelClient
 from llamactor.handles.llm import LLM
 from llamactor.jobs import records
 from llamactor.jobs.endpoints import PendingLine, start_line
-from llamactor.jobs.plan import RequestCounts
+from llamactor.jobs.lifecycle import RequestCounts
 from llamactor.jobs.store import JobStore
 
 log = get_logger("llamactor.jobs")
@@ -55,7 +55,7 @@ MAX_ATTEMPTS = 8  # a line refused "for now" this often fails (the batcher is no
 
 
 @dataclass(frozen=True, slots=True)
-class Progress(RequestCounts):
+class LineCounts(RequestCounts):
     """Where a job stands: its request counts, and ``tokens`` and ``elapsed_s`` of this run only
     (for tok/s)."""
 
@@ -105,7 +105,7 @@ def _load(stats: list[dict[str, Any]]) -> tuple[int, int]:
 class JobRunner:
     def __init__(self, store: JobStore, batch_id: str, endpoint: str, client: Client, model_name: str, *,
                  max_in_flight: int, stop: threading.Event | None = None,
-                 on_progress: Callable[[Progress], None] | None = None,
+                 on_progress: Callable[[LineCounts], None] | None = None,
                  tokens_computed: Callable[[], int] | None = None, yield_in_flight: int | None = None,
                  model_load: ModelLoad | None = None, watch: InteractiveWatch | None = None,
                  tenant: Tenant = DEFAULT) -> None:
@@ -267,5 +267,5 @@ class JobRunner:
         if self.on_progress is None:
             return
         counts = self.store.counts(self.batch_id)
-        self.on_progress(Progress(counts.total, counts.completed, counts.failed, self._tokens,
+        self.on_progress(LineCounts(counts.total, counts.completed, counts.failed, self._tokens,
                                   time.monotonic() - self._start))

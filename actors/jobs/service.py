@@ -1,7 +1,7 @@
 """``JobService``: the daemon's batch jobs: OpenAI's files and batches over a ``JobStore``.
 
 Each unfinished job has a worker thread of its own that takes it through OpenAI's lifecycle:
-validating (the input file planned and journaled) -> in_progress (a ``JobRunner`` on the model)
+validating (the input file read and journaled) -> in_progress (a ``JobRunner`` on the model)
 -> finalizing (the output and error files written) -> completed; or cancelling -> cancelled (the
 output of the lines already done kept), or failed (an input file that is not JSONL). Every step
 is committed before the next begins, so a daemon killed at any moment resumes each job where it
@@ -34,7 +34,8 @@ from llamactor.handles.model import ModelClient, check_may_load
 from llamactor.handles.quota import QuotaClient
 from llamactor.jobs import quotas, records
 from llamactor.jobs.endpoints import check_body
-from llamactor.jobs.plan import ENDPOINTS, NotJsonlError, plan_lines, resumable
+from llamactor.jobs.input_lines import ENDPOINTS, NotJsonlError, read_input_lines
+from llamactor.jobs.lifecycle import resumable
 from llamactor.jobs.runner import JobRunner
 from llamactor.jobs.store import JobStore
 
@@ -259,7 +260,7 @@ class JobService:
         try:
             data = self.store.file_path(batch["input_file_id"]).read_bytes()
             models: list[str | None] = []
-            planned = plan_lines(data, batch["endpoint"], lambda endpoint, body: self._check(endpoint, body, models))
+            lines = read_input_lines(data, batch["endpoint"], lambda endpoint, body: self._check(endpoint, body, models))
         except NotJsonlError as e:
             self._fail(batch_id, e.code, str(e))
             return False
@@ -267,10 +268,10 @@ class JobService:
             self._fail(batch_id, "missing_input_file", f"input file {batch['input_file_id']} is gone")
             return False
         invalid = {ln.line_no: records.invalid_line(batch_id, ln.line_no, ln.custom_id, *ln.error)
-                   for ln in planned if ln.error is not None}
+                   for ln in lines if ln.error is not None}
         try:
             cancelling = self.get(batch_id, tenant=None)["status"] == "cancelling"
-            self.store.add_lines(batch_id, planned, invalid, status="cancelling" if cancelling else "in_progress")
+            self.store.add_lines(batch_id, lines, invalid, status="cancelling" if cancelling else "in_progress")
         except ValueError:
             return False
         self.store.update_batch(batch_id, model=models[0] if models else None)

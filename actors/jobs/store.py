@@ -39,7 +39,8 @@ from typing import Any
 from llamactor.base.logging import get_logger
 from llamactor.base.private_files import open_private, private_dir, tighten_file, touch_private
 from llamactor.base.tenants import DEFAULT_TENANT
-from llamactor.jobs.plan import TERMINAL, TIMESTAMP_OF, PlannedLine, RequestCounts, check_transition
+from llamactor.jobs.input_lines import InputLine
+from llamactor.jobs.lifecycle import TERMINAL, TIMESTAMP_OF, RequestCounts, check_transition
 from llamactor.jobs.records import FILE_TTL_S
 
 # New columns go at the end, and into ADDED_COLUMNS: a journal made before them gets them there.
@@ -288,7 +289,7 @@ class JobStore:
 
     # -- lines -------------------------------------------------------------------------------
 
-    def add_lines(self, batch_id: str, lines: list[PlannedLine], invalid_results: dict[int, dict[str, Any]],
+    def add_lines(self, batch_id: str, lines: list[InputLine], invalid_results: dict[int, dict[str, Any]],
                   status: str = "in_progress") -> None:
         """Journal every line of a validated input (bad ones already failed, with their error
         entries) and move the batch to ``status``, in one transaction: a validation killed
