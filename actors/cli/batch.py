@@ -20,7 +20,7 @@ from llamactor.base.errors import LlamactorError
 from llamactor.cli.options import engine_options, sampling_options, tree_options
 from llamactor.jobs.local import run_batch
 from llamactor.jobs.runner import LineCounts
-from llamactor.jobs.store import StoreLockedError
+from llamactor.jobs.database import StoreLockedError
 
 
 class ProgressView:

@@ -27,7 +27,7 @@ from llamactor.jobs import records
 from llamactor.jobs.endpoints import check_body
 from llamactor.jobs.input_lines import ENDPOINTS, NotJsonlError, read_input_lines
 from llamactor.jobs.runner import JobRunner, LineCounts
-from llamactor.jobs.store import JobStore
+from llamactor.jobs.journal import JobStore
 
 LOCAL_BATCH_ID = "batch_local"
 

@@ -46,7 +46,7 @@ from llamactor.handles.llm import LLM
 from llamactor.jobs import records
 from llamactor.jobs.endpoints import PendingLine, start_line
 from llamactor.jobs.lifecycle import RequestCounts
-from llamactor.jobs.store import JobStore
+from llamactor.jobs.journal import JobStore
 
 log = get_logger("llamactor.jobs")
 RETRYABLE = (QueueFullError, BatcherUnavailableError, BatcherRestartedError)

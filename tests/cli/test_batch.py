@@ -19,7 +19,7 @@ import pytest
 
 import llamactor
 from llamactor.jobs import LineCounts, run_batch
-from llamactor.jobs.store import JobStore
+from llamactor.jobs.journal import JobStore
 
 SYSTEM = "You are a terse assistant. Answer in a few words."
 PROGRESS = re.compile(r"^batch: (\d+)/(\d+) done")

@@ -1,5 +1,6 @@
 """Batch jobs' pure parts and their journal, model-free: input validation and the run order
-(``llamactor.jobs.input_lines``), the Batch lifecycle (``llamactor.jobs.lifecycle``), the SQLite journal (``llamactor.jobs.store``), and the runner's
+(``llamactor.jobs.input_lines``), the Batch lifecycle (``llamactor.jobs.lifecycle``), the SQLite
+journal and its files (``llamactor.jobs.journal``, ``llamactor.jobs.files``), and the runner's
 bookkeeping on a fake client whose futures the test resolves (``llamactor.jobs.runner``). The
 same behaviours on the real model: tests/http/test_batch_api.py and tests/cli/test_batch.py."""
 
@@ -24,7 +25,8 @@ from llamactor.jobs.endpoints import check_body
 from llamactor.jobs.input_lines import NotJsonlError, rank_by_prefix, read_input_lines
 from llamactor.jobs.lifecycle import check_transition, resumable
 from llamactor.jobs.runner import InteractiveWatch, JobRunner, LineCounts
-from llamactor.jobs.store import JobStore, StoreLockedError
+from llamactor.jobs.database import StoreLockedError
+from llamactor.jobs.journal import JobStore
 
 pytestmark = pytest.mark.pure
 CHAT = "/v1/chat/completions"

@@ -22,7 +22,7 @@ from llamactor.tree.tiers import disk as disk_tier
 from llamactor.base.private_files import open_private, private_dir, read_or_create_secret
 from llamactor.tree.tiers.ram import CacheTiers
 from llamactor.tree.tiers.disk import DiskTier
-from llamactor.jobs.store import JobStore
+from llamactor.jobs.journal import JobStore
 from llamactor.native.kv_state import SeqState
 
 pytestmark = pytest.mark.pure
