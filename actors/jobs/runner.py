@@ -143,28 +143,12 @@ class JobRunner:
         last_record = time.monotonic()
         while todo or in_flight:
             if self.stop.is_set():
-                for _, pending in in_flight.values():
-                    pending.cancel()
-                self.store.release(self.batch_id, list(in_flight))  # not in flight at a crash: no suspects
-                log.info("job_stopped", batch_id=self.batch_id, in_flight=len(in_flight), left=len(todo))
+                self._stop_in_flight(in_flight, todo)
                 return False
             cap = self._cap(in_flight)
             if len(in_flight) > cap:
                 self._step_aside(in_flight, todo, cap)
-            while todo and len(in_flight) < cap:
-                line = todo.popleft()
-                line_no, custom_id, body, attempt = line
-                try:
-                    pending = start_line(self.client, self.endpoint, body, records.request_id(self.batch_id, line_no),
-                                         self.model_name, self.tenant)
-                except RETRYABLE as e:
-                    self._retry_later(todo, (line_no, custom_id, body, attempt + 1), e, wait=not in_flight)
-                    break
-                except Exception as e:  # noqa: BLE001 - refused before queueing: this line failed
-                    self._fail(line_no, custom_id, e)
-                    continue
-                self.store.mark_running(self.batch_id, line_no)
-                in_flight[line_no] = (line, pending)
+            self._start_lines(todo, in_flight, cap)
             futures = [f for _, pending in in_flight.values() for f in pending.futures]
             if futures:
                 concurrent.futures.wait(futures, timeout=0.25, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -174,6 +158,31 @@ class JobRunner:
                 self.store.record_run(self.batch_id, self._run_no, self.tokens_computed() - self._base)
                 last_record = time.monotonic()
         return True
+
+    def _start_lines(self, todo: deque[Line], in_flight: dict[int, tuple[Line, PendingLine]], cap: int) -> None:
+        """Start lines from ``todo`` until ``cap`` are in flight; a refusal that says "later" ends
+        the round (the line queued again first)."""
+        while todo and len(in_flight) < cap:
+            line = todo.popleft()
+            line_no, custom_id, body, attempt = line
+            try:
+                pending = start_line(self.client, self.endpoint, body, records.request_id(self.batch_id, line_no),
+                                     self.model_name, self.tenant)
+            except RETRYABLE as e:
+                self._retry_later(todo, (line_no, custom_id, body, attempt + 1), e, wait=not in_flight)
+                return
+            except Exception as e:  # noqa: BLE001 - refused before queueing: this line failed
+                self._fail(line_no, custom_id, e)
+                continue
+            self.store.mark_running(self.batch_id, line_no)
+            in_flight[line_no] = (line, pending)
+
+    def _stop_in_flight(self, in_flight: dict[int, tuple[Line, PendingLine]], todo: deque[Line]) -> None:
+        """``stop`` is set: cancel the lines in flight and give them back, unfinished, for the next run."""
+        for _, pending in in_flight.values():
+            pending.cancel()
+        self.store.release(self.batch_id, list(in_flight))  # not in flight at a crash: no suspects
+        log.info("job_stopped", batch_id=self.batch_id, in_flight=len(in_flight), left=len(todo))
 
     def _todo(self) -> deque[Line]:
         """The unfinished lines in run order, the suspects first; those in flight at two process
