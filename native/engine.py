@@ -1,4 +1,5 @@
-"""The llama.cpp engine: one model, one context, one reusable batch, raw ``llama_decode``.
+"""The llama.cpp engine: one model, one context, one reusable batch, raw ``llama_decode``, the KV
+operations. ``native/loading.py`` loads the model and makes the context and ``EngineInfo``.
 
 Only the batcher actor's thread may call an ``Engine`` method after construction (llama.cpp
 contexts are not thread-safe). Return codes of ``llama_decode`` become typed outcomes: 1 (no KV
@@ -15,56 +16,26 @@ llama.cpp's ``LLAMA_MAX_SEQ``.
 from __future__ import annotations
 
 import ctypes
-import os
-import threading
 from dataclasses import dataclass
 
 import llama_cpp
 import numpy as np
 
 from llamactor.base.adapters import AdapterSet
-from llamactor.base.config import MAX_SEQUENCES
-from llamactor.base.engine_info import EngineInfo
-from llamactor.base.errors import EngineError, ModelLoadError, StepAbortedError
-from llamactor.native.abort import AbortFlag, TestHang
-from llamactor.native.adapters import Adapters
+from llamactor.base.errors import EngineError, StepAbortedError
+from llamactor.native import devices, host_pages, kv_state
+from llamactor.native.abort import AbortFlag
 from llamactor.native.batch import ReusableBatch
-from llamactor.base.chat_template import ChatTemplate
-from llamactor.native.embedding import Embedder, default_pooling
+from llamactor.native.embedding import Embedder
 from llamactor.native.graph_sampling import TOKEN_NULL, GraphChain, GraphSamplers, probe_chain
-from llamactor.native import devices, host_pages, invariance, kv_state
 from llamactor.native.kv_state import SeqState
-from llamactor.native.tokenizer import Tokenizer
-
-_backend_lock = threading.Lock()
-_backend_ready = False
-_LOG_LEVEL_ERROR = 4
-
-
-@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
-def _quiet_log(level: int, text: bytes, user_data: int) -> None:
-    # llama.cpp prints every tensor it loads; keep only its errors, unless asked for all.
-    if level == _LOG_LEVEL_ERROR or os.environ.get("LLAMACTOR_LLAMA_LOG"):
-        os.write(2, text)
-
-
-def _init_backend() -> None:
-    global _backend_ready
-    with _backend_lock:
-        # Every time: llama_cpp.Llama (the benchmark's baseline) installs its own log callback.
-        llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
-        if not _backend_ready:
-            llama_cpp.llama_backend_init()
-            _backend_ready = True
-
-
-_KV_GGML_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
-_FLASH_ATTN_TYPES = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-                     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+from llamactor.native.loading import load_model
 
 
 @dataclass(slots=True)
 class DecodeResult:
+    """What one ``decode`` gave: the logits rows, the sequences that found no room, the graph's tokens."""
+
     logits: np.ndarray  # [rows, n_vocab]: one row per entry that asked for logits, in order
     failed_seq_ids: frozenset[int]  # sequences that found no KV slot; their rows are meaningless
     # Per output row, the token llama.cpp drew in the graph (TOKEN_NULL: none; that row's logits
@@ -73,84 +44,26 @@ class DecodeResult:
 
 
 class Engine:
+    """One loaded model and its context; the batcher actor's thread calls every method after the
+    constructor (the watchdog's thread only sets ``abort_flag``)."""
+
     def __init__(self, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
                  n_threads: int, n_gpu_layers: int | None = None, chat_template: str | None = None,
                  kv_type: str = "f16", flash_attn: str = "auto", test_hang: bool = False,
                  graph_sampling: bool | None = None, loras: tuple[tuple[str, str], ...] = (),
                  batch_invariant: bool = False) -> None:
-        _init_backend()
-        if batch_invariant:
-            invariance.claim_tiled_mm_off()  # before this process's first matmul, or refused
-        if not 1 <= n_seq_max <= MAX_SEQUENCES:
-            raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}], got {n_seq_max}")
-        if not os.path.isfile(model_path):
-            raise ModelLoadError(f"model file not found: {model_path}")
-        mparams = llama_cpp.llama_model_default_params()
-        # None: every layer on a GPU build, none on a CPU one
-        mparams.n_gpu_layers = devices.default_n_gpu_layers() if n_gpu_layers is None else n_gpu_layers
-        cparams = llama_cpp.llama_context_default_params()
-        if batch_invariant:
-            invariance.invariant_params(mparams, cparams, n_threads)
-        self.model = llama_cpp.llama_model_load_from_file(model_path.encode(), mparams)
-        if not self.model:
-            raise ModelLoadError(f"llama.cpp could not load {model_path} (not a GGUF model?)")
-        invariance.mark_model_loaded()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = n_ubatch
-        cparams.n_seq_max = 2 * n_seq_max  # each sequence and its shadow
-        if not batch_invariant:
-            cparams.n_threads = cparams.n_threads_batch = n_threads
-        cparams.kv_unified = True  # one KV pool: a shared prefix is stored once, not per sequence
-        # Shadows keep sliding-window cells alive as long as their sequence holds them, so the
-        # SWA cache must have as many cells as the full one (it does anyway once n_swa * n_seq_max
-        # exceeds n_ctx, e.g. 512 * 256 for Gemma 3: no extra memory at the usual sizes).
-        cparams.swa_full = True
-        cparams.no_perf = True
-        cparams.type_k = cparams.type_v = _KV_GGML_TYPES[kv_type]
-        # A quantized V cache exists only inside flash attention: "auto" could resolve to off
-        # (and fail the context), so a quantized cache asks for it outright.
-        if not batch_invariant:
-            cparams.flash_attn_type = _FLASH_ATTN_TYPES["on" if kv_type != "f16" and flash_attn == "auto" else flash_attn]
+        """Load the model and its context (``native/loading.py``), then make what decoding reuses:
+        the batches, the output pages, the graph's samplers."""
         self.abort_flag = AbortFlag()  # set from the watchdog's thread: stops the running decode
-        cparams.abort_callback = self.abort_flag.callback
-        cparams.abort_callback_data = self.abort_flag.data
-        self.test_hang = TestHang(self.abort_flag, cparams) if test_hang else None
-        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
-        if not self.ctx:
-            llama_cpp.llama_model_free(self.model)
-            raise ModelLoadError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={n_seq_max}, "
-                                 f"kv_type={kv_type}, flash_attn={flash_attn})")
+        loaded = load_model(model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
+                            n_threads=n_threads, n_gpu_layers=n_gpu_layers, chat_template=chat_template,
+                            kv_type=kv_type, flash_attn=flash_attn, test_hang=test_hang, loras=loras,
+                            batch_invariant=batch_invariant, abort_flag=self.abort_flag)
+        self.model, self.ctx, self.test_hang = loaded.model, loaded.ctx, loaded.test_hang
         self.memory = llama_cpp.llama_get_memory(self.ctx)
-        self.tokenizer = Tokenizer(llama_cpp.llama_model_get_vocab(self.model))
+        self.tokenizer, self.adapters, self.chat_template = loaded.tokenizer, loaded.adapters, loaded.chat_template
+        self.info = loaded.info
         self.n_vocab = self.tokenizer.n_vocab
-        metadata = self._metadata()
-        try:
-            self.adapters = Adapters(self.model, self.ctx, loras, metadata.get("general.architecture", ""))
-        except ModelLoadError:
-            llama_cpp.llama_free(self.ctx)
-            llama_cpp.llama_model_free(self.model)  # frees the adapters loaded so far with it
-            raise
-        self.chat_template = ChatTemplate(metadata.get("tokenizer.chat_template"),
-                                          bos_token=self.tokenizer.bos_text, eos_token=self.tokenizer.eos_text,
-                                          override=chat_template)
-        n_ctx_real = llama_cpp.llama_n_ctx(self.ctx)
-        n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx) if hasattr(llama_cpp, "llama_n_ctx_seq") else n_ctx_real
-        desc = ctypes.create_string_buffer(256)
-        llama_cpp.llama_model_desc(self.model, desc, len(desc))
-        self.info = EngineInfo(
-            model_path=model_path, description=desc.value.decode(errors="replace"),
-            n_params=llama_cpp.llama_model_n_params(self.model), size_bytes=llama_cpp.llama_model_size(self.model),
-            n_vocab=self.n_vocab, n_embd=llama_cpp.llama_model_n_embd(self.model),
-            embedding_pooling=default_pooling(self.model), n_ctx_train=llama_cpp.llama_model_n_ctx_train(self.model),
-            n_ctx=n_ctx_real, n_ctx_seq=n_ctx_seq, n_batch=llama_cpp.llama_n_batch(self.ctx),
-            n_ubatch=llama_cpp.llama_n_ubatch(self.ctx), n_seq_max=llama_cpp.llama_n_seq_max(self.ctx) // 2,
-            n_threads=n_threads, kv_type=kv_type, chat_template=self.chat_template.name,
-            looks_like_base_model=self.chat_template.base_model,
-            metadata={k: v for k, v in metadata.items() if k != "tokenizer.chat_template"},
-            devices=devices.devices(), gpu_offload=devices.gpu_offload(), n_gpu_layers=mparams.n_gpu_layers,
-            tool_format=self.chat_template.tool_format, batch_invariant=batch_invariant,
-        )
         self._shadow = self.info.n_seq_max
         # Sliding-window layers (Gemma 3: 512 positions); 0 when the model has none.
         self.n_swa = llama_cpp.llama_model_n_swa(self.model) if hasattr(llama_cpp, "llama_model_n_swa") else 0
@@ -166,20 +79,9 @@ class Engine:
         self._pages.wrote(self._output_base(), 0, False)
         self.graph = GraphSamplers(self.ctx, self.memory, self._shadow, self.n_swa)
         if graph_sampling is None:  # where it pays: a GPU (docs/operations.md, "Sampling inside the graph")
-            graph_sampling = mparams.n_gpu_layers != 0 and devices.gpu_offload()
+            graph_sampling = self.info.n_gpu_layers != 0 and devices.gpu_offload()
         self.graph_sampling = graph_sampling and not batch_invariant and self._probe_graph_sampling()
         self.release_logits_rows(keep=0)
-
-    def _metadata(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        buf = ctypes.create_string_buffer(1 << 16)
-        for i in range(llama_cpp.llama_model_meta_count(self.model)):
-            llama_cpp.llama_model_meta_key_by_index(self.model, i, buf, len(buf))
-            key = buf.value.decode(errors="replace")
-            n = llama_cpp.llama_model_meta_val_str_by_index(self.model, i, buf, len(buf))
-            if 0 <= n < len(buf):
-                out[key] = buf.value.decode(errors="replace")
-        return out
 
     # -- decoding ---------------------------------------------------------------------------
 
@@ -250,7 +152,8 @@ class Engine:
 
     def _decode_split(self, token: np.ndarray, pos: np.ndarray, seq_id: np.ndarray,
                       logits: np.ndarray, in_graph: np.ndarray | None) -> DecodeResult:
-        """Retry a step that found no KV slot in halves, down to single tokens (seed 004).
+        """Retry a step that found no KV slot in halves, down to single tokens (docs/architecture.md,
+        "A request, module by module").
 
         llama.cpp restores the cache when it returns 1, so each half starts clean. A sequence
         whose token does not fit even alone has failed: its cells are removed at once (making
@@ -287,7 +190,8 @@ class Engine:
         return DecodeResult(result, frozenset(failed), tokens)
 
     def decode_batch(self, entries: list[tuple[int, int, int]]) -> DecodeResult:
-        """The ADR's form: one ``(seq_id, token, pos)`` per sequence, logits for every row."""
+        """One decode token per sequence as ``(seq_id, token, pos)`` entries, logits for every row (the
+        form the bench's baselines use); ``decode`` with every entry asking for logits."""
         seq_id, token, pos = (np.array(column, dtype=np.int32) for column in zip(*entries))
         return self.decode(token, pos, seq_id, np.ones(len(entries), dtype=np.int8))
 

@@ -36,7 +36,7 @@ from llamactor.bench.prompts import ANIMALS
 from llamactor.bench.settings import BenchSettings
 from llamactor.jobs import run_batch
 from llamactor.jobs.local import LOCAL_BATCH_ID
-from llamactor.jobs.store import JobStore
+from llamactor.jobs.journal import JobStore
 
 N_PARALLEL = 16
 PROGRESS = re.compile(r"^batch: (\d+)/(\d+) done")

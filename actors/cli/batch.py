@@ -19,8 +19,8 @@ import click
 from llamactor.base.errors import LlamactorError
 from llamactor.cli.options import engine_options, sampling_options, tree_options
 from llamactor.jobs.local import run_batch
-from llamactor.jobs.runner import Progress
-from llamactor.jobs.store import StoreLockedError
+from llamactor.jobs.runner import LineCounts
+from llamactor.jobs.database import StoreLockedError
 
 
 class ProgressView:
@@ -31,7 +31,7 @@ class ProgressView:
         self.bar: Any = None
         self.last_percent = -1
 
-    def __call__(self, p: Progress) -> None:
+    def __call__(self, p: LineCounts) -> None:
         rate = p.tokens / p.elapsed_s if p.elapsed_s > 0 else 0.0
         if self.tty:
             if self.bar is None:

@@ -37,8 +37,9 @@ from llamactor.serving.model_specs import ModelSpec
 from llamactor.http.keys_file import load_keys, reload_on_sighup
 from llamactor.http.server import create_app
 from llamactor.http.state import ServerState
+from llamactor.jobs.database import StoreLockedError
+from llamactor.jobs.journal import JobStore
 from llamactor.jobs.service import JobService
-from llamactor.jobs.store import JobStore, StoreLockedError
 
 log = get_logger("llamactor.daemon")
 

@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 
 from llamactor.http.live_snapshot import engine_snapshot
 from llamactor.http.state import ServerState, State
-from llamactor.jobs.plan import resumable
+from llamactor.jobs.lifecycle import resumable
 
 router = APIRouter()
 ENGINE_EVENTS_PATH = "/engine/events"

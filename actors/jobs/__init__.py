@@ -2,6 +2,6 @@
 process; every line journaled on disk, run at low priority, resumed after a crash, done exactly once."""
 
 from llamactor.jobs.local import BatchResult, run_batch
-from llamactor.jobs.runner import Progress
+from llamactor.jobs.runner import LineCounts
 
-__all__ = ["BatchResult", "Progress", "run_batch"]
+__all__ = ["BatchResult", "LineCounts", "run_batch"]

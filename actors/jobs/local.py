@@ -25,9 +25,9 @@ from llamactor.handles.client import Client
 from llamactor.handles.llm import LLM
 from llamactor.jobs import records
 from llamactor.jobs.endpoints import check_body
-from llamactor.jobs.plan import ENDPOINTS, NotJsonlError, plan_lines
-from llamactor.jobs.runner import JobRunner, Progress
-from llamactor.jobs.store import JobStore
+from llamactor.jobs.input_lines import ENDPOINTS, NotJsonlError, read_input_lines
+from llamactor.jobs.runner import JobRunner, LineCounts
+from llamactor.jobs.journal import JobStore
 
 LOCAL_BATCH_ID = "batch_local"
 
@@ -49,14 +49,14 @@ class BatchResult:
 def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], *,
               llm: Client | None = None, errors_path: str | os.PathLike[str] | None = None,
               journal_path: str | os.PathLike[str] | None = None, endpoint: str | None = None,
-              max_in_flight: int | None = None, on_progress: Callable[[Progress], None] | None = None,
+              max_in_flight: int | None = None, on_progress: Callable[[LineCounts], None] | None = None,
               stop: threading.Event | None = None, **start_options: Any) -> BatchResult:
     """Run every line of ``input_path`` (OpenAI batch input JSONL) and write ``output_path`` (and
     ``errors_path``, default ``OUTPUT.errors.jsonl``, when some line failed).
 
     ``llm``: a started model (any ``Client``); without one, ``start(**start_options)`` loads one
     for the call. ``endpoint``: the lines' ``url`` (default: the first line's). ``max_in_flight``:
-    lines in flight at once (default: the model's ``n_parallel``). ``on_progress(Progress)``
+    lines in flight at once (default: the model's ``n_parallel``). ``on_progress(LineCounts)``
     after each finished line. ``stop``: set it (from a signal handler, another thread) to end
     the call early and cleanly; call again to resume. ``InvalidRequestError`` if the input is
     not JSONL, or the journal belongs to another input.
@@ -86,7 +86,7 @@ def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike
 
 
 def _run(store: JobStore, endpoint: str, llm: Client | None, max_in_flight: int | None,
-         on_progress: Callable[[Progress], None] | None, stop: threading.Event | None,
+         on_progress: Callable[[LineCounts], None] | None, stop: threading.Event | None,
          start_options: dict[str, Any]) -> bool:
     """Run the unfinished lines on ``llm`` (or a model started for them); True when all finished."""
     client: Client = start(**start_options) if llm is None else llm
@@ -120,15 +120,15 @@ def _prepare(store: JobStore, data: bytes, endpoint: str, input_path: Path) -> N
     if batch is not None and store.has_lines(LOCAL_BATCH_ID):
         return  # a resumed run
     try:
-        planned = plan_lines(data, endpoint, check_body)
+        lines = read_input_lines(data, endpoint, check_body)
     except NotJsonlError as e:
         raise InvalidRequestError(f"{input_path}: {e}") from None
     if batch is None:
         store.create_batch({"id": LOCAL_BATCH_ID, "object": "batch", "endpoint": endpoint, "status": "validating",
                             "created_at": int(time.time()), "input_sha256": digest, "input_path": str(input_path)})
     invalid = {ln.line_no: records.invalid_line(LOCAL_BATCH_ID, ln.line_no, ln.custom_id, *ln.error)
-               for ln in planned if ln.error is not None}
-    store.add_lines(LOCAL_BATCH_ID, planned, invalid)
+               for ln in lines if ln.error is not None}
+    store.add_lines(LOCAL_BATCH_ID, lines, invalid)
 
 
 def _write(path: Path, lines: Any) -> None:

@@ -1,7 +1,7 @@
 """``JobRunner``: runs a batch job's unfinished lines on a model, journaling each result.
 
 At most ``max_in_flight`` lines are in flight at once (so a job never fills the batcher's queue,
-and leaves sequences free for interactive callers), taken in the plan's run order (lines that
+and leaves sequences free for interactive callers), taken in the input's run order (lines that
 share a prefix together). While other callers have work on the model (``InteractiveWatch``: the
 model's running and waiting sequences beyond the job's own, seen for a while), the job keeps at
 most ``yield_in_flight`` lines in flight: on a CPU every sequence in a step makes the step
@@ -45,8 +45,8 @@ from llamactor.handles.model import ModelClient
 from llamactor.handles.llm import LLM
 from llamactor.jobs import records
 from llamactor.jobs.endpoints import PendingLine, start_line
-from llamactor.jobs.plan import RequestCounts
-from llamactor.jobs.store import JobStore
+from llamactor.jobs.lifecycle import RequestCounts
+from llamactor.jobs.journal import JobStore
 
 log = get_logger("llamactor.jobs")
 RETRYABLE = (QueueFullError, BatcherUnavailableError, BatcherRestartedError)
@@ -55,7 +55,7 @@ MAX_ATTEMPTS = 8  # a line refused "for now" this often fails (the batcher is no
 
 
 @dataclass(frozen=True, slots=True)
-class Progress(RequestCounts):
+class LineCounts(RequestCounts):
     """Where a job stands: its request counts, and ``tokens`` and ``elapsed_s`` of this run only
     (for tok/s)."""
 
@@ -105,7 +105,7 @@ def _load(stats: list[dict[str, Any]]) -> tuple[int, int]:
 class JobRunner:
     def __init__(self, store: JobStore, batch_id: str, endpoint: str, client: Client, model_name: str, *,
                  max_in_flight: int, stop: threading.Event | None = None,
-                 on_progress: Callable[[Progress], None] | None = None,
+                 on_progress: Callable[[LineCounts], None] | None = None,
                  tokens_computed: Callable[[], int] | None = None, yield_in_flight: int | None = None,
                  model_load: ModelLoad | None = None, watch: InteractiveWatch | None = None,
                  tenant: Tenant = DEFAULT) -> None:
@@ -143,28 +143,12 @@ class JobRunner:
         last_record = time.monotonic()
         while todo or in_flight:
             if self.stop.is_set():
-                for _, pending in in_flight.values():
-                    pending.cancel()
-                self.store.release(self.batch_id, list(in_flight))  # not in flight at a crash: no suspects
-                log.info("job_stopped", batch_id=self.batch_id, in_flight=len(in_flight), left=len(todo))
+                self._stop_in_flight(in_flight, todo)
                 return False
             cap = self._cap(in_flight)
             if len(in_flight) > cap:
                 self._step_aside(in_flight, todo, cap)
-            while todo and len(in_flight) < cap:
-                line = todo.popleft()
-                line_no, custom_id, body, attempt = line
-                try:
-                    pending = start_line(self.client, self.endpoint, body, records.request_id(self.batch_id, line_no),
-                                         self.model_name, self.tenant)
-                except RETRYABLE as e:
-                    self._retry_later(todo, (line_no, custom_id, body, attempt + 1), e, wait=not in_flight)
-                    break
-                except Exception as e:  # noqa: BLE001 - refused before queueing: this line failed
-                    self._fail(line_no, custom_id, e)
-                    continue
-                self.store.mark_running(self.batch_id, line_no)
-                in_flight[line_no] = (line, pending)
+            self._start_lines(todo, in_flight, cap)
             futures = [f for _, pending in in_flight.values() for f in pending.futures]
             if futures:
                 concurrent.futures.wait(futures, timeout=0.25, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -174,6 +158,31 @@ class JobRunner:
                 self.store.record_run(self.batch_id, self._run_no, self.tokens_computed() - self._base)
                 last_record = time.monotonic()
         return True
+
+    def _start_lines(self, todo: deque[Line], in_flight: dict[int, tuple[Line, PendingLine]], cap: int) -> None:
+        """Start lines from ``todo`` until ``cap`` are in flight; a refusal that says "later" ends
+        the round (the line queued again first)."""
+        while todo and len(in_flight) < cap:
+            line = todo.popleft()
+            line_no, custom_id, body, attempt = line
+            try:
+                pending = start_line(self.client, self.endpoint, body, records.request_id(self.batch_id, line_no),
+                                     self.model_name, self.tenant)
+            except RETRYABLE as e:
+                self._retry_later(todo, (line_no, custom_id, body, attempt + 1), e, wait=not in_flight)
+                return
+            except Exception as e:  # noqa: BLE001 - refused before queueing: this line failed
+                self._fail(line_no, custom_id, e)
+                continue
+            self.store.mark_running(self.batch_id, line_no)
+            in_flight[line_no] = (line, pending)
+
+    def _stop_in_flight(self, in_flight: dict[int, tuple[Line, PendingLine]], todo: deque[Line]) -> None:
+        """``stop`` is set: cancel the lines in flight and give them back, unfinished, for the next run."""
+        for _, pending in in_flight.values():
+            pending.cancel()
+        self.store.release(self.batch_id, list(in_flight))  # not in flight at a crash: no suspects
+        log.info("job_stopped", batch_id=self.batch_id, in_flight=len(in_flight), left=len(todo))
 
     def _todo(self) -> deque[Line]:
         """The unfinished lines in run order, the suspects first; those in flight at two process
@@ -267,5 +276,5 @@ class JobRunner:
         if self.on_progress is None:
             return
         counts = self.store.counts(self.batch_id)
-        self.on_progress(Progress(counts.total, counts.completed, counts.failed, self._tokens,
+        self.on_progress(LineCounts(counts.total, counts.completed, counts.failed, self._tokens,
                                   time.monotonic() - self._start))

@@ -1,22 +1,20 @@
-"""``JobService``: the daemon's batch jobs: OpenAI's files and batches over a ``JobStore``.
+"""``JobService``: the daemon's batch jobs: OpenAI's batches (and, through ``FilesApi``, its files)
+over a ``JobStore``.
 
 Each unfinished job has a worker thread of its own that takes it through OpenAI's lifecycle:
-validating (the input file planned and journaled) -> in_progress (a ``JobRunner`` on the model)
+validating (the input file read and journaled) -> in_progress (a ``JobRunner`` on the model)
 -> finalizing (the output and error files written) -> completed; or cancelling -> cancelled (the
 output of the lines already done kept), or failed (an input file that is not JSONL). Every step
 is committed before the next begins, so a daemon killed at any moment resumes each job where it
 stood when it starts again (``start``); cancelled and finished jobs stay as they are.
 
-Files and batches (a batch's output and error files too) belong to the tenant that made them:
-the public methods take the caller's ``tenant`` name, and another tenant's are ``NotFound`` as
-an unknown id is. A tenant keeps at most its ``max_files`` files of ``max_file_bytes`` together
-and runs at most ``max_batch_jobs`` jobs at once (``quotas``); a job's lines spend its requests
-and tokens per minute, waiting for them when they run out (``limiter``, ``QuotaClient``). Files expire (``expires_after``, default 30 days): an expired file is gone at
-once, and the sweeper thread deletes its bytes when the service starts and every
-``sweep_every_s`` after, keeping the input of a batch not finished.
+Batches belong to the tenant that made them: the public methods take the caller's ``tenant``
+name, and another tenant's are ``NotFound`` as an unknown id is. A tenant runs at most
+``max_batch_jobs`` jobs at once (``quotas``); a job's lines spend its requests and tokens per
+minute, waiting for them when they run out (``limiter``, ``QuotaClient``).
 
-Methods are called from the HTTP handlers (through ``asyncio.to_thread``), the workers, and the
-sweeper.
+Methods are called from the HTTP handlers (through ``asyncio.to_thread``), the workers (``_work``
+and what it calls run on a job's own thread), and the loader thread (``start``).
 """
 
 from __future__ import annotations
@@ -28,46 +26,37 @@ from typing import Any
 
 from llamactor.base.errors import InvalidRequestError, LlamactorError, ModelNotLoadedError
 from llamactor.base.logging import get_logger
-from llamactor.base.tenants import DEFAULT_TENANT, Tenant, tenant_named
+from llamactor.base.tenants import DEFAULT_TENANT
 from llamactor.handles.limits import Limiter
 from llamactor.handles.model import ModelClient, check_may_load
 from llamactor.handles.quota import QuotaClient
 from llamactor.jobs import quotas, records
 from llamactor.jobs.endpoints import check_body
-from llamactor.jobs.plan import ENDPOINTS, NotJsonlError, plan_lines, resumable
+from llamactor.jobs.files_api import FilesApi, NotFound
+from llamactor.jobs.input_lines import ENDPOINTS, NotJsonlError, read_input_lines
+from llamactor.jobs.journal import JobStore
+from llamactor.jobs.lifecycle import resumable
 from llamactor.jobs.runner import JobRunner
-from llamactor.jobs.store import JobStore
 
 log = get_logger("llamactor.jobs")
-PURPOSES = ("batch", "batch_output")
+__all__ = ["JobService", "NotFound"]  # NotFound: the HTTP routes catch it from here
 
 
-class NotFound(LookupError):
-    """No file or batch of that id (a 404)."""
-
-
-class JobService:
+class JobService(FilesApi):
     """``resolve(model_name)``: the served model a body names (``ModelNotFoundError`` if none).
     ``max_in_flight``: a job's lines in flight at once (default: three quarters of the model's
     ``n_parallel``, leaving sequences free for interactive requests). ``sweep_every_s``: how
     often expired files are deleted."""
 
     def __init__(self, store: JobStore, max_in_flight: int | None = None, sweep_every_s: float = 3600.0) -> None:
-        self.store = store
+        super().__init__(store, sweep_every_s)
         self.max_in_flight = max_in_flight
-        self.sweep_every_s = sweep_every_s
-        self._stopped = threading.Event()  # close(): the sweeper's wait ends at once
-        self._sweeper: threading.Thread | None = None
         self._resolve: Callable[[str | None], ModelClient] | None = None
         self._ready = threading.Event()
-        # A batch's owner by name -> the tenant its lines run as (the daemon: from its keys, as they
-        # stand when the job runs; else a tenant with the defaults).
-        self.tenant: Callable[[str], Tenant] = tenant_named
         # The tenants' requests and tokens per minute (the daemon's, shared with interactive
         # requests): a job's lines wait for them (``QuotaClient``). None: lines are not limited.
         self.limiter: Limiter | None = None
         self._closing = False
-        self._lock = threading.Lock()
         self._workers: dict[str, tuple[threading.Thread, threading.Event]] = {}
 
     def start(self, resolve: Callable[[str | None], ModelClient]) -> None:
@@ -75,8 +64,7 @@ class JobService:
         thread calls this)."""
         self._resolve = resolve
         self._ready.set()
-        self._sweeper = threading.Thread(target=self._sweep_until_closed, name="jobs-sweeper", daemon=True)
-        self._sweeper.start()
+        self._start_sweeper()
         for batch_id in reversed(self.store.batch_ids()):
             batch = self.store.batch(batch_id)
             if batch is not None and resumable(batch["status"]):
@@ -90,56 +78,12 @@ class JobService:
             self._closing = True
             workers = list(self._workers.values())
         self._ready.set()
-        self._stopped.set()
         for _, stop in workers:
             stop.set()
-        for thread in [t for t, _ in workers] + ([self._sweeper] if self._sweeper else []):
+        self._stop_sweeper(timeout_s)
+        for thread, _ in workers:
             thread.join(timeout_s)
         self.store.close()
-
-    def _sweep_until_closed(self) -> None:
-        """The sweeper thread: expired files deleted now, then every ``sweep_every_s`` until ``close``."""
-        while not self._stopped.is_set():
-            try:
-                if gone := self.store.sweep():
-                    log.info("files_expired", files=len(gone), file_ids=gone[:20])
-            except Exception as e:  # noqa: BLE001 - a failed sweep (disk full, ...) is retried at the next
-                log.error("files_sweep_failed", error=repr(e))
-            self._stopped.wait(self.sweep_every_s)
-
-    # -- files ---------------------------------------------------------------------------------
-
-    def add_file(self, data: bytes, filename: str, purpose: str, *, tenant: str = DEFAULT_TENANT,
-                 expires_after: dict[str, Any] | None = None) -> dict[str, Any]:
-        """A new file of ``tenant``; ``expires_after``: OpenAI's policy (default 30 days)."""
-        if purpose != "batch":
-            raise InvalidRequestError(f"purpose must be 'batch' (got {purpose!r}): llamactor keeps batch input files only")
-        seconds = records.expiry_seconds(expires_after, "expires_after")
-        with self._lock:  # (the check and the add together: two uploads at once cannot both pass it)
-            quotas.check_new_file(self.tenant(tenant), self.store.files(None, tenant), len(data))
-            return records.file_object(self.store.add_file(data, filename, purpose, tenant=tenant,
-                                                           expires_after_s=seconds))
-
-    def file(self, file_id: str, *, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
-        row = self.store.file(file_id, tenant)
-        if row is None:
-            raise NotFound(f"No file with id {file_id!r}")
-        return records.file_object(row)
-
-    def files(self, purpose: str | None = None, *, tenant: str = DEFAULT_TENANT) -> list[dict[str, Any]]:
-        return [records.file_object(r) for r in self.store.files(purpose, tenant)]
-
-    def file_content(self, file_id: str, *, tenant: str = DEFAULT_TENANT) -> bytes:
-        self.file(file_id, tenant=tenant)
-        try:
-            return self.store.file_path(file_id).read_bytes()
-        except FileNotFoundError:  # deleted or swept since the look above
-            raise NotFound(f"No file with id {file_id!r}") from None
-
-    def delete_file(self, file_id: str, *, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
-        if not self.store.delete_file(file_id, tenant):
-            raise NotFound(f"No file with id {file_id!r}")
-        return {"id": file_id, "object": "file", "deleted": True}
 
     # -- batches -------------------------------------------------------------------------------
 
@@ -226,6 +170,7 @@ class JobService:
                 self._workers.pop(batch_id, None)
 
     def _advance(self, batch_id: str, stop: threading.Event) -> None:
+        """The job from the status it stands at through the ones left, each committed before the next."""
         batch = self.get(batch_id, tenant=None)
         if batch["status"] == "validating" and not self._validate(batch):
             return
@@ -235,31 +180,38 @@ class JobService:
         except ModelNotLoadedError as e:
             self._fail(batch_id, e.code, str(e))
             return
-        if batch["status"] == "in_progress" and client is not None:
-            max_in_flight = self.max_in_flight or max(1, client.config.n_parallel * 3 // 4)
-            quota = client if self.limiter is None else QuotaClient(client, self.limiter, stop, batch_id)
-            runner = JobRunner(self.store, batch_id, batch["endpoint"], quota, client.name,
-                               max_in_flight=max_in_flight, stop=stop, tenant=self.tenant(self.store.owner(batch_id)))
-            if runner.run():
-                try:
-                    self.store.update_batch(batch_id, "finalizing")
-                except ValueError:
-                    pass  # cancelled while its last line finished: finalized as cancelled below
-            elif self._closing:
-                return  # the daemon stops: the job resumes when it starts again
-        elif batch["status"] == "in_progress":  # every line was finished before a restart
-            self.store.update_batch(batch_id, "finalizing")
+        if batch["status"] == "in_progress" and not self._run_lines(batch, client, stop):
+            return  # the daemon stops: the job resumes when it starts again
         batch = self.get(batch_id, tenant=None)
         if batch["status"] in ("finalizing", "cancelling"):
             self._finalize(batch)
 
+    def _run_lines(self, batch: dict[str, Any], client: ModelClient | None, stop: threading.Event) -> bool:
+        """Run an in_progress batch's unfinished lines on ``client`` (None: none are left), then move
+        it to finalizing; False when ``stop`` ended the run because the daemon stops."""
+        batch_id = batch["id"]
+        if client is None:  # every line was finished before a restart
+            self.store.update_batch(batch_id, "finalizing")
+            return True
+        max_in_flight = self.max_in_flight or max(1, client.config.n_parallel * 3 // 4)
+        quota = client if self.limiter is None else QuotaClient(client, self.limiter, stop, batch_id)
+        runner = JobRunner(self.store, batch_id, batch["endpoint"], quota, client.name,
+                           max_in_flight=max_in_flight, stop=stop, tenant=self.tenant(self.store.owner(batch_id)))
+        if not runner.run():
+            return not self._closing  # else cancelled: finalized as cancelled
+        try:
+            self.store.update_batch(batch_id, "finalizing")
+        except ValueError:
+            pass  # cancelled while its last line finished: finalized as cancelled
+        return True
+
     def _validate(self, batch: dict[str, Any]) -> bool:
-        """Plan and journal the input; False when the batch failed (or was cancelled) instead."""
+        """Read and journal the input; False when the batch failed (or was cancelled) instead."""
         batch_id = batch["id"]
         try:
             data = self.store.file_path(batch["input_file_id"]).read_bytes()
             models: list[str | None] = []
-            planned = plan_lines(data, batch["endpoint"], lambda endpoint, body: self._check(endpoint, body, models))
+            lines = read_input_lines(data, batch["endpoint"], lambda endpoint, body: self._check(endpoint, body, models))
         except NotJsonlError as e:
             self._fail(batch_id, e.code, str(e))
             return False
@@ -267,10 +219,10 @@ class JobService:
             self._fail(batch_id, "missing_input_file", f"input file {batch['input_file_id']} is gone")
             return False
         invalid = {ln.line_no: records.invalid_line(batch_id, ln.line_no, ln.custom_id, *ln.error)
-                   for ln in planned if ln.error is not None}
+                   for ln in lines if ln.error is not None}
         try:
             cancelling = self.get(batch_id, tenant=None)["status"] == "cancelling"
-            self.store.add_lines(batch_id, planned, invalid, status="cancelling" if cancelling else "in_progress")
+            self.store.add_lines(batch_id, lines, invalid, status="cancelling" if cancelling else "in_progress")
         except ValueError:
             return False
         self.store.update_batch(batch_id, model=models[0] if models else None)

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 import llamactor
-from llamactor.jobs import Progress, run_batch
-from llamactor.jobs.store import JobStore
+from llamactor.jobs import LineCounts, run_batch
+from llamactor.jobs.journal import JobStore
 
 SYSTEM = "You are a terse assistant. Answer in a few words."
 PROGRESS = re.compile(r"^batch: (\d+)/(\d+) done")
@@ -134,7 +134,7 @@ def test_run_batch_reports_progress_and_puts_bad_and_refused_lines_in_the_error_
     too_long = {**chat_line("long", "word " * 6000), "custom_id": "long"}
     inp = write_input(tmp_path / "in.jsonl", [chat_line("a", "Say hi."), "not json", too_long,
                                                chat_line("b", "Say bye."), {**chat_line("a", "again")}])
-    seen: list[Progress] = []
+    seen: list[LineCounts] = []
     result = run_batch(inp, tmp_path / "out.jsonl", llm=llm, on_progress=seen.append)
     assert result.finished and (result.total, result.completed, result.failed) == (5, 2, 3)
     assert [p.finished for p in seen] == sorted(p.finished for p in seen) and seen[-1].finished == 5

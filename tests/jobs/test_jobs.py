@@ -1,5 +1,6 @@
 """Batch jobs' pure parts and their journal, model-free: input validation and the run order
-(``llamactor.jobs.plan``), the SQLite journal (``llamactor.jobs.store``), and the runner's
+(``llamactor.jobs.input_lines``), the Batch lifecycle (``llamactor.jobs.lifecycle``), the SQLite
+journal and its files (``llamactor.jobs.journal``, ``llamactor.jobs.files``), and the runner's
 bookkeeping on a fake client whose futures the test resolves (``llamactor.jobs.runner``). The
 same behaviours on the real model: tests/http/test_batch_api.py and tests/cli/test_batch.py."""
 
@@ -15,53 +16,55 @@ import pytest
 from llamactor.base.errors import InvalidRequestError
 from llamactor.jobs import records
 from llamactor.jobs.endpoints import check_body
-from llamactor.jobs.plan import NotJsonlError, check_transition, plan_lines, rank_by_prefix, resumable
-from llamactor.jobs.runner import InteractiveWatch, JobRunner, Progress
-from llamactor.jobs.store import JobStore, StoreLockedError
+from llamactor.jobs.input_lines import NotJsonlError, rank_by_prefix, read_input_lines
+from llamactor.jobs.lifecycle import check_transition, resumable
+from llamactor.jobs.runner import InteractiveWatch, JobRunner, LineCounts
+from llamactor.jobs.database import StoreLockedError
+from llamactor.jobs.journal import JobStore
 
-from tests.support.jobs import CHAT, FakeClient, answer, line, new_batch, plan, run_in_thread
+from tests.support.jobs import CHAT, FakeClient, answer, line, new_batch, read, run_in_thread
 
 pytestmark = pytest.mark.pure
 
 
-# -- plan -----------------------------------------------------------------------------------
+# -- input lines --------------------------------------------------------------------------
 
 def test_each_kind_of_bad_line_gets_its_own_error_code_and_good_lines_get_a_body() -> None:
-    planned = plan(line("a"), "{broken", line(None), line("a"), line("b", url="/v1/embeddings"),
+    read_lines = read(line("a"), "{broken", line(None), line("a"), line("b", url="/v1/embeddings"),
                    line("c", temprature=1), line("d", stream=True), json.dumps({"custom_id": "e", "url": CHAT,
                                                                               "method": "GET", "body": {}}),
                    line("f", response_format={"type": "json_schema"}))
-    assert planned[0].body is not None and planned[0].error is None
-    assert [p.error[0] if p.error else None for p in planned] == [
+    assert read_lines[0].body is not None and read_lines[0].error is None
+    assert [p.error[0] if p.error else None for p in read_lines] == [
         None, "invalid_json_line", "missing_custom_id", "duplicate_custom_id", "mismatched_url", "invalid_body",
         "invalid_body", "invalid_method", "invalid_body"]
-    assert "temprature" in planned[5].error[1]
-    assert "json_schema is required" in planned[8].error[1]  # the handler's own check, before anything runs
+    assert "temprature" in read_lines[5].error[1]
+    assert "json_schema is required" in read_lines[8].error[1]  # the handler's own check, before anything runs
 
 
 def test_a_file_with_no_json_object_or_no_text_is_not_jsonl_and_blank_lines_are_skipped() -> None:
     for data, code in ((b"just some text\nmore text\n", "invalid_json_lines"), (b"\xff\xfe\x00bin", "invalid_json_lines"),
                        (b"\n  \n", "empty_file"), (b"[1, 2]\n3\n", "invalid_json_lines")):
         with pytest.raises(NotJsonlError) as e:
-            plan_lines(data, CHAT, check_body)
+            read_input_lines(data, CHAT, check_body)
         assert e.value.code == code
-    assert [p.line_no for p in plan_lines(f"\n{line('a')}\n\n{line('b')}\n".encode(), CHAT, check_body)] == [0, 1]
+    assert [p.line_no for p in read_input_lines(f"\n{line('a')}\n\n{line('b')}\n".encode(), CHAT, check_body)] == [0, 1]
 
 
 def test_lines_sharing_a_system_prompt_get_neighbouring_ranks_whatever_their_input_order() -> None:
     systems = ["You are a pirate.", "You are a poet."]
-    planned = plan(*(line(f"q{i}", f"question {i}", systems[i % 2]) for i in range(8)))
-    by_rank = sorted(planned, key=lambda p: p.rank)
+    read_lines = read(*(line(f"q{i}", f"question {i}", systems[i % 2]) for i in range(8)))
+    by_rank = sorted(read_lines, key=lambda p: p.rank)
     groups = [p.body["messages"][0]["content"] for p in by_rank]
     assert groups == sorted(groups) and groups[:4] == [systems[0]] * 4  # each system prompt's lines in one run
-    assert sorted(p.rank for p in planned) == list(range(8))
+    assert sorted(p.rank for p in read_lines) == list(range(8))
     within = [p.line_no for p in by_rank if p.body["messages"][0]["content"] == systems[0]]
     assert within == sorted(within)  # equal prefixes keep their input order
 
 
 def test_failed_lines_rank_after_every_line_that_runs() -> None:
-    planned = rank_by_prefix(plan("{bad", line("a", "zzz"), line("b", "aaa")), CHAT)
-    assert [p.rank for p in planned] == [2, 1, 0]
+    read_lines = rank_by_prefix(read("{bad", line("a", "zzz"), line("b", "aaa")), CHAT)
+    assert [p.rank for p in read_lines] == [2, 1, 0]
 
 
 def test_the_batch_lifecycle_allows_only_openai_transitions() -> None:
@@ -143,7 +146,7 @@ def test_the_runner_keeps_at_most_max_in_flight_and_journals_every_line_once(sto
     out = [json.loads(r) for r in store.results(b, "done")]
     assert [o["custom_id"] for o in out] == [f"q{i}" for i in range(7)]
     assert out[0]["response"]["body"]["choices"][0]["message"]["content"] == "answer 0"
-    assert progress[-1] == Progress(7, 7, 0, 7, progress[-1].elapsed_s)
+    assert progress[-1] == LineCounts(7, 7, 0, 7, progress[-1].elapsed_s)
 
 
 def test_a_stopped_runner_leaves_its_in_flight_lines_for_the_next_run_which_does_only_those(store: JobStore) -> None:

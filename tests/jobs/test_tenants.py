@@ -16,7 +16,7 @@ import pytest
 from llamactor.base.errors import InvalidRequestError
 from llamactor.jobs import records
 from llamactor.jobs.service import JobService, NotFound
-from llamactor.jobs.store import JobStore
+from llamactor.jobs.journal import JobStore
 
 pytestmark = pytest.mark.pure
 HOUR = 3600

@@ -130,17 +130,17 @@ def test_penalties_push_down_recent_tokens_and_logprobs_are_from_the_raw_distrib
     assert result.top[0][0][1] == pytest.approx(float(raw[2]), abs=1e-5)
 
 
-def test_decode_batch_takes_the_adrs_entries_and_matches_the_mixed_form(engine: Engine) -> None:
+def test_decode_batch_takes_one_entry_per_sequence_and_matches_the_mixed_form(engine: Engine) -> None:
     engine.clear()
     prompts = [engine.tokenizer.tokenize(t) for t in ("The sky is", "Two plus two is")]
     for seq_id, tokens in enumerate(prompts):
         engine.prefill(seq_id, tokens[:-1])
-    adr = engine.decode_batch([(s, t[-1], len(t) - 1) for s, t in enumerate(prompts)]).logits.copy()
+    per_sequence = engine.decode_batch([(s, t[-1], len(t) - 1) for s, t in enumerate(prompts)]).logits.copy()
     for seq_id, tokens in enumerate(prompts):
         engine.seq_rm(seq_id, len(tokens) - 1, -1)
     mixed = engine.decode(np.array([t[-1] for t in prompts], np.int32), np.array([len(t) - 1 for t in prompts], np.int32),
                           np.array([0, 1], np.int32), np.ones(2, np.int8)).logits
-    np.testing.assert_array_equal(adr, mixed)
+    np.testing.assert_array_equal(per_sequence, mixed)
     engine.clear()
 
 

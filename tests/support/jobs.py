@@ -15,9 +15,9 @@ from llamactor.base.messages import CallerMessage, Generate
 from llamactor.handles.client import Client
 from llamactor.jobs import records
 from llamactor.jobs.endpoints import check_body
-from llamactor.jobs.plan import plan_lines
+from llamactor.jobs.input_lines import read_input_lines
 from llamactor.jobs.runner import JobRunner
-from llamactor.jobs.store import JobStore
+from llamactor.jobs.journal import JobStore
 
 CHAT = "/v1/chat/completions"
 
@@ -28,15 +28,15 @@ def line(custom_id: Any, content: str = "hi", system: str | None = None, url: st
                        "body": {"model": "m", "messages": messages, "max_tokens": 4, **body}})
 
 
-def plan(*lines: str) -> list[Any]:
-    return plan_lines("\n".join(lines).encode(), CHAT, check_body)
+def read(*lines: str) -> list[Any]:
+    return read_input_lines("\n".join(lines).encode(), CHAT, check_body)
 
 
 def new_batch(store: JobStore, *lines: str, batch_id: str = "batch_t") -> str:
     store.create_batch({"id": batch_id, "status": "validating", "created_at": 0})
-    planned = plan(*lines)
-    store.add_lines(batch_id, planned, {p.line_no: records.invalid_line(batch_id, p.line_no, p.custom_id, *p.error)
-                                        for p in planned if p.error})
+    read_lines = read(*lines)
+    store.add_lines(batch_id, read_lines, {p.line_no: records.invalid_line(batch_id, p.line_no, p.custom_id, *p.error)
+                                           for p in read_lines if p.error})
     return batch_id
 
 

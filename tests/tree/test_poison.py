@@ -32,7 +32,7 @@ from llamactor.tree.tell import tell_quietly
 from llamactor.base.tools import Tools
 from llamactor.tree.batcher import BatcherActor
 from llamactor.jobs.runner import JobRunner
-from llamactor.jobs.store import JobStore
+from llamactor.jobs.journal import JobStore
 from llamactor.tree.request_state import RequestState
 from llamactor.tree.supervisor import SupervisorActor
 
@@ -160,7 +160,7 @@ def test_a_request_in_two_crashing_steps_is_quarantined_and_the_streams_beside_i
 
 DIE_RUNNING = """
 import os, signal, sys
-from llamactor.jobs.store import JobStore
+from llamactor.jobs.journal import JobStore
 store = JobStore(sys.argv[1])
 store.start_run(sys.argv[2])
 for line_no in sys.argv[4:]:

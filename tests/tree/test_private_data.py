@@ -19,7 +19,7 @@ import pytest
 from llamactor.base.private_files import open_private, private_dir, read_or_create_secret
 from llamactor.tree.tiers.ram import CacheTiers
 from llamactor.tree.tiers.disk import DiskTier
-from llamactor.jobs.store import JobStore
+from llamactor.jobs.journal import JobStore
 from llamactor.native.kv_state import SeqState
 
 from tests.support.cache_files import rewrite, secret_of, split

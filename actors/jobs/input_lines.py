@@ -1,7 +1,7 @@
-"""Pure: what a batch job's input file says, and the order its lines run in.
+"""Pure: a batch job's input file read into lines, and the order those lines run in.
 
 An input file is OpenAI's batch input format: one JSON object per line, ``{"custom_id", "method":
-"POST", "url", "body"}``. ``plan_lines`` splits it into the lines that will run and the lines
+"POST", "url", "body"}``. ``read_input_lines`` splits it into the lines that will run and the lines
 that failed validation (not JSON, no or a repeated ``custom_id``, another endpoint, a body the
 endpoint's schema refuses, an unknown model): a bad line is an error-file entry, the job goes on.
 A file with no JSON object on any line (or not UTF-8 at all) is no JSONL: ``NotJsonlError``
@@ -32,7 +32,7 @@ class NotJsonlError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class PlannedLine:
+class InputLine:
     """One input line: ``body`` set when it runs, ``error`` (code, message) when it failed validation."""
 
     line_no: int  # 0-based, in the input file's order (the output file's order)
@@ -43,7 +43,7 @@ class PlannedLine:
 
     def __post_init__(self) -> None:
         if (self.body is None) == (self.error is None):
-            raise ValueError("a planned line has either a body to run or an error, not both or neither")
+            raise ValueError("an input line has either a body to run or an error, not both or neither")
 
 
 # Checks a body against the endpoint's schema; returns an error message or None. Given by the
@@ -51,12 +51,20 @@ class PlannedLine:
 BodyCheck = Callable[[str, dict[str, Any]], str | None]
 
 
-def plan_lines(data: bytes, endpoint: str, check_body: BodyCheck) -> list[PlannedLine]:
-    """Every non-blank line of ``data`` as a ``PlannedLine``, ranked for the run order.
+def read_input_lines(data: bytes, endpoint: str, check_body: BodyCheck) -> list[InputLine]:
+    """Every non-blank line of ``data`` as an ``InputLine``, ranked for the run order.
 
     Raises ``NotJsonlError`` when the file is empty, not UTF-8, too long, or holds no JSON object."""
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}")
+    seen: set[str] = set()
+    lines = [_read_one(i, p, endpoint, check_body, seen) for i, p in enumerate(_parse_jsonl(data))]
+    return rank_by_prefix(lines, endpoint)
+
+
+def _parse_jsonl(data: bytes) -> list[Any]:
+    """Each non-blank line's JSON value (None where it is not JSON); ``NotJsonlError`` for a file
+    that is no JSONL at all."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -74,35 +82,33 @@ def plan_lines(data: bytes, endpoint: str, check_body: BodyCheck) -> list[Planne
             parsed.append(None)
     if not any(isinstance(p, dict) for p in parsed):
         raise NotJsonlError("no line of the input file is a JSON object: the file is not JSONL")
-    seen: set[str] = set()
-    planned = [_plan_one(i, p, endpoint, check_body, seen) for i, p in enumerate(parsed)]
-    return rank_by_prefix(planned, endpoint)
+    return parsed
 
 
-def _plan_one(line_no: int, obj: Any, endpoint: str, check_body: BodyCheck, seen: set[str]) -> PlannedLine:
+def _read_one(line_no: int, obj: Any, endpoint: str, check_body: BodyCheck, seen: set[str]) -> InputLine:
     if not isinstance(obj, dict):
-        return PlannedLine(line_no, None, None, ("invalid_json_line", f"line {line_no + 1} is not a JSON object"))
+        return InputLine(line_no, None, None, ("invalid_json_line", f"line {line_no + 1} is not a JSON object"))
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        return PlannedLine(line_no, None, None, ("missing_custom_id", f"line {line_no + 1} has no custom_id string"))
+        return InputLine(line_no, None, None, ("missing_custom_id", f"line {line_no + 1} has no custom_id string"))
     if custom_id in seen:
-        return PlannedLine(line_no, custom_id, None,
+        return InputLine(line_no, custom_id, None,
                            ("duplicate_custom_id", f"custom_id {custom_id!r} appears more than once"))
     seen.add(custom_id)
     if obj.get("method", "POST") != "POST":
-        return PlannedLine(line_no, custom_id, None, ("invalid_method", "method must be POST"))
+        return InputLine(line_no, custom_id, None, ("invalid_method", "method must be POST"))
     if obj.get("url") != endpoint:
-        return PlannedLine(line_no, custom_id, None,
+        return InputLine(line_no, custom_id, None,
                            ("mismatched_url", f"url is {obj.get('url')!r}; this batch's endpoint is {endpoint}"))
     body = obj.get("body")
     if not isinstance(body, dict):
-        return PlannedLine(line_no, custom_id, None, ("invalid_body", "body must be a JSON object"))
+        return InputLine(line_no, custom_id, None, ("invalid_body", "body must be a JSON object"))
     if body.get("stream"):
-        return PlannedLine(line_no, custom_id, None, ("invalid_body", "stream is not allowed in a batch"))
+        return InputLine(line_no, custom_id, None, ("invalid_body", "stream is not allowed in a batch"))
     problem = check_body(endpoint, body)
     if problem is not None:
-        return PlannedLine(line_no, custom_id, None, ("invalid_body", problem))
-    return PlannedLine(line_no, custom_id, body)
+        return InputLine(line_no, custom_id, None, ("invalid_body", problem))
+    return InputLine(line_no, custom_id, body)
 
 
 def prompt_text(endpoint: str, body: dict[str, Any]) -> str:
@@ -124,53 +130,12 @@ def _content(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def rank_by_prefix(lines: Sequence[PlannedLine], endpoint: str) -> list[PlannedLine]:
+def rank_by_prefix(lines: Sequence[InputLine], endpoint: str) -> list[InputLine]:
     """The lines (in input order) with ``rank`` set: lexicographic by prompt text, so that every
     group sharing a prefix is contiguous (a depth-first walk of the prompts' trie); ties keep the
     input order. Failed lines rank last (they never run)."""
-    def key(line: PlannedLine) -> tuple[int, str, int]:
+    def key(line: InputLine) -> tuple[int, str, int]:
         return (0, prompt_text(endpoint, line.body), line.line_no) if line.body is not None else (1, "", line.line_no)
     order = sorted(lines, key=key)
     ranks = {line.line_no: r for r, line in enumerate(order)}
-    return [PlannedLine(line.line_no, line.custom_id, line.body, line.error, ranks[line.line_no]) for line in lines]
-
-
-# -- the Batch object's life ----------------------------------------------------------------
-
-STATUSES = ("validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled")
-TERMINAL = frozenset({"failed", "completed", "expired", "cancelled"})
-# status -> the statuses it may move to (OpenAI's lifecycle)
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "validating": frozenset({"in_progress", "failed", "cancelling"}),
-    "in_progress": frozenset({"finalizing", "cancelling", "failed"}),  # failed: the job itself crashed
-    "finalizing": frozenset({"completed", "failed"}),
-    "cancelling": frozenset({"cancelled"}),
-    "failed": frozenset(), "completed": frozenset(), "expired": frozenset(), "cancelled": frozenset(),
-}
-# the Batch timestamp field a status sets when entered
-TIMESTAMP_OF = {"in_progress": "in_progress_at", "finalizing": "finalizing_at", "completed": "completed_at",
-                "failed": "failed_at", "cancelling": "cancelling_at", "cancelled": "cancelled_at"}
-
-
-def check_transition(old: str, new: str) -> None:
-    if new not in TRANSITIONS.get(old, frozenset()):
-        raise ValueError(f"a batch cannot go from {old} to {new}")
-
-
-def resumable(status: str) -> bool:
-    """A job a restarted process picks up again: not finished, whatever step it was killed in."""
-    return status in ("validating", "in_progress", "finalizing", "cancelling")
-
-
-@dataclass(frozen=True, slots=True)
-class RequestCounts:
-    total: int
-    completed: int
-    failed: int
-
-    @property
-    def finished(self) -> int:
-        return self.completed + self.failed
-
-    def as_dict(self) -> dict[str, int]:
-        return {"total": self.total, "completed": self.completed, "failed": self.failed}
+    return [InputLine(line.line_no, line.custom_id, line.body, line.error, ranks[line.line_no]) for line in lines]
