@@ -7,6 +7,10 @@ parameters already resolved against the model's defaults (``SamplingParams``, it
 compiled), its tools (their grammar compiled once), its priority, and what its answer must carry
 back (the prompt as text, a clamped ``max_tokens``). ``Client.submit(request)`` turns it into one
 ``Generate`` message per choice. Pure: no actor, no I/O.
+
+What only the batcher knows -- the chat format's turn markers and the prompt's token count -- it
+adds once, when it admits a choice (``admitted_sampling``): the sampling a choice runs with is final
+from then on, and nothing edits it after.
 """
 
 from __future__ import annotations
@@ -19,14 +23,17 @@ from typing import Any
 
 from llamactor.base.adapters import AdapterSet, adapter_set
 from llamactor.base.config import SEED_LIMIT, SamplingParams
-from llamactor.base.errors import InvalidRequestError
+from llamactor.base.errors import ContextExceededError, InvalidRequestError
 from llamactor.base.grammar import Grammar
+from llamactor.base.logging import get_logger
 from llamactor.base.messages import MAX_EMBEDDING_INPUTS, POOLINGS, Generate, ReplyChannel
 from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
 from llamactor.base.request_checks import check_message_count, check_messages, check_text
 from llamactor.base.tenants import DEFAULT, Tenant
 from llamactor.base.tool_format import ToolCallFormat
 from llamactor.base.tools import Tools
+
+log = get_logger("llamactor.batcher")  # its one event, max_tokens_clamped, is the batcher's (it runs there)
 
 MAX_CHOICES = 64  # choices of one prompt per request (the API's n; HTTP caps n and best_of at 16)
 Prompt = str | Sequence[int]
@@ -158,6 +165,39 @@ class GenerationRequest:
                          echo_prompt=self.echo_prompt, clamp_max_tokens=self.clamp_max_tokens, tenant=self.tenant,
                          lora=self.lora)
                 for i, reply in enumerate(replies)]
+
+
+def admitted_sampling(msg: Generate, turn_stops: tuple[str, ...], n_prompt: int, n_ctx_seq: int) -> SamplingParams:
+    """The sampling choice ``msg`` runs with, final: its own, a chat also stopping at the chat
+    format's ``turn_stops`` (a base model would otherwise write the user's next line too), and
+    ``max_tokens`` fitted to the per-sequence context (batcher thread, at admission).
+
+    It fits if the prompt and ``max_tokens`` do; with ``clamp_max_tokens``, max_tokens is cut to
+    the room the prompt leaves (``Completion.clamped_max_tokens`` reports it); else (or if the
+    prompt alone fills the context) ``ContextExceededError``, with the counts a client needs."""
+    params = msg.params
+    extra = tuple(s for s in turn_stops if s not in params.stop) if msg.messages is not None else ()
+    max_tokens = _fitted_max_tokens(msg, n_prompt, n_ctx_seq)
+    if extra or max_tokens != params.max_tokens:
+        params = params.replace(stop=params.stop + extra, max_tokens=max_tokens)
+    return params
+
+
+def _fitted_max_tokens(msg: Generate, n_prompt: int, n_ctx_seq: int) -> int | None:
+    max_tokens = msg.params.max_tokens
+    if n_prompt + (max_tokens or 1) <= n_ctx_seq:
+        return max_tokens
+    if msg.clamp_max_tokens:
+        if n_prompt >= n_ctx_seq:
+            raise ContextExceededError(f"prompt is too long: {n_prompt} tokens > {n_ctx_seq - 1} maximum",
+                                       n_prompt_tokens=n_prompt, n_ctx=n_ctx_seq)
+        room = n_ctx_seq - n_prompt
+        log.info("max_tokens_clamped", max_tokens=max_tokens, to=room, n_prompt=n_prompt, n_ctx=n_ctx_seq)
+        return room
+    asked = f" + max_tokens ({max_tokens})" if max_tokens else ""
+    raise ContextExceededError(
+        f"prompt ({n_prompt} tokens){asked} exceeds the per-sequence context of {n_ctx_seq} tokens",
+        n_prompt_tokens=n_prompt, n_ctx=n_ctx_seq)
 
 
 @dataclass(frozen=True, slots=True)
