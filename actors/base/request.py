@@ -77,6 +77,9 @@ class GenerationRequest:
     tenant: Tenant = DEFAULT
     # The LoRA adapters it runs under, (name, scale) sorted by name (``adapter_set``); (): the base model.
     lora: AdapterSet = ()
+    # Whether its answers' ``<think>`` blocks are split from their content (``Completion.answer``,
+    # ``Piece.parts``); None: a chat's are, a raw prompt's are not (it is the model's text as written).
+    split_reasoning: bool | None = None
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.text, self.messages, self.token_ids)) != 1:
@@ -112,15 +115,16 @@ class GenerationRequest:
               chat_template_kwargs: Mapping[str, Any] | None = None, continuations: Sequence[Prompt] = (),
               echo_prompt: bool = False, clamp_max_tokens: bool = False, tenant: Tenant = DEFAULT,
               lora: Mapping[str, float] | None = None, adapters: Sequence[str] | None = None,
-              tool_format: ToolCallFormat | None = None, **sampling: Any) -> GenerationRequest:
+              tool_format: ToolCallFormat | None = None, split_reasoning: bool | None = None,
+              **sampling: Any) -> GenerationRequest:
         """The one place loose arguments become a request: ``prompt`` (text or token ids) or
         ``messages``; ``json_schema`` / ``grammar`` compiled; OpenAI-style ``tools`` /
         ``tool_choice`` (or a ``Tools``) checked and, for a required or named choice, turned into
         the grammar, in ``tool_format`` (the model's: ``EngineInfo.tool_format``; None: the
         Hermes fallback, or a given ``Tools``' own); ``echo`` (OpenAI's legacy name) into
         ``prompt_logprobs``; ``lora`` (``{adapter name: scale}``) checked against ``adapters``, the
-        model's adapter names, when given; every other name a ``SamplingParams`` field applied
-        over ``defaults``."""
+        model's adapter names, when given; ``split_reasoning`` as the field says; every other name
+        a ``SamplingParams`` field applied over ``defaults``."""
         chat = messages is not None
         fields = {"messages": messages_tuple(messages)} if chat else prompt_fields(prompt)
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
@@ -141,6 +145,7 @@ class GenerationRequest:
                    chat_template_kwargs=dict(chat_template_kwargs) if chat_template_kwargs else None,
                    continuations=tuple(continuation_field(c) for c in continuations), request_id=request_id,
                    echo_prompt=echo_prompt, clamp_max_tokens=clamp_max_tokens, lora=adapter_set(lora, adapters),
+                   split_reasoning=split_reasoning,
                    tenant=tenant, **fields)  # as for_tenant makes it, without checking it all twice
 
     def for_tenant(self, tenant: Tenant) -> GenerationRequest:
@@ -151,6 +156,10 @@ class GenerationRequest:
     def parsed_tools(self) -> Tools | None:
         """The tools when answers are parsed for calls (not ``tool_choice: none``)."""
         return self.tools if self.tools is not None and self.tools.parses else None
+
+    @property
+    def splits_reasoning(self) -> bool:
+        return self.split_reasoning if self.split_reasoning is not None else self.messages is not None
 
     def generate_messages(self, request_id: str, replies: Sequence[ReplyChannel], submitted_at: float) -> list[Generate]:
         """One ``Generate`` per choice: choice ``i`` is ``<request_id>-<i>`` (the id itself when
@@ -163,7 +172,7 @@ class GenerationRequest:
                          chat_template_kwargs=dict(self.chat_template_kwargs) if self.chat_template_kwargs else None,
                          continuation=self.continuations[i] if self.continuations else None,
                          echo_prompt=self.echo_prompt, clamp_max_tokens=self.clamp_max_tokens, tenant=self.tenant,
-                         lora=self.lora)
+                         lora=self.lora, split_reasoning=self.splits_reasoning)
                 for i, reply in enumerate(replies)]
 
 

@@ -6,5 +6,6 @@ typed requests it makes (``llamactor.base.request``) and what its answer needs, 
 response body of the finished results, and ``events``: its event sequence over the merged pieces
 of a stream (``llamactor.base.completion.ChoiceUpdate``), with the error event a failure after
 the first byte becomes. The routes (``llamactor.http``) and batch lines (``llamactor.jobs``) both
-call the same plans and replies; ``answer`` is the one splitter of reasoning and tool calls.
+call the same plans and replies, which render an answer as the batcher split it
+(``llamactor.base.answer``: ``Piece.parts``, ``Completion.answer``).
 """
