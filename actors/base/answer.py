@@ -23,12 +23,14 @@ __all__ = ["Answer", "AnswerSplitter", "Parts", "WholeText"]
 @dataclass(frozen=True, slots=True)
 class WholeText:
     """What a finished answer becomes in its ``Completion``: the text around the calls (the whole
-    text when there are none), the calls, the answer's parts, and the whole text as written."""
+    text when there are none), the calls, the answer's parts, the whole text as written, and the
+    parts held back until the end (a stream's last)."""
 
     text: str
     calls: tuple[ToolCall, ...]
     answer: Answer
     raw_text: str
+    last: Parts
 
 
 class AnswerSplitter:
@@ -65,18 +67,19 @@ class AnswerSplitter:
         return self._kept(parts)
 
     def whole(self, raw_text: str, calls_count: bool) -> WholeText:
-        """The finished answer (after ``finish``) whose text, as written, is ``raw_text``.
+        """The answer ended (``finish``), whole; its text as written is ``raw_text``.
         ``calls_count`` False (the answer was cut short): its calls are not taken, all is content."""
+        last = self.finish()
         calls = tuple(self._called) if calls_count else ()
         plain = "".join(self._plain)
         opened = self._reasoning is not None and self._reasoning.opened
         reasoning = "".join(self._thought).strip() if opened else None
         if not calls:
-            return WholeText(raw_text, (), Answer(reasoning, plain.lstrip() if opened else plain, ()), raw_text)
+            return WholeText(raw_text, (), Answer(reasoning, plain.lstrip() if opened else plain, ()), raw_text, last)
         content = "".join(self._content)
         # the text around the calls keeps the reasoning as written: what precedes the plain content
         text = (raw_text[:len(raw_text) - len(plain)] + content).strip()
-        return WholeText(text, calls, Answer(reasoning, content.strip(), calls), raw_text)
+        return WholeText(text, calls, Answer(reasoning, content.strip(), calls), raw_text, last)
 
     def _content_parts(self, reasoning: str, content: str) -> Parts:
         self._plain.append(content)

@@ -78,8 +78,7 @@ class RequestState:
         return self.spec
 
     def send(self, reply: ReplyChannel, text: str) -> None:
-        """Stream ``text`` with the logprobs of the tokens not yet sent with an earlier piece, and
-        the parts it adds to the answer (the splitter takes exactly the text the caller sees)."""
+        """Stream ``text``, the answer's parts it completes, and the logprobs not yet sent."""
         unsent = tuple(self.logprobs[self.n_logprobs_sent:]) if self.logprobs is not None else ()
         parts = self.answer.feed(text) if self.answer is not None and text else None
         if reply.send_piece(text, unsent, parts):
@@ -136,8 +135,7 @@ class RequestState:
         """The state the request had after its last checkpointed token, rebuilt by replaying the
         generated tokens: the grammar matcher consumes them, the text assembler takes their bytes
         (so the text held back for stop strings is held back again, and what it emits now was
-        streamed before, so the answer splitter takes it too), the random generator gets its
-        saved state back."""
+        streamed before: the answer splitter takes it), the random generator its saved state."""
         state = cls.create(params, tokenizer)
         state.answer = answer
         generated = progress.generated
@@ -225,9 +223,8 @@ def _with_parsed(completion: Completion, parse: Any) -> Completion:
 def _with_answer(completion: Completion, splitter: AnswerSplitter, reason: str) -> Completion:
     """The answer as its splitter split it: with calls (only an answer that ended on its own has
     them), the text around them, the whole text as ``raw_text`` and finish_reason "tool_calls"."""
-    last = splitter.finish()
     whole = splitter.whole(completion.text, calls_count=reason == "stop")
-    completion = dataclasses.replace(completion, answer=whole.answer, last_parts=last)
+    completion = dataclasses.replace(completion, answer=whole.answer, last_parts=whole.last)
     if not whole.calls:
         return completion
     return dataclasses.replace(completion, text=whole.text, raw_text=whole.raw_text, tool_calls=whole.calls,

@@ -81,16 +81,17 @@ def test_a_streamed_answer_splits_as_the_whole_answer_does_however_it_is_cut(raw
     tools = Tools.from_openai([WEATHER], parallel_tool_calls=True)
     at_once = AnswerSplitter(tools)
     at_once.feed(raw)
-    at_once.finish()
     whole = at_once.whole(raw, calls_count=True)
     assert whole.text == parse_tool_calls(raw, tools)[0]  # the Completion's text, as the whole text's parse has it
     for cut in range(len(raw) + 1):
         splitter = AnswerSplitter(tools)
-        parts = [splitter.feed(raw[:cut]), splitter.feed(raw[cut:]), splitter.finish()]
+        parts = [splitter.feed(raw[:cut]), splitter.feed(raw[cut:])]
+        ended = splitter.whole(raw, calls_count=True)
+        parts.append(ended.last)
         assert "".join(p.reasoning for p in parts).strip() == (whole.answer.reasoning or ""), cut
         assert "".join(p.content for p in parts).strip() == whole.answer.content.strip(), cut
         assert [(c.name, c.arguments) for p in parts for c in p.calls] == [(c.name, c.arguments) for c in whole.calls]
-        assert splitter.whole(raw, calls_count=True).text == whole.text, cut
+        assert ended.text == whole.text, cut
 
 
 # -- the one framing, the one error policy --------------------------------------------------

@@ -29,7 +29,6 @@ def answered(c: Completion) -> Completion:
     """``c`` as the batcher finishes a chat's answer: split (``Completion.answer``), its calls as given."""
     splitter = AnswerSplitter(None)
     splitter.feed(c.text)
-    splitter.finish()
     split = splitter.whole(c.text, calls_count=False).answer
     return dataclasses.replace(c, answer=Answer(split.reasoning, split.content, tuple(c.tool_calls)))
 
