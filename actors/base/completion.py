@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "cancelled", "context_full", "tool_calls"]
@@ -64,14 +64,44 @@ class Embeddings:
 
 
 @dataclass(frozen=True, slots=True)
+class Parts:
+    """What one piece (or the end of an answer) adds to it: reasoning, content, whole tool calls
+    (split by ``llamactor.base.answer.AnswerSplitter``)."""
+
+    reasoning: str = ""
+    content: str = ""
+    calls: list[Any] = field(default_factory=list)  # llamactor.base.tools.ToolCall
+
+    def __bool__(self) -> bool:
+        return bool(self.reasoning or self.content or self.calls)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A finished answer's parts, as a front end renders them."""
+
+    reasoning: str | None  # None: the model did not reason (or its request did not ask it split)
+    content: str
+    calls: tuple[Any, ...]  # llamactor.base.tools.ToolCall
+
+
+@dataclass(frozen=True, slots=True)
 class Piece:
     """One streamed piece of text, with the tokens it completes when logprobs were asked for.
 
     Text is held back while it might become a stop string or splits a UTF-8 character, so a
-    piece may carry several tokens, and a token's logprob arrives with the piece its text ends in."""
+    piece may carry several tokens, and a token's logprob arrives with the piece its text ends in.
+    ``parts``: what the text adds to the answer's reasoning, content and tool calls, when its
+    request has its answer split (a chat; ``llamactor.base.answer``); None: all of it is content."""
 
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
+    parts: Parts | None = None
+
+    @property
+    def split(self) -> Parts:
+        """``parts``, or the text as content when the request has its answer not split."""
+        return self.parts if self.parts is not None else Parts(content=self.text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,15 +126,25 @@ class Completion:
     # short by max_tokens or failed validation; see ``parse_error``).
     parsed: Any = None
     parse_error: str | None = None
-    # A chat with tools: the calls parsed out of the answer (``text`` is then what is left around
+    # A chat with tools: the calls read out of the answer (``text`` is then what is left around
     # them, ``raw_text`` the whole answer) and finish_reason "tool_calls".
     tool_calls: tuple[Any, ...] = ()  # llamactor.base.tools.ToolCall
     raw_text: str | None = None
+    # A chat's answer as the one splitter (``llamactor.base.answer``) split it on the batcher: its
+    # reasoning, content and calls, what front ends render; and ``last_parts``, what the splitter
+    # held back until the answer ended (a stream's last parts). None: the answer is not split.
+    answer: Answer | None = None
+    last_parts: Parts | None = None
     # The stop string that ended the answer (the request's, or the chat format's turn marker);
     # None when it ended otherwise (end of generation, max_tokens ...).
     stop_sequence: str | None = None
     prompt_text: str | None = None  # with ``echo_prompt``: the prompt's tokens as text
     clamped_max_tokens: int | None = None  # with ``clamp_max_tokens``: the room max_tokens was cut to
+
+    @property
+    def split(self) -> Answer:
+        """``answer``, or (an answer not split) the text as content with its tool calls."""
+        return self.answer if self.answer is not None else Answer(None, self.text, tuple(self.tool_calls))
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

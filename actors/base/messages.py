@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamactor.base.adapters import AdapterSet
-from llamactor.base.completion import Completion, Embeddings, Piece, Tokenized, TokenLogprob
+from llamactor.base.completion import Completion, Embeddings, Parts, Piece, Tokenized, TokenLogprob
 from llamactor.base.config import SamplingParams
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import LlamactorError
@@ -41,15 +41,15 @@ class ReplyChannel:
         futures and callbacks stay where they were; the receiver gives the message its own."""
         return ReplyChannel, ()
 
-    def send_piece(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> bool:
-        """Stream ``text`` (with the logprobs of the tokens it completes); False if it is empty
-        and so was not sent (its logprobs then go with the next piece)."""
+    def send_piece(self, text: str, logprobs: tuple[TokenLogprob, ...] = (), parts: Parts | None = None) -> bool:
+        """Stream ``text`` (with the logprobs of the tokens it completes, and its answer's parts);
+        False if it is empty and so was not sent (its logprobs then go with the next piece)."""
         if not text:
             return False
         if self.on_piece is not None:
             self.n_pieces_sent += 1
             try:
-                self.on_piece(Piece(text, logprobs))
+                self.on_piece(Piece(text, logprobs, parts))
             except Exception:  # noqa: BLE001 - e.g. the caller's event loop is closed
                 # A broken consumer must not crash the batcher that serves everyone else:
                 # cancel this request instead (the batcher sees the cancelled future).
@@ -123,6 +123,7 @@ class Generate:
     clamp_max_tokens: bool = False  # max_tokens beyond the context's room is cut to it, not refused
     tenant: Tenant = DEFAULT  # whose: the caches it may hit (its scope), its fair share
     lora: AdapterSet = ()  # the LoRA adapters (name, scale) it runs under; (): the base model
+    split_reasoning: bool = False  # its answer's <think> block split from its content (llamactor.base.answer)
 
 
 POOLINGS = ("mean", "cls", "last")

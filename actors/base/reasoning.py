@@ -1,10 +1,11 @@
 """Reasoning ("thinking") in an answer: the ``<think>…</think>`` block that DeepSeek-R1- and
 Qwen3-style chat templates make the model write before its answer (pure; any thread).
 
-``split_reasoning`` separates a finished answer; ``ReasoningSplitter`` does it piece by piece for
-streams, holding back text that may be the start of a tag; both agree on every answer. An answer
-that does not open with ``<think>`` is all content (a template that opens the block in the prompt
-itself, as some DeepSeek-R1 builds do, is not split: its answers carry only the closing tag).
+``ReasoningSplitter`` separates it piece by piece, holding back text that may be the start of a
+tag; ``split_reasoning`` is the same splitter fed a finished answer at once, its ends stripped.
+An answer that does not open with ``<think>`` is all content (a template that opens the block in
+the prompt itself, as some DeepSeek-R1 builds do, is not split: its answers carry only the
+closing tag).
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ OPEN, CLOSE = "<think>", "</think>"
 
 def split_reasoning(text: str) -> tuple[str | None, str]:
     """``(reasoning, content)`` of a whole answer; reasoning is None when there is none."""
-    stripped = text.lstrip()
-    if stripped.startswith(OPEN):
-        body = stripped[len(OPEN):]
-        reasoning, closed, content = body.partition(CLOSE)
-        return reasoning.strip(), content.lstrip() if closed else ""
-    return None, text
+    splitter = ReasoningSplitter()
+    reasoning, content = splitter.feed(text)
+    rest_reasoning, rest_content = splitter.finish()
+    reasoning, content = reasoning + rest_reasoning, content + rest_content
+    return (reasoning.strip(), content.lstrip()) if splitter.opened else (None, content)
 
 
 class ReasoningSplitter:
@@ -28,6 +28,7 @@ class ReasoningSplitter:
     def __init__(self) -> None:
         self._buffer = ""
         self._state = "start"  # start -> reasoning -> content, or start -> content
+        self._opened = False
 
     def feed(self, piece: str) -> tuple[str, str]:
         self._buffer += piece
@@ -35,6 +36,7 @@ class ReasoningSplitter:
             head = self._buffer.lstrip()
             if head.startswith(OPEN):
                 self._state, self._buffer = "reasoning", head[len(OPEN):].lstrip("\n")
+                self._opened = True
             elif head and not OPEN.startswith(head):
                 self._state = "content"
             else:
@@ -49,6 +51,11 @@ class ReasoningSplitter:
             return out, ""
         out, self._buffer = self._buffer, ""
         return "", out
+
+    @property
+    def opened(self) -> bool:
+        """Whether the answer opened with a ``<think>`` block (then its reasoning is not None)."""
+        return self._opened
 
     def finish(self) -> tuple[str, str]:
         """What is still held back when the stream ends."""

@@ -7,6 +7,10 @@ parameters already resolved against the model's defaults (``SamplingParams``, it
 compiled), its tools (their grammar compiled once), its priority, and what its answer must carry
 back (the prompt as text, a clamped ``max_tokens``). ``Client.submit(request)`` turns it into one
 ``Generate`` message per choice. Pure: no actor, no I/O.
+
+What only the batcher knows -- the chat format's turn markers and the prompt's token count -- it
+adds once, when it admits a choice (``admitted_sampling``): the sampling a choice runs with is final
+from then on, and nothing edits it after.
 """
 
 from __future__ import annotations
@@ -19,14 +23,17 @@ from typing import Any
 
 from llamactor.base.adapters import AdapterSet, adapter_set
 from llamactor.base.config import SEED_LIMIT, SamplingParams
-from llamactor.base.errors import InvalidRequestError
+from llamactor.base.errors import ContextExceededError, InvalidRequestError
 from llamactor.base.grammar import Grammar
+from llamactor.base.logging import get_logger
 from llamactor.base.messages import MAX_EMBEDDING_INPUTS, POOLINGS, Generate, ReplyChannel
 from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
 from llamactor.base.request_checks import check_message_count, check_messages, check_text
 from llamactor.base.tenants import DEFAULT, Tenant
 from llamactor.base.tool_format import ToolCallFormat
 from llamactor.base.tools import Tools
+
+log = get_logger("llamactor.batcher")  # its one event, max_tokens_clamped, is the batcher's (it runs there)
 
 MAX_CHOICES = 64  # choices of one prompt per request (the API's n; HTTP caps n and best_of at 16)
 Prompt = str | Sequence[int]
@@ -70,6 +77,9 @@ class GenerationRequest:
     tenant: Tenant = DEFAULT
     # The LoRA adapters it runs under, (name, scale) sorted by name (``adapter_set``); (): the base model.
     lora: AdapterSet = ()
+    # Whether its answers' ``<think>`` blocks are split from their content (``Completion.answer``,
+    # ``Piece.parts``); None: a chat's are, a raw prompt's are not (it is the model's text as written).
+    split_reasoning: bool | None = None
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.text, self.messages, self.token_ids)) != 1:
@@ -105,15 +115,16 @@ class GenerationRequest:
               chat_template_kwargs: Mapping[str, Any] | None = None, continuations: Sequence[Prompt] = (),
               echo_prompt: bool = False, clamp_max_tokens: bool = False, tenant: Tenant = DEFAULT,
               lora: Mapping[str, float] | None = None, adapters: Sequence[str] | None = None,
-              tool_format: ToolCallFormat | None = None, **sampling: Any) -> GenerationRequest:
+              tool_format: ToolCallFormat | None = None, split_reasoning: bool | None = None,
+              **sampling: Any) -> GenerationRequest:
         """The one place loose arguments become a request: ``prompt`` (text or token ids) or
         ``messages``; ``json_schema`` / ``grammar`` compiled; OpenAI-style ``tools`` /
         ``tool_choice`` (or a ``Tools``) checked and, for a required or named choice, turned into
         the grammar, in ``tool_format`` (the model's: ``EngineInfo.tool_format``; None: the
         Hermes fallback, or a given ``Tools``' own); ``echo`` (OpenAI's legacy name) into
         ``prompt_logprobs``; ``lora`` (``{adapter name: scale}``) checked against ``adapters``, the
-        model's adapter names, when given; every other name a ``SamplingParams`` field applied
-        over ``defaults``."""
+        model's adapter names, when given; ``split_reasoning`` as the field says; every other name
+        a ``SamplingParams`` field applied over ``defaults``."""
         chat = messages is not None
         fields = {"messages": messages_tuple(messages)} if chat else prompt_fields(prompt)
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
@@ -134,6 +145,7 @@ class GenerationRequest:
                    chat_template_kwargs=dict(chat_template_kwargs) if chat_template_kwargs else None,
                    continuations=tuple(continuation_field(c) for c in continuations), request_id=request_id,
                    echo_prompt=echo_prompt, clamp_max_tokens=clamp_max_tokens, lora=adapter_set(lora, adapters),
+                   split_reasoning=split_reasoning,
                    tenant=tenant, **fields)  # as for_tenant makes it, without checking it all twice
 
     def for_tenant(self, tenant: Tenant) -> GenerationRequest:
@@ -144,6 +156,10 @@ class GenerationRequest:
     def parsed_tools(self) -> Tools | None:
         """The tools when answers are parsed for calls (not ``tool_choice: none``)."""
         return self.tools if self.tools is not None and self.tools.parses else None
+
+    @property
+    def splits_reasoning(self) -> bool:
+        return self.split_reasoning if self.split_reasoning is not None else self.messages is not None
 
     def generate_messages(self, request_id: str, replies: Sequence[ReplyChannel], submitted_at: float) -> list[Generate]:
         """One ``Generate`` per choice: choice ``i`` is ``<request_id>-<i>`` (the id itself when
@@ -156,8 +172,41 @@ class GenerationRequest:
                          chat_template_kwargs=dict(self.chat_template_kwargs) if self.chat_template_kwargs else None,
                          continuation=self.continuations[i] if self.continuations else None,
                          echo_prompt=self.echo_prompt, clamp_max_tokens=self.clamp_max_tokens, tenant=self.tenant,
-                         lora=self.lora)
+                         lora=self.lora, split_reasoning=self.splits_reasoning)
                 for i, reply in enumerate(replies)]
+
+
+def admitted_sampling(msg: Generate, turn_stops: tuple[str, ...], n_prompt: int, n_ctx_seq: int) -> SamplingParams:
+    """The sampling choice ``msg`` runs with, final: its own, a chat also stopping at the chat
+    format's ``turn_stops`` (a base model would otherwise write the user's next line too), and
+    ``max_tokens`` fitted to the per-sequence context (batcher thread, at admission).
+
+    It fits if the prompt and ``max_tokens`` do; with ``clamp_max_tokens``, max_tokens is cut to
+    the room the prompt leaves (``Completion.clamped_max_tokens`` reports it); else (or if the
+    prompt alone fills the context) ``ContextExceededError``, with the counts a client needs."""
+    params = msg.params
+    extra = tuple(s for s in turn_stops if s not in params.stop) if msg.messages is not None else ()
+    max_tokens = _fitted_max_tokens(msg, n_prompt, n_ctx_seq)
+    if extra or max_tokens != params.max_tokens:
+        params = params.replace(stop=params.stop + extra, max_tokens=max_tokens)
+    return params
+
+
+def _fitted_max_tokens(msg: Generate, n_prompt: int, n_ctx_seq: int) -> int | None:
+    max_tokens = msg.params.max_tokens
+    if n_prompt + (max_tokens or 1) <= n_ctx_seq:
+        return max_tokens
+    if msg.clamp_max_tokens:
+        if n_prompt >= n_ctx_seq:
+            raise ContextExceededError(f"prompt is too long: {n_prompt} tokens > {n_ctx_seq - 1} maximum",
+                                       n_prompt_tokens=n_prompt, n_ctx=n_ctx_seq)
+        room = n_ctx_seq - n_prompt
+        log.info("max_tokens_clamped", max_tokens=max_tokens, to=room, n_prompt=n_prompt, n_ctx=n_ctx_seq)
+        return room
+    asked = f" + max_tokens ({max_tokens})" if max_tokens else ""
+    raise ContextExceededError(
+        f"prompt ({n_prompt} tokens){asked} exceeds the per-sequence context of {n_ctx_seq} tokens",
+        n_prompt_tokens=n_prompt, n_ctx=n_ctx_seq)
 
 
 @dataclass(frozen=True, slots=True)

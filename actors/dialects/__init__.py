@@ -7,5 +7,6 @@ tokenizer and template endpoints -- its request schema (pydantic), its ``call`` 
 response body of the finished results, and ``events``: its event sequence over the merged pieces
 of a stream (``llamactor.base.completion.ChoiceUpdate``), with the error event a failure after
 the first byte becomes. The routes (``llamactor.http``) and batch lines (``llamactor.jobs``) both
-build the same calls and replies; ``answer`` is the one splitter of reasoning and tool calls.
+build the same calls and replies, which render an answer as the batcher split it
+(``llamactor.base.answer``: ``Piece.parts``, ``Completion.answer``).
 """

@@ -56,6 +56,7 @@ from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
 from llamactor.scheduling.tier_index import RestoreOp
 from llamactor.tree.prompt_prep import PromptPrep
+from llamactor.base.request import admitted_sampling
 from llamactor.tree.prompt_tokens import PromptBuilder
 from llamactor.tree.request_state import finish_request, request_error, resume_sequence, shared, start_sequence
 from llamactor.scheduling.packed_kv import PackedScheduler
@@ -268,11 +269,12 @@ class BatcherActor(pykka.ThreadingActor):
                 return
             try:
                 self.engine.adapters.check(msg.lora)  # built without the model's names (a remote caller)
-                params, n_ctx_seq = self.prompts.params(msg), self.engine.info.n_ctx_seq
+                n_ctx_seq = self.engine.info.n_ctx_seq
                 # A crashed batcher was running it: go on from its checkpoint. (A scored prompt starts
                 # again: its rows are not in the checkpoint, and it streamed nothing before its end.)
-                if msg.reply.progress is not None and params.prompt_logprobs is None:
-                    params = self.prompts.fit(msg, params, len(msg.reply.progress.prompt_ids), n_ctx_seq)
+                if msg.reply.progress is not None and msg.params.prompt_logprobs is None:
+                    params = admitted_sampling(msg, self.prompts.template.stop, len(msg.reply.progress.prompt_ids),
+                                               n_ctx_seq)
                     seq = resume_sequence(msg, params, self.engine.tokenizer)
                     log.info("request_resumed", n_prompt=seq.n_prompt, n_generated=seq.n_generated,
                              n_resumed=seq.n_resumed)
@@ -301,7 +303,7 @@ class BatcherActor(pykka.ThreadingActor):
                     msg.reply.resolve(done.result)  # type: ignore[arg-type]
                     return
                 tokens, n_context = done.result  # type: ignore[misc]
-                params = self.prompts.fit(msg, self.prompts.params(msg), len(tokens), self.engine.info.n_ctx_seq)
+                params = admitted_sampling(msg, self.prompts.template.stop, len(tokens), self.engine.info.n_ctx_seq)
                 self._enqueue(start_sequence(msg, tokens, n_context, params, self.engine.tokenizer))
             except LlamactorError as e:
                 self._reject(msg, e)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from llamactor.base.config import SamplingParams
-from llamactor.base.logging import get_logger
 from llamactor.base.errors import ContextExceededError, InvalidRequestError
 from llamactor.base.completion import Tokenized
 from llamactor.base.messages import Generate, Tokenize
@@ -23,7 +21,6 @@ from llamactor.base.chat_template import ChatTemplate, ChatTemplateError
 from llamactor.native.tokenizer import Tokenizer
 
 _SPLIT_MARK = "\x00llamactor-split\x00"
-log = get_logger("llamactor.batcher")
 
 
 class PromptBuilder:
@@ -41,12 +38,6 @@ class PromptBuilder:
                                          {"role": "user", "content": _SPLIT_MARK}])
         chat = self._tokenize_rendered(rendered.split(_SPLIT_MARK)[0])
         return [self._system_tokens, chat] if chat != self._system_tokens else [self._system_tokens]
-
-    def params(self, msg: Generate) -> SamplingParams:
-        """The request's sampling parameters; a chat in the transcript format also stops at the next
-        turn marker (a base model would otherwise write the user's next line too)."""
-        extra = [s for s in self.template.stop if s not in msg.params.stop] if msg.messages is not None else []
-        return msg.params.replace(stop=msg.params.stop + tuple(extra)) if extra else msg.params
 
     def prompt_tokens(self, msg: Generate, n_ctx_seq: int | None = None) -> tuple[list[int], int]:
         """The request's full prompt, and where its continuation starts (scoring; else its length).
@@ -79,7 +70,7 @@ class PromptBuilder:
     def _check_room(self, n_ctx_seq: int | None, text: str, continuation: str | tuple[int, ...] | None,
                     n_known: int = 0) -> None:
         """``ContextExceededError`` if ``text`` (+ ``continuation``, + ``n_known`` tokens) has more
-        tokens than any prompt may (``fit`` wants room for one more), counting the fewest tokens
+        tokens than any prompt may (``admitted_sampling`` wants room for one more), counting the fewest tokens
         its bytes can be: sound, so no prompt that would fit is refused; O(1) past the encoding."""
         if n_ctx_seq is None:
             return
@@ -93,26 +84,6 @@ class PromptBuilder:
             raise ContextExceededError(
                 f"prompt is too long: at least {least} tokens ({sum(n_bytes)} bytes of text) > {maximum} maximum",
                 n_prompt_tokens=least, n_ctx=n_ctx_seq)
-
-    @staticmethod
-    def fit(msg: Generate, params: SamplingParams, n_prompt: int, n_ctx_seq: int) -> SamplingParams:
-        """``params`` if the prompt and ``max_tokens`` fit in the per-sequence context; with
-        ``clamp_max_tokens``, max_tokens cut to the room the prompt leaves; else (or if the
-        prompt alone fills the context) ``ContextExceededError``, with the counts a client needs."""
-        needed = n_prompt + (params.max_tokens or 1)
-        if needed <= n_ctx_seq:
-            return params
-        if msg.clamp_max_tokens:
-            if n_prompt >= n_ctx_seq:
-                raise ContextExceededError(f"prompt is too long: {n_prompt} tokens > {n_ctx_seq - 1} maximum",
-                                           n_prompt_tokens=n_prompt, n_ctx=n_ctx_seq)
-            room = n_ctx_seq - n_prompt
-            log.info("max_tokens_clamped", max_tokens=params.max_tokens, to=room, n_prompt=n_prompt, n_ctx=n_ctx_seq)
-            return params.replace(max_tokens=room)
-        asked = f" + max_tokens ({params.max_tokens})" if params.max_tokens else ""
-        raise ContextExceededError(
-            f"prompt ({n_prompt} tokens){asked} exceeds the per-sequence context of {n_ctx_seq} tokens",
-            n_prompt_tokens=n_prompt, n_ctx=n_ctx_seq)
 
     def _continuation_tokens(self, continuation: str | tuple[int, ...]) -> list[int]:
         """A scored continuation on its own: no BOS, special-token text kept as text (lm-eval's

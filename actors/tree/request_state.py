@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from llamactor.base.answer import AnswerSplitter
 from llamactor.base.logging import get_logger
 from llamactor.base.completion import Completion, Timings, TokenLogprob, Usage
 from llamactor.base.config import SamplingParams
@@ -32,7 +33,6 @@ from llamactor.base.errors import CancelledError, EngineError, InvalidRequestErr
     RequestFailedError
 from llamactor.tree.grammar_sampler import new_matcher
 from llamactor.base.messages import Generate, Progress, ReplyChannel
-from llamactor.base.tools import parse_tool_calls
 from llamactor.native.graph_sampling import GraphChain
 from llamactor.native.sampling import RowSpec
 from llamactor.native.tokenizer import Tokenizer
@@ -56,6 +56,7 @@ class RequestState:
     n_logprobs_sent: int = 0  # logprobs already attached to streamed pieces
     progress: Progress | None = None  # the checkpoint on the request's reply channel, kept up to date
     graph: GraphChain | None = None  # its sampler chain when llama.cpp samples it inside the graph
+    answer: AnswerSplitter | None = None  # splits its answer as it streams (None: nothing to split)
 
     @classmethod
     def create(cls, params: SamplingParams, tokenizer: Tokenizer) -> RequestState:
@@ -77,9 +78,10 @@ class RequestState:
         return self.spec
 
     def send(self, reply: ReplyChannel, text: str) -> None:
-        """Stream ``text`` with the logprobs of the tokens not yet sent with an earlier piece."""
+        """Stream ``text``, the answer's parts it completes, and the logprobs not yet sent."""
         unsent = tuple(self.logprobs[self.n_logprobs_sent:]) if self.logprobs is not None else ()
-        if reply.send_piece(text, unsent):
+        parts = self.answer.feed(text) if self.answer is not None and text else None
+        if reply.send_piece(text, unsent, parts):
             self.n_logprobs_sent += len(unsent)
 
     def accept(self, seq: Sequence, token: int, logprob: float | None, top: list[tuple[int, float]],
@@ -128,12 +130,14 @@ class RequestState:
             p.rng_state = self.rng.bit_generator.state
 
     @classmethod
-    def resume(cls, params: SamplingParams, tokenizer: Tokenizer, progress: Progress) -> RequestState:
+    def resume(cls, params: SamplingParams, tokenizer: Tokenizer, progress: Progress,
+               answer: AnswerSplitter | None = None) -> RequestState:
         """The state the request had after its last checkpointed token, rebuilt by replaying the
         generated tokens: the grammar matcher consumes them, the text assembler takes their bytes
         (so the text held back for stop strings is held back again, and what it emits now was
-        streamed before), the random generator gets its saved state back."""
+        streamed before: the answer splitter takes it), the random generator its saved state."""
         state = cls.create(params, tokenizer)
+        state.answer = answer
         generated = progress.generated
         if progress.rng_state is not None:
             state.rng.bit_generator.state = progress.rng_state
@@ -142,8 +146,10 @@ class RequestState:
         if state.logprobs is not None and progress.logprobs is not None:
             state.logprobs = progress.logprobs[:len(generated)]  # the crash may have left one unrecorded
         for i, token in enumerate(generated):
-            if state.text.push(tokenizer.token_bytes(token)) and state.logprobs is not None:
-                state.n_logprobs_sent = i + 1
+            if streamed := state.text.push(tokenizer.token_bytes(token)):
+                state.n_logprobs_sent = i + 1 if state.logprobs is not None else 0
+                if answer is not None:
+                    answer.feed(streamed)
         state.n_generated = len(generated)
         state.progress = progress
         progress.logprobs = state.logprobs
@@ -160,6 +166,7 @@ def start_sequence(msg: Generate, prompt_ids: list[int], n_context: int, params:
     seq = Sequence(request=msg, token_ids=prompt_ids, n_prompt=len(prompt_ids), scoring=scoring,
                    prompt_only=params.max_tokens == 0)
     seq.state = state = RequestState.create(params, tokenizer)
+    state.answer = AnswerSplitter.of(msg.tools, msg.split_reasoning)
     state.progress = msg.reply.progress = Progress(tuple(prompt_ids), logprobs=state.logprobs)
     return seq
 
@@ -170,7 +177,7 @@ def resume_sequence(msg: Generate, params: SamplingParams, tokenizer: Tokenizer)
     timings as its caller has seen them so far."""
     progress = msg.reply.progress
     assert progress is not None
-    state = RequestState.resume(params, tokenizer, progress)
+    state = RequestState.resume(params, tokenizer, progress, AnswerSplitter.of(msg.tools, msg.split_reasoning))
     progress.n_resumed += 1
     seq = Sequence(request=msg, token_ids=[*progress.prompt_ids, *progress.generated],
                    n_prompt=len(progress.prompt_ids), n_cached=progress.n_cached, n_preempted=progress.n_preempted,
@@ -211,6 +218,17 @@ def _with_parsed(completion: Completion, parse: Any) -> Completion:
         return dataclasses.replace(completion, parsed=parse(completion.text))
     except Exception as e:  # noqa: BLE001 - a user's validator may raise anything; the text stays available
         return dataclasses.replace(completion, parse_error=str(e))
+
+
+def _with_answer(completion: Completion, splitter: AnswerSplitter, reason: str) -> Completion:
+    """The answer as its splitter split it: with calls (only an answer that ended on its own has
+    them), the text around them, the whole text as ``raw_text`` and finish_reason "tool_calls"."""
+    whole = splitter.whole(completion.text, calls_count=reason == "stop")
+    completion = dataclasses.replace(completion, answer=whole.answer, last_parts=whole.last)
+    if not whole.calls:
+        return completion
+    return dataclasses.replace(completion, text=whole.text, raw_text=whole.raw_text, tool_calls=whole.calls,
+                               finish_reason="tool_calls")
 
 
 def _prompt_logprobs(seq: Sequence, tokenizer: Tokenizer | None) -> dict[str, Any]:
@@ -266,11 +284,8 @@ def finish_request(seq: Sequence, reason: str, error: LlamactorError | None = No
     )
     if state is not None and state.params.grammar is not None and state.params.grammar.parse is not None:
         completion = _with_parsed(completion, state.params.grammar.parse)
-    if req.tools is not None and req.tools.parses and reason == "stop":
-        content, calls = parse_tool_calls(text, req.tools)
-        if calls:
-            completion = dataclasses.replace(completion, text=content, raw_text=text, tool_calls=calls,
-                                             finish_reason="tool_calls")
+    if state is not None and state.answer is not None:
+        completion = _with_answer(completion, state.answer, reason)
     log.info("request_finished", request_id=req.request_id, tenant=req.tenant.name, n_prompt=seq.n_prompt,
              n_cached=seq.n_cached,
              n_gen=n_gen, ttft_ms=completion.timings.ttft_ms, ms=completion.timings.total_ms,

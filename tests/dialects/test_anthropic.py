@@ -26,7 +26,7 @@ from llamactor.dialects.anthropic.schema import MessagesRequest, ToolChoice
 from llamactor.http.anthropic_routes import ANTHROPIC_SSE
 from llamactor.http.framing import with_keepalive
 
-from tests.support.dialects import CTX, completion, framed, updates
+from tests.support.dialects import CTX, answered, completion, framed, updates
 
 pytestmark = pytest.mark.pure
 WEATHER = {"name": "get_weather", "description": "The weather of a city",
@@ -123,7 +123,7 @@ def test_the_stop_sequence_reported_is_the_callers_own_and_a_clamp_that_ran_out_
 
 def test_the_message_splits_reasoning_and_gives_tool_calls_object_inputs() -> None:
     call = ToolCall("call_abc", "get_weather", '{"city": "Paris"}')
-    m = message(messages_of(), completion("<think>Use the tool.</think>", "tool_calls", (call,)))
+    m = message(messages_of(), answered(completion("<think>Use the tool.</think>", "tool_calls", (call,))))
     assert m["content"] == [{"type": "thinking", "thinking": "Use the tool.", "signature": "llamactor"},
                             {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}}]
     assert m["stop_reason"] == "tool_use" and m["stop_sequence"] is None
@@ -136,7 +136,7 @@ def test_the_message_splits_reasoning_and_gives_tool_calls_object_inputs() -> No
 def sse_bytes(pieces: list[str], done: Completion | LlamactorError, tools: Any = None) -> bytes:
     """The message's events as the transport frames them."""
     p = messages_of(tools=[WEATHER]) if tools else messages_of()
-    return framed(message_events(p, updates(pieces, done)), ANTHROPIC_SSE, stream_error).encode()
+    return framed(message_events(p, updates(pieces, done, p.request)), ANTHROPIC_SSE, stream_error).encode()
 
 
 def sdk_client(body: bytes) -> anthropic.Anthropic:

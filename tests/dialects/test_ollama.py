@@ -20,7 +20,7 @@ from llamactor.dialects.ollama.schema import ChatRequest, EmbedRequest, Generate
 from llamactor.http.framing import NDJSON
 from llamactor.native.gguf_header import human_number, read_gguf
 
-from tests.support.dialects import CTX, collect, framed, updates
+from tests.support.dialects import CTX, answered, collect, framed, updates
 
 pytestmark = pytest.mark.pure
 
@@ -119,7 +119,8 @@ def test_history_tool_calls_become_json_text_and_results_find_their_call() -> No
 
 def test_a_streamed_tool_call_reaches_the_ollama_client_with_arguments_as_an_object() -> None:
     pieces = ["<tool_", 'call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>']
-    lines = collect(answer_lines(chat(tools=WEATHER), updates(pieces, completion("", finish_reason="tool_calls")), 0))
+    plan = chat(tools=WEATHER)
+    lines = collect(answer_lines(plan, updates(pieces, completion("", finish_reason="tool_calls"), plan.request), 0))
     assert len(lines) == 2 and lines[-1]["done"]  # the call whole, then the final line
     parsed = ollama.ChatResponse(**lines[0])
     call = parsed.message.tool_calls[0]
@@ -131,17 +132,19 @@ def test_a_streamed_tool_call_reaches_the_ollama_client_with_arguments_as_an_obj
 def test_thinking_is_split_from_content_and_dropped_when_not_wanted() -> None:
     pieces = ["<thi", "nk>Let me see.</th", "ink>Blue."]
     for think, expected in ((None, "Let me see."), (True, "Let me see."), (False, "")):
-        lines = collect(answer_lines(chat(think=think), updates(pieces, completion("")), 0))
+        plan = chat(think=think)
+        lines = collect(answer_lines(plan, updates(pieces, completion(""), plan.request), 0))
         assert "".join(line["message"].get("thinking", "") for line in lines) == expected
         assert "".join(line["message"]["content"] for line in lines) == "Blue."
     raw = generate_call(GenerateRequest(model="m", prompt="p", raw=True), CTX, 2048)
     assert raw is not None
-    lines = collect(answer_lines(raw, updates(["<think>x</think>y"], completion("")), 0))
+    lines = collect(answer_lines(raw, updates(["<think>x</think>y"], completion(""), raw.request), 0))
     assert lines[0]["response"] == "<think>x</think>y" and "thinking" not in lines[0]
 
 
 def test_a_whole_answer_carries_counts_durations_and_logprobs_in_ollamas_shape() -> None:
-    c = completion("<think>hm</think>Blue.", logprobs=(TokenLogprob("Blue", -0.5, (("Blue", -0.5), ("Red", -1.5))),))
+    blue = TokenLogprob("Blue", -0.5, (("Blue", -0.5), ("Red", -1.5)))
+    c = answered(completion("<think>hm</think>Blue.", logprobs=(blue,)))
     reply = whole_answer(chat(logprobs=True), c, 1000)
     parsed = ollama.ChatResponse(**reply)
     message = parsed.message

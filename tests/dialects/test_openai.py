@@ -16,7 +16,7 @@ from llamactor.base.config import SamplingParams
 from llamactor.base.errors import BatcherRestartedError, InvalidRequestError
 from llamactor.base.request import GenerationRequest
 from llamactor.base.tools import ToolCall, Tools, parse_tool_calls
-from llamactor.dialects.answer import AnswerSplitter, split_answer
+from llamactor.base.answer import AnswerSplitter
 from llamactor.dialects.openai.call import chat_call, completions_call
 from llamactor.dialects.openai.events import chat_events, completion_events, stream_error
 from llamactor.dialects.openai.schema import ChatRequest, CompletionRequest
@@ -79,14 +79,19 @@ def test_the_tool_grammar_closes_argument_objects_and_bounds_numbers() -> None:
                                  CALL + "\n" + CALL.replace("Paris", "Rome"), "<think>unfinished", "<tool_ca"])
 def test_a_streamed_answer_splits_as_the_whole_answer_does_however_it_is_cut(raw: str) -> None:
     tools = Tools.from_openai([WEATHER], parallel_tool_calls=True)
-    text, calls = parse_tool_calls(raw, tools)  # what the engine puts in the Completion
-    whole = split_answer(completion(text, "tool_calls" if calls else "stop", calls))
+    at_once = AnswerSplitter(tools)
+    at_once.feed(raw)
+    whole = at_once.whole(raw, calls_count=True)
+    assert whole.text == parse_tool_calls(raw, tools)[0]  # the Completion's text, as the whole text's parse has it
     for cut in range(len(raw) + 1):
         splitter = AnswerSplitter(tools)
-        parts = [splitter.feed(raw[:cut]), splitter.feed(raw[cut:]), splitter.finish()]
-        assert "".join(p.reasoning for p in parts) == (whole.reasoning or ""), cut
-        assert "".join(p.content for p in parts).strip() == whole.content.strip(), cut
+        parts = [splitter.feed(raw[:cut]), splitter.feed(raw[cut:])]
+        ended = splitter.whole(raw, calls_count=True)
+        parts.append(ended.last)
+        assert "".join(p.reasoning for p in parts).strip() == (whole.answer.reasoning or ""), cut
+        assert "".join(p.content for p in parts).strip() == whole.answer.content.strip(), cut
         assert [(c.name, c.arguments) for p in parts for c in p.calls] == [(c.name, c.arguments) for c in whole.calls]
+        assert ended.text == whole.text, cut
 
 
 # -- the one framing, the one error policy --------------------------------------------------
@@ -153,6 +158,6 @@ def test_a_body_is_read_as_json_whatever_it_declares_but_an_upload_stays_multipa
 def test_a_tool_call_streamed_whole_keeps_its_id_as_the_chunks_index() -> None:
     required = chat_of(tools=[WEATHER], tool_choice="required", parallel_tool_calls=True)
     calls = (ToolCall("call_1", "get_weather", '{"city": "Paris"}'),)
-    chunks = collect(chat_events(required, updates([CALL, "\n", CALL], completion("", "tool_calls", calls))))
+    chunks = collect(chat_events(required, updates([CALL, "\n", CALL], completion("", "tool_calls", calls), required.request)))
     deltas = [t for c in chunks for choice in c["choices"] for t in choice["delta"].get("tool_calls", [])]
     assert [d["index"] for d in deltas] == [0, 1] and {d["function"]["name"] for d in deltas} == {"get_weather"}

@@ -23,7 +23,7 @@ from llamactor.dialects.responses.schema import ResponsesRequest
 from llamactor.http.framing import NAMED_SSE
 from llamactor.http.responses_store import ResponseStore
 
-from tests.support.dialects import CTX, framed, sse_data, updates
+from tests.support.dialects import CTX, answered, framed, sse_data, updates
 
 pytestmark = pytest.mark.pure
 
@@ -120,7 +120,7 @@ def test_fields_not_acted_on_and_unknown_fields_are_named_and_unsupported_modes_
 def test_a_finished_answer_is_a_response_object_the_sdk_reads() -> None:
     body = ResponsesRequest(input="x", metadata={"k": "v"}, tools=[WEATHER])
     call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
-    c = completion("<think>Paris is in France.</think>Here:", "tool_calls", (call,))
+    c = answered(completion("<think>Paris is in France.</think>Here:", "tool_calls", (call,)))
     r = Response.model_validate(Shell(body, "resp_1", "m", 0).response(status_of(c), output_items(c), usage(c)))
     assert [o.type for o in r.output] == ["reasoning", "message", "function_call"]
     assert r.output_text == "Here:" and r.output[2].call_id == "call_1" and r.output[2].id.startswith("fc_")
@@ -137,9 +137,11 @@ def streamed(pieces: list[str], done: Completion | None, tools: Any = None) -> t
     was handed to the store."""
     body = ResponsesRequest(input="x", tools=[WEATHER] if tools else None)
     kept: list[Any] = []
-    stream = ResponseEvents(response_of(body), kept.append)
+    planned = response_of(body)
+    stream = ResponseEvents(planned, kept.append)
     # as the engine's failure reaches a stream: after its pieces
-    body_text = framed(stream.events(updates(pieces, done or BatcherRestartedError("the batcher crashed"))),
+    ended = done or BatcherRestartedError("the batcher crashed")
+    body_text = framed(stream.events(updates(pieces, ended, planned.request)),
                        NAMED_SSE, stream.failed)
     events = sse_data(body_text)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))

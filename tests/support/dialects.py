@@ -4,12 +4,15 @@ merged ``ChoiceUpdate``s a stream yields, and the frames the transport writes of
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
+from llamactor.base.answer import Answer, AnswerSplitter
 from llamactor.base.completion import ChoiceUpdate, Completion, Piece, Timings, Usage
 from llamactor.base.config import SamplingParams
+from llamactor.base.request import GenerationRequest
 from llamactor.dialects.context import RequestContext
 from llamactor.http.framing import Framing, frames
 
@@ -22,13 +25,24 @@ def completion(text: str, finish: str = "stop", calls: tuple[Any, ...] = (), pro
                       Timings(0, 0, 0, 0), tool_calls=calls, **fields)
 
 
-async def updates(pieces: list[str], done: Completion | BaseException, index: int = 0) -> AsyncGenerator[ChoiceUpdate, None]:
-    """One choice's pieces, then its completion -- or, as an engine failure reaches a stream, its error."""
+def answered(c: Completion) -> Completion:
+    """``c`` as the batcher finishes a chat's answer: split (``Completion.answer``), its calls as given."""
+    splitter = AnswerSplitter(None)
+    splitter.feed(c.text)
+    split = splitter.whole(c.text, calls_count=False).answer
+    return dataclasses.replace(c, answer=Answer(split.reasoning, split.content, tuple(c.tool_calls)))
+
+
+async def updates(pieces: list[str], done: Completion | BaseException, request: GenerationRequest | None = None,
+                  index: int = 0) -> AsyncGenerator[ChoiceUpdate, None]:
+    """One choice's pieces, then its completion -- or, as an engine failure reaches a stream, its
+    error. With ``request``: split as the batcher splits its answer (``Piece.parts``, ``last_parts``)."""
+    splitter = AnswerSplitter.of(request.parsed_tools, request.splits_reasoning) if request is not None else None
     for text in pieces:
-        yield index, Piece(text)
+        yield index, Piece(text, parts=splitter.feed(text) if splitter is not None else None)
     if isinstance(done, BaseException):
         raise done
-    yield index, done
+    yield index, dataclasses.replace(done, last_parts=splitter.finish()) if splitter is not None else done
 
 
 def collect(events: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:

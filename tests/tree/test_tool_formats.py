@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 import llamactor
-from llamactor.dialects.answer import AnswerSplitter
+from llamactor.base.answer import AnswerSplitter
 
 from tests.support.daemon import API_KEY, Daemon, start_daemon
 from tests.support import TEMPLATES

@@ -20,7 +20,7 @@ from llamactor.base.completion import ChoiceUpdate, Piece
 from llamactor.base.tools import ToolCall
 from llamactor.dialects.anthropic.call import MessagesCall
 from llamactor.dialects.anthropic.message import SIGNATURE, stop_reason, stop_sequence, tool_input, tool_use_id, usage
-from llamactor.dialects.answer import AnswerSplitter, Parts
+from llamactor.base.answer import Parts
 from llamactor.dialects.errors import ErrorInfo
 
 Event = dict[str, Any]
@@ -96,13 +96,13 @@ async def message_events(call: MessagesCall, updates: AsyncIterator[ChoiceUpdate
     yield {"type": "message_start", "message": {**head, "content": [], "stop_reason": None, "stop_sequence": None,
                                                 "usage": zero}}
     yield PING
-    blocks, splitter = Blocks(call.show_thinking), AnswerSplitter(call.request.parsed_tools)
+    blocks = Blocks(call.show_thinking)
     async for _, item in updates:
         if isinstance(item, Piece):
-            for event in blocks.parts(splitter.feed(item.text)):
+            for event in blocks.parts(item.split):
                 yield event
             continue
-        for event in blocks.parts(splitter.finish()) + blocks.finish():
+        for event in blocks.parts(item.last_parts or Parts()) + blocks.finish():
             yield event
         yield {"type": "message_delta", "usage": usage(item),
                "delta": {"stop_reason": stop_reason(call, item, blocks.tool_uses > 0),

@@ -7,7 +7,6 @@ import json
 from typing import Any
 
 from llamactor.base.completion import Completion
-from llamactor.dialects.answer import split_answer
 from llamactor.dialects.anthropic.call import MessagesCall
 
 # A thinking block's signature: the SDK's type needs a string; replayed blocks' are not checked.
@@ -58,7 +57,7 @@ def stop_reason(call: MessagesCall, c: Completion, sent_tool_uses: bool = True) 
 
 def content_blocks(c: Completion, show_thinking: bool = True) -> list[dict[str, Any]]:
     """A thinking block (if the model reasoned), the text, then one tool_use block per call."""
-    answer = split_answer(c)
+    answer = c.split
     blocks: list[dict[str, Any]] = []
     if answer.reasoning is not None:
         blocks.append({"type": "thinking", "thinking": answer.reasoning if show_thinking else "",

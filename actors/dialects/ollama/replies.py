@@ -1,7 +1,7 @@
 """The answers of ``/api/chat`` and ``/api/generate`` (pure): whole replies and the lines of a
 stream, from a call and its finished (or streaming) answer.
 
-An answer's text is split into Ollama's parts (``llamactor.dialects.answer``): ``thinking`` (a
+An answer's text is split into Ollama's parts (``llamactor.base.answer``): ``thinking`` (a
 ``<think>`` block, when thinking is parsed), ``content`` (``response`` for generate) and whole
 tool calls (a call is sent once its block closes, arguments as an object). A stream is strict
 NDJSON, which the ``ollama`` client parses line by line: one compact JSON object per line (the
@@ -19,7 +19,7 @@ from typing import Any
 
 from llamactor.base.completion import ChoiceUpdate, Completion, Piece, TokenLogprob
 from llamactor.base.tools import ToolCall
-from llamactor.dialects.answer import AnswerSplitter, Parts, split_answer
+from llamactor.base.answer import Parts
 from llamactor.dialects.errors import ErrorInfo
 from llamactor.dialects.ollama.call import OllamaCall
 
@@ -103,7 +103,7 @@ def loaded_reply(model: str, kind: str, reason: str) -> dict[str, Any]:
 
 def whole_answer(call: OllamaCall, c: Completion, load_ns: int) -> dict[str, Any]:
     """A non-streamed reply. Tool calls are the engine's (parsed from the finished answer)."""
-    answer = split_answer(c, call.parse_thinking)
+    answer = c.split
     thinking = answer.reasoning or "" if call.keep_thinking else ""
     out = {**head(call), **shape_of(call)(answer.content, thinking, tool_calls(answer.calls)), **done_fields(c, load_ns)}
     if call.logprobs:
@@ -115,7 +115,7 @@ async def answer_lines(call: OllamaCall, updates: AsyncIterator[ChoiceUpdate],
                        load_ns: int) -> AsyncGenerator[dict[str, Any], None]:
     """A streamed answer's lines: parts as they arrive, then the final one (``done``, counts,
     durations) with empty content, as Ollama ends its streams."""
-    splitter, shape = AnswerSplitter(call.request.parsed_tools, call.parse_thinking), shape_of(call)
+    shape = shape_of(call)
     n_calls = n_logprobs = 0
 
     def line(parts: Parts, tokens: Any = None) -> dict[str, Any] | None:
@@ -131,10 +131,10 @@ async def answer_lines(call: OllamaCall, updates: AsyncIterator[ChoiceUpdate],
 
     async for _, item in updates:
         if isinstance(item, Piece):
-            if (out := line(splitter.feed(item.text), item.logprobs)) is not None:
+            if (out := line(item.split, item.logprobs)) is not None:
                 yield out
             continue
-        if (out := line(splitter.finish())) is not None:
+        if (out := line(item.last_parts or Parts())) is not None:
             yield out
         last = {**head(call), **shape("", "", []), **done_fields(item, load_ns)}
         # Tokens whose text never became a piece (a stop string, held back, then cut) still had their

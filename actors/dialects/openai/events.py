@@ -18,7 +18,7 @@ from typing import Any
 from openai.types.chat import ChatCompletionChunk
 
 from llamactor.base.completion import ChoiceUpdate, Completion, Piece
-from llamactor.dialects.answer import AnswerSplitter, Parts
+from llamactor.base.answer import Parts
 from llamactor.dialects.errors import ErrorInfo
 from llamactor.dialects.openai.call import ChatCall, CompletionsCall
 from llamactor.dialects.openai.logprobs import chat_logprobs, completion_logprobs
@@ -59,7 +59,6 @@ async def completion_events(call: CompletionsCall, updates: AsyncIterator[Choice
 async def chat_events(call: ChatCall, updates: AsyncIterator[ChoiceUpdate]) -> AsyncGenerator[Event, None]:
     head = envelope(call.id, "chat.completion.chunk", call.model, call.created)
     n = call.request.n
-    splitters = [AnswerSplitter(call.request.parsed_tools) for _ in range(n)]
     n_calls = [0] * n  # tool calls sent so far per choice: their delta index
 
     def delta(index: int, parts: Parts, logprobs: Any = None) -> Event:
@@ -78,11 +77,11 @@ async def chat_events(call: ChatCall, updates: AsyncIterator[ChoiceUpdate]) -> A
     done: list[Completion] = []
     async for index, item in updates:
         if isinstance(item, Piece):
-            if (parts := splitters[index].feed(item.text)) or call.logprobs:
+            if (parts := item.split) or call.logprobs:
                 yield delta(index, parts, item.logprobs)
             continue
-        if parts := splitters[index].finish():
-            yield delta(index, parts)
+        if item.last_parts:
+            yield delta(index, item.last_parts)
         done.append(item)
         yield ChatCompletionChunk.model_validate({**head, "choices": [
             {"index": index, "delta": {}, "finish_reason": FINISH_REASON[item.finish_reason]}]}).model_dump(exclude_none=True)

@@ -12,9 +12,8 @@ from openai.types import Completion as OACompletion
 from openai.types.chat import ChatCompletion
 
 from llamactor.base.completion import Completion
-from llamactor.dialects.answer import split_answer
-from llamactor.dialects.openai.call import ChatCall, CompletionsCall
 from llamactor.dialects.openai.logprobs import chat_logprobs, completion_logprobs, echo_logprobs, vllm_prompt_logprobs
+from llamactor.dialects.openai.call import ChatCall, CompletionsCall
 
 FINISH_REASON = {"stop": "stop", "length": "length", "cancelled": "stop", "context_full": "length",
                  "tool_calls": "tool_calls"}
@@ -37,7 +36,7 @@ def usage(done: list[Completion]) -> dict[str, Any]:
 def chat_message(c: Completion) -> dict[str, Any]:
     """A chat choice's ``message``: its text, or its tool calls and whatever text surrounds them; a
     reasoning model's ``<think>`` block as ``reasoning_content`` (llama-server's and vLLM's field)."""
-    answer = split_answer(c)
+    answer = c.split
     message: dict[str, Any] = {"role": "assistant", "content": answer.content or None if answer.calls else answer.content}
     if answer.reasoning is not None:
         message["reasoning_content"] = answer.reasoning

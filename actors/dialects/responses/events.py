@@ -19,7 +19,7 @@ from typing import Any
 
 from llamactor.base.completion import ChoiceUpdate, Piece
 from llamactor.base.tools import ToolCall
-from llamactor.dialects.answer import AnswerSplitter, Parts
+from llamactor.base.answer import Parts
 from llamactor.dialects.errors import ErrorInfo
 from llamactor.dialects.responses.call import ResponsesCall
 from llamactor.dialects.responses.output_items import (Item, call_item, message_item, new_id, reasoning_item, status_of,
@@ -120,14 +120,13 @@ class ResponseEvents:
         shell = self.call.shell
         yield self._numbered({"type": "response.created", "response": shell.response("in_progress", [])})
         yield self._numbered({"type": "response.in_progress", "response": shell.response("in_progress", [])})
-        splitter = AnswerSplitter(self.call.request.parsed_tools)
         async for _, item in updates:
             if isinstance(item, Piece):
-                for event in self._write(splitter.feed(item.text)):
+                for event in self._write(item.split):
                     yield self._numbered(event)
                 continue
             status = status_of(item)
-            for event in self._write(splitter.finish()) + self.out.finish(status):
+            for event in self._write(item.last_parts or Parts()) + self.out.finish(status):
                 yield self._numbered(event)
             final = shell.response(status, self.out.items, usage(item))
             self.finished(final)

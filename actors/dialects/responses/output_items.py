@@ -11,7 +11,6 @@ from typing import Any
 
 from llamactor.base.completion import Completion
 from llamactor.base.tools import ToolCall
-from llamactor.dialects.answer import split_answer
 from llamactor.dialects.responses.schema import ResponsesRequest
 
 Item = dict[str, Any]
@@ -51,7 +50,7 @@ def call_item(item_id: str, call: ToolCall, status: str, arguments: str | None =
 def output_items(c: Completion) -> list[Item]:
     """A finished answer's items: its reasoning, its text (the message; left out when the answer
     is only tool calls), its calls."""
-    answer = split_answer(c)
+    answer = c.split
     status = status_of(c)
     items = [reasoning_item(new_id("rs"), answer.reasoning, "completed")] if answer.reasoning else []
     if answer.content or not answer.calls:
