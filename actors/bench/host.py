@@ -48,7 +48,7 @@ def per_step(before: dict[str, Any], after: dict[str, Any], wall_s: float, token
     steps = after["steps"] - before["steps"]
     ms = {k: (after["step_ms"][k] - before["step_ms"][k]) / max(steps, 1) for k in after["step_ms"]}
     post = ms["postprocess"]
-    return {"steps": steps, "host_ms": ms["schedule"] + post, "schedule_ms": ms["schedule"],
+    return {"steps": steps, "host_ms": ms["schedule"] + ms.get("enact", 0.0) + post, "schedule_ms": ms["schedule"],
             "sample_ms": ms["sample"], "mask_ms": ms["mask"], "score_ms": ms["score"],
             "post_other_ms": post - ms["sample"] - ms["mask"] - ms["score"], "decode_ms": ms["decode"],
             "wall_ms": wall_s * 1000 / max(steps, 1), "tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0}

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, TypeVarTuple
 
 from llamactor.tree.embedding_steps import EmbeddingSteps
 from llamactor.tree.grammar_sampler import GrammarSampler
@@ -21,23 +22,40 @@ from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler
 
 
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+
+
 @dataclass(slots=True)
 class StepCounters:
     """Cumulative counts since the batcher started, and per-phase milliseconds (the benchmark's
-    per-step profile)."""
+    per-step profile, ``profile``)."""
 
     counts: dict[str, int] = field(default_factory=lambda: {
         "steps": 0, "tokens_generated": 0, "prompt_tokens_computed": 0, "tokens_recomputed": 0,
         "requests_finished": 0, "step_sequences": 0,
         "prompt_rows_scored": 0, "tokens_sampled_in_graph": 0})
-    step_ms: dict[str, float] = field(default_factory=lambda: {
-        "schedule": 0.0, "decode": 0.0, "mask": 0.0, "sample": 0.0, "score": 0.0, "postprocess": 0.0})
+    # As timed: a generation step's four verbs, and the two parts of them the profile shows apart
+    # (``sample``: within ``run``; ``score``: within ``postprocess``).
+    phase_ms: dict[str, float] = field(default_factory=lambda: {
+        "schedule": 0.0, "enact": 0.0, "run": 0.0, "sample": 0.0, "score": 0.0, "postprocess": 0.0})
 
-    def add_step_time(self, t0: float, t1: float, t2: float, t3: float) -> None:
-        """Schedule ``t0..t1``, decode ``t1..t2``, postprocess ``t2..t3`` (perf_counter seconds)."""
-        self.step_ms["schedule"] += (t1 - t0) * 1000
-        self.step_ms["decode"] += (t2 - t1) * 1000
-        self.step_ms["postprocess"] += (t3 - t2) * 1000
+    def timed(self, phase: str, verb: Callable[[*Ts], T], *args: *Ts) -> T:
+        """``verb(*args)``, its time added to ``phase`` (batcher thread): the one place a step is timed."""
+        start = time.perf_counter()
+        out = verb(*args)
+        self.phase_ms[phase] += (time.perf_counter() - start) * 1000
+        return out
+
+    def profile(self, mask_ms: float) -> dict[str, float]:
+        """The per-step profile ``stats()["step_ms"]`` publishes: ``decode`` is ``llama_decode``
+        with building its batch; ``mask`` the grammar sampler's full masks (``mask_ms``, its
+        cumulative count) and ``sample`` the rest of the draw; ``postprocess`` all the host work
+        after the decode (the draw and the scoring included, as the benchmark's host split reads it)."""
+        ms = self.phase_ms
+        return {"schedule": ms["schedule"], "enact": ms["enact"], "decode": ms["run"] - ms["sample"],
+                "mask": mask_ms, "sample": ms["sample"] - mask_ms, "score": ms["score"],
+                "postprocess": ms["postprocess"] + ms["sample"]}
 
 
 def audit_kv(engine: Engine, index: PrefixIndex) -> list[str]:
@@ -73,6 +91,7 @@ def batcher_stats(*, generation: int, watchdog_trips: int, counters: StepCounter
             **embeddings.queue.stats(), "embedding_retries": embeddings.n_retries,
             # constrained rows sampled, and those the grammar refused at first (drawn again masked)
             "grammar_rows": sampler.n_checked, "grammar_rows_masked": sampler.n_masked,
-            "step_ms": {**{k: round(v, 3) for k, v in counters.step_ms.items()}, "embed": round(embeddings.ms, 3)},
+            "step_ms": {**{k: round(v, 3) for k, v in counters.profile(sampler.mask_ms).items()},
+                        "embed": round(embeddings.ms, 3)},
             # the build's backend devices and their free memory now (read at most once a second)
             "devices": [dataclasses.asdict(d) for d in recent_devices()]}

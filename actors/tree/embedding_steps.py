@@ -71,7 +71,7 @@ class EmbeddingSteps:
             vectors = self._embed([i.token_ids for i in items], items[0].job.pooling)
         except EmbeddingNoRoomError:
             self.ms += (time.perf_counter() - start) * 1000
-            if len(items) == 1:  # seed 004: down to one input, then fail only that input's request
+            if len(items) == 1:  # down to one input: only its request fails (docs/architecture.md, "Embeddings")
                 self._fail_input(items[0])
                 return
             self.n_retries += 1

@@ -30,7 +30,7 @@ from llamactor.base.logging import get_logger
 from llamactor.base.completion import Completion, Timings, TokenLogprob, Usage
 from llamactor.base.config import SamplingParams
 from llamactor.base.errors import CancelledError, EngineError, InvalidRequestError, LlamactorError, \
-    RequestFailedError
+    QueueFullError, RequestFailedError
 from llamactor.tree.grammar_sampler import new_matcher
 from llamactor.base.messages import Generate, Progress, ReplyChannel
 from llamactor.native.graph_sampling import GraphChain
@@ -196,8 +196,9 @@ def request_error(request: Any, error: Exception, where: str) -> LlamactorError:
     """The typed error that ends ``request`` (a ``Generate``, ``Embed`` or ``Tokenize``) for
     ``error``, raised while the batcher was ``where`` for it alone; an unexpected one is logged
     here, once, with its traceback."""
-    if isinstance(error, LlamactorError):
-        log.info("request_rejected", request_id=request.request_id, error=type(error).__name__, reason=str(error))
+    if isinstance(error, LlamactorError):  # a refusal; a full queue is the operator's concern too
+        level = log.warning if isinstance(error, QueueFullError) else log.info
+        level("request_rejected", request_id=request.request_id, error=type(error).__name__, reason=str(error))
         return error
     tenant = getattr(request, "tenant", None)  # a Tokenize has none
     log.error("request_failed", request_id=request.request_id, tenant=getattr(tenant, "name", None), where=where,

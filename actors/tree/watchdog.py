@@ -1,4 +1,4 @@
-"""The batcher's watchdog (seed 003): aborts a decode step that runs longer than a timeout.
+"""The batcher's watchdog: aborts a decode step that runs longer than a timeout.
 
 SGLang's watchdog crashes the whole server when a forward pass hangs; ours stops just the step,
 through llama.cpp's abort callback (``native/abort.py``), so ``llama_decode`` returns 2, the
@@ -7,6 +7,7 @@ batcher fails with ``StepAbortedError``, and its supervisor restarts it and repl
 The batcher thread marks each step's start and end (two attribute stores: no lock, no wake-up
 per step); the watchdog's own daemon thread looks every ``timeout_s / 4`` (at most 1 s), so a
 hung step is aborted between ``timeout_s`` and ``1.25 * timeout_s`` after it began.
+docs/architecture.md ("Scheduling: priorities, preemption, the watchdog") tells the whole path.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Abortable(Protocol):
@@ -60,3 +63,14 @@ class Watchdog:
                 fired_for = step_no
                 self.on_fire(step_no, elapsed, shape)
                 self.flag.set()
+
+
+def watched(watchdog: Watchdog | None, step_no: int, shape: dict[str, Any], decode: Callable[[], T]) -> T:
+    """Batcher thread: ``decode()`` (one step's decode) under the watchdog's eye, if there is one."""
+    if watchdog is not None:
+        watchdog.step_started(step_no, shape)
+    try:
+        return decode()
+    finally:
+        if watchdog is not None:
+            watchdog.step_ended()

@@ -30,7 +30,7 @@ from llamactor.base.errors import BatcherUnavailableError, CancelledError, Engin
 from llamactor.base.messages import BatcherFailed, Cancel, Embed, Generate, ReplyChannel, Tokenize
 from llamactor.tree.tell import tell_quietly
 from llamactor.base.tools import Tools
-from llamactor.tree.batcher import BatcherActor
+from llamactor.tree.generation_steps import GenerationSteps
 from llamactor.jobs.runner import JobRunner
 from llamactor.jobs.journal import JobStore
 from llamactor.tree.request_state import RequestState
@@ -133,15 +133,15 @@ def test_a_request_in_two_crashing_steps_is_quarantined_and_the_streams_beside_i
     the second crash has only the poison in it: quarantined, never replayed a third time; the
     streams it shared the first step with finish with their full text."""
     llm = steady
-    run, crashes = BatcherActor._run, []
+    run, crashes = GenerationSteps.run, []
 
-    def decode_unless_poisoned(self: BatcherActor, plan: Any) -> Any:
+    def decode_unless_poisoned(self: GenerationSteps, plan: Any) -> Any:
         if any(chunk.seq.request_id == "poison-step" for chunk in plan.chunks):
             crashes.append([chunk.seq.request_id for chunk in plan.chunks])
             raise EngineError("llama_decode failed (a poison in the batch)")
         return run(self, plan)
 
-    monkeypatch.setattr(BatcherActor, "_run", decode_unless_poisoned)
+    monkeypatch.setattr(GenerationSteps, "run", decode_unless_poisoned)
     streams = [llm.stream(f"Story number {i}:", max_tokens=12, temperature=0, ignore_eos=True) for i in range(2)]
     iters = [iter(s) for s in streams]
     firsts = [next(it) for it in iters]  # both running: the poison joins their next step

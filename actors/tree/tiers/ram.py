@@ -23,6 +23,7 @@ from llamactor.base.logging import get_logger
 from llamactor.tree.tiers.disk import DiskTier, model_identity
 from llamactor.native.engine import Engine
 from llamactor.native.kv_state import BUILD, SeqState
+from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.tier_index import NO_MATCH, RestoreOp, TierIndex, TierMatch
 
 log = get_logger("llamactor.tree.tiers.ram")
@@ -50,10 +51,9 @@ class CacheTiers:
             return None
         disk = None
         if config.cache_dir is not None:
-            # Everything that makes saved KV valid; the kv_type field arrives with issue 20's item 4.
-            validity = {"model": model_identity(model_path), "n_ctx": config.n_ctx,
-                        "kv_type": getattr(config, "kv_type", "f16"), "kv_unified": True, "swa_full": True,
-                        "build": BUILD}
+            # Everything that makes saved KV valid.
+            validity = {"model": model_identity(model_path), "n_ctx": config.n_ctx, "kv_type": config.kv_type,
+                        "kv_unified": True, "swa_full": True, "build": BUILD}
             if config.loras:  # an adapter scope's KV is valid only with the very adapter files it ran under
                 validity["loras"] = {name: _identity(path) for name, path in config.loras}
             try:
@@ -87,6 +87,13 @@ class CacheTiers:
             return match
         key = self._add(scope, entry_tokens, state)
         return TierMatch(on_disk.n_tokens, key, state.n_tokens) if key in self.ram else match
+
+    def offer_entries(self, engine: Engine, index: PrefixIndex) -> None:
+        """Batcher thread: save every cached prefix still in ``engine``'s cells (the context is going)."""
+        for seq_id, pinned in list(index.entries.items()):
+            scope = index.scopes[seq_id]
+            if not pinned and scope is not None:
+                self.save(engine, seq_id, scope, index.tokens(seq_id))
 
     def save(self, engine: Engine, seq_id: int, scope: str, tokens: Sequence[int]) -> None:
         """Copy the KV of ``seq_id`` (holding exactly ``tokens``, of cache scope ``scope``) into
