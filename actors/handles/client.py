@@ -32,7 +32,7 @@ from llamactor.base.request import (EmbedInputs, EmbeddingRequest, GenerationReq
                                     choice_request_id, messages_tuple, new_request_id)
 from llamactor.base.tenants import Tenant, tenant_named
 from llamactor.base.tools import Tools
-from llamactor.handles.limits import Limiter, Reservation, embedding_estimate, generation_estimate
+from llamactor.handles.limits import Limiter, Waiting, embedding_estimate, generation_estimate
 from llamactor.handles.streams import AsyncTextStream, TextStream, mapped_future
 
 T = TypeVar("T")  # what a future resolves to: a Completion or Embeddings
@@ -44,6 +44,7 @@ class Client:
     and ``cancel``; ``send_n`` when the ``n`` choices of one prompt need to stay together."""
 
     config: Config
+    rate_wait: Waiting | None = None  # how a request over its tenant's rate limits waits; None: refused
 
     @functools.cached_property
     def limiter(self) -> Limiter | None:
@@ -305,18 +306,9 @@ class Client:
             request.generate_messages(request_id, replies, time.perf_counter())))
 
     def _limited(self, tenant: Tenant, tokens: int, send: Callable[[], list[Future[T]]]) -> list[Future[T]]:
-        """``send()``, within the tenant's rate limits: reserved before, settled once done."""
+        """``send()``, within the tenant's rate limits if any tenant has some (``Limiter.submit``)."""
         limiter = self.limiter
-        if limiter is None:
-            return send()
-        reservation = self._reserve(limiter, tenant, tokens)
-        futures = send()
-        limiter.settle_when_done(reservation, futures)
-        return futures
-
-    def _reserve(self, limiter: Limiter, tenant: Tenant, tokens: int) -> Reservation:
-        """The tenant's share of its limits for ``tokens``: ``RateLimitError`` when it is over them."""
-        return limiter.reserve(tenant, tokens)
+        return send() if limiter is None else limiter.submit(tenant, tokens, send, self.rate_wait).sent
 
     def _wait(self, future: Future[T], timeout: float | None) -> T:
         try:

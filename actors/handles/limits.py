@@ -1,7 +1,8 @@
 """``Limiter``: the tenants' requests and tokens per minute, enforced where requests are submitted
-(any caller thread: the pure ``RateLimits`` under a lock). A request is refused with
-``RateLimitError`` before anything is queued; once it ends, its real token count settles what its
-estimate reserved.
+(any caller thread: the pure ``RateLimits`` under a lock). ``Limiter.submit`` is the one way a
+request goes out within them: reserved by its estimate -- refused with ``RateLimitError`` before
+anything is queued, or for batch work (``Waiting``) delayed until the buckets refill --, sent,
+and once it ends settled with its real token count.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from llamactor.base.completion import Completion, Embeddings, Tokenized
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, RateLimitError
@@ -21,12 +23,28 @@ from llamactor.base.tenants import Tenant
 from llamactor.scheduling.rate_limits import Limits, RateLimits, estimate_tokens
 
 log = get_logger("llamactor.limits")
+T = TypeVar("T")  # what a request's ``send`` answers per choice: a future, or a stream holding one
 
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
     tenant: Tenant
     tokens: int
+    limits: Limits  # what the tenant has left after it (the x-ratelimit-* headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """How a request over its tenant's limits waits for the buckets to refill instead of being
+    refused (batch work, which has no caller to tell "later"): until ``stop`` is set, calling
+    ``on_wait(tenant, seconds)`` before each wait."""
+
+    stop: threading.Event
+    on_wait: Callable[[Tenant, float], None] | None = None
+
+
+class Submitted(NamedTuple, Generic[T]):
+    sent: list[T]  # what ``send`` answered
     limits: Limits  # what the tenant has left after it (the x-ratelimit-* headers)
 
 
@@ -59,6 +77,21 @@ class Limiter:
         self._limits = RateLimits()
         self._lock = threading.Lock()
 
+    def submit(self, tenant: Tenant, tokens: int, send: Callable[[], list[T]],
+               wait: Waiting | None = None) -> Submitted[T]:
+        """``send()`` within ``tenant``'s limits (the caller's thread): ``tokens`` (an estimate)
+        and one request reserved first -- over the limits ``RateLimitError`` before anything is
+        sent, or with ``wait`` a wait until they allow it --, then sent, and settled with the
+        tokens really used once every future ``send`` answered (or stream's future) is done."""
+        if wait is None:
+            reservation = self.reserve(tenant, tokens)
+        else:
+            on_wait = None if wait.on_wait is None else partial(wait.on_wait, tenant)
+            reservation = self.reserve_waiting(tenant, tokens, wait.stop, on_wait)
+        sent = send()
+        self._settle_when_done(reservation, [_future_of(s) for s in sent])
+        return Submitted(sent, reservation.limits)
+
     def reserve(self, tenant: Tenant, tokens: int) -> Reservation:
         """``RateLimitError`` (429) over the tenant's limits, ``InvalidRequestError`` for a
         request that could never fit them; else what it took."""
@@ -85,7 +118,7 @@ class Limiter:
         with self._lock:
             return self._limits.wait_s(tenant, tokens, time.monotonic())
 
-    def settle_when_done(self, reservation: Reservation, futures: Sequence[concurrent.futures.Future[Any]]) -> None:
+    def _settle_when_done(self, reservation: Reservation, futures: Sequence[concurrent.futures.Future[Any]]) -> None:
         """Once every future is done, give back the estimate and take the tokens really used."""
         if not reservation.limits.values or not futures:
             return
@@ -105,6 +138,11 @@ class Limiter:
             log.info("rate_limit_settled", tenant=reservation.tenant.name, reserved=reservation.tokens, used=used)
         for future in futures:
             future.add_done_callback(done)
+
+
+def _future_of(sent: Any) -> concurrent.futures.Future[Any]:
+    """What ``send`` answered for a choice: its future, or a stream's (``TextStream.future``)."""
+    return sent if isinstance(sent, concurrent.futures.Future) else sent.future
 
 
 def used_tokens(futures: Sequence[concurrent.futures.Future[Any]]) -> int:
