@@ -58,7 +58,7 @@ from llamactor.scheduling.tier_index import RestoreOp
 from llamactor.tree.prompt_prep import PromptPrep
 from llamactor.tree.prompt_tokens import PromptBuilder
 from llamactor.tree.request_state import finish_request, request_error, resume_sequence, shared, start_sequence
-from llamactor.scheduling.packed_kv import PackedScheduler
+from llamactor.scheduling.packed_kv import PackedPrefixIndex, PackedScheduler
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Sequence, StepPlan
 from llamactor.tree.output_rows import OutputRows, record_scores
@@ -118,8 +118,9 @@ class BatcherActor(pykka.ThreadingActor):
             self.prep = PromptPrep(self.prompts, self.actor_ref, self.engine.info.n_ctx_seq)
             if self.tiers is not None and not self.engine.seq_state_supported:
                 self.tiers = None
-            self.index = PrefixIndex(n_seq_ids=self.engine.info.n_seq_max, n_cells=self.engine.info.n_ctx,
-                                     offer_evicted=self.tiers is not None, packed=cfg.batch_invariant)
+            index_kind = PackedPrefixIndex if cfg.batch_invariant else PrefixIndex
+            self.index = index_kind(n_seq_ids=self.engine.info.n_seq_max, n_cells=self.engine.info.n_ctx,
+                                    offer_evicted=self.tiers is not None)
             for tokens in self.prompts.shared_prefix_tokens():
                 self._prefill_pinned(tokens)
             self.scheduler = self._make_scheduler(cfg)
