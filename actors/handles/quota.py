@@ -19,7 +19,7 @@ from llamactor.base.messages import Generate, Request
 from llamactor.base.tenants import Tenant
 from llamactor.base.tool_format import ToolCallFormat
 from llamactor.handles.client import Future
-from llamactor.handles.limits import Limiter, Waiting
+from llamactor.handles.limits import Limiter, WaitForLimits
 from llamactor.handles.model import ModelClient
 
 log = get_logger("llamactor.jobs")
@@ -30,7 +30,7 @@ class QuotaClient(ModelClient):
         """``what`` names the work in the log (a batch id)."""
         self.model, self.quota, self.what = model, limiter, what
         self.config, self.name = model.config, model.name
-        self.rate_wait = Waiting(stop, self._log_wait)  # the tenant's buckets refill, or the job stops
+        self.rate_wait = WaitForLimits(stop, self._log_wait)  # the tenant's buckets refill, or the job stops
 
     @property
     def limiter(self) -> Limiter:  # type: ignore[override]
