@@ -21,6 +21,7 @@ from typing import Any
 
 import llama_cpp
 
+from llamactor.base.errors import InvalidRequestError
 from llamactor.base.logging import get_logger
 
 log = get_logger("llamactor.native")
@@ -238,6 +239,16 @@ class Tokenizer:
 
     def detokenize(self, tokens: list[int] | tuple[int, ...]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def has_id(self, token: int) -> bool:
+        """Whether ``token`` is one of the vocabulary's ids."""
+        return 0 <= token < self.n_vocab
+
+    def check_ids(self, ids: Iterable[int], what: str = "token ids") -> None:
+        """``InvalidRequestError`` naming ``what`` (a prompt's token ids, a logit bias's) unless
+        every id is the vocabulary's: what only the model can check of a request (any thread)."""
+        if not all(self.has_id(t) for t in ids):
+            raise InvalidRequestError(f"{what} must be in [0, {self.n_vocab})")
 
     def is_eog(self, token: int) -> bool:
         # Asked once per generated token: a ctypes call costs ~10 us, a dict lookup ~50 ns.

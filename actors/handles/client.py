@@ -25,15 +25,14 @@ from llamactor.base.tool_format import FALLBACK, ToolCallFormat
 from llamactor.base.completion import Completion, Embeddings, Score, Tokenized
 from llamactor.base.config import Config
 from llamactor.base.errors import InvalidRequestError
-from llamactor.base.messages import CallerMessage, Embed, Generate, ReplyChannel, Tokenize
+from llamactor.base.messages import CallerMessage, Embed, Generate, ReplyChannel
 from llamactor.base.priority import DEFAULT_PRIORITY
-from llamactor.base.request_checks import check_messages, check_text
 from llamactor.base.request import (EmbedInputs, EmbeddingRequest, GenerationRequest, Messages, Prompt,
-                                    choice_request_id, messages_tuple, new_request_id)
+                                    choice_request_id, new_request_id)
 from llamactor.base.tenants import Tenant, tenant_named
-from llamactor.base.tools import Tools
-from llamactor.handles.limits import Limiter, Reservation, embedding_estimate, generation_estimate
+from llamactor.handles.limits import Limiter, WaitForLimits, embedding_estimate, generation_estimate
 from llamactor.handles.streams import AsyncTextStream, TextStream, mapped_future
+from llamactor.handles.tokenize_call import TokenizerPrompt, tokenize_message
 
 T = TypeVar("T")  # what a future resolves to: a Completion or Embeddings
 Future = concurrent.futures.Future
@@ -44,13 +43,12 @@ class Client:
     and ``cancel``; ``send_n`` when the ``n`` choices of one prompt need to stay together."""
 
     config: Config
+    rate_wait: WaitForLimits | None = None  # how a request over its tenant's rate limits waits; None: refused
 
     @functools.cached_property
     def limiter(self) -> Limiter | None:
-        """The requests and tokens per minute of ``config.tenants`` that have them, enforced on
-        this handle's submissions (``RateLimitError``); None when no tenant has a limit."""
-        limited = any(t.requests_per_minute or t.tokens_per_minute for t in self.config.tenants)
-        return Limiter() if limited else None
+        """The rate limits of ``config.tenants``, enforced on this handle's submissions."""
+        return Limiter.for_tenants(self.config.tenants)
 
     def send(self, msg: CallerMessage) -> Future[Any]:
         """Deliver ``msg``; its answer goes to ``msg.reply``, whose future this returns."""
@@ -261,36 +259,21 @@ class Client:
         return await self._await(self.submit_embed(inputs, **options))
 
     # -- what the model sees ------------------------------------------------------------------
-    # ``prompt``: text (tokenized), token ids (decoded), strings and token ids mixed (the strings
-    # tokenized, BOS only before the first), or chat messages (rendered by the model's chat
-    # format, with ``tools``, then tokenized). Answered by the batcher, like a request.
+    # ``prompt``: text, token ids, strings and token ids mixed, or chat messages (rendered by the
+    # model's chat format, with ``tools``): see ``tokenize_message``. Answered by the batcher.
 
-    def submit_tokenize(self, prompt: Prompt | Messages | Sequence[str | int], *, add_special: bool = True,
-                        with_pieces: bool = False, tools: Any = None,
-                        chat_template_kwargs: Mapping[str, Any] | None = None,
+    def submit_tokenize(self, prompt: TokenizerPrompt, *, add_special: bool = True, with_pieces: bool = False,
+                        tools: Any = None, chat_template_kwargs: Mapping[str, Any] | None = None,
                         request_id: str | None = None) -> Future[Tokenized]:
-        check_text(prompt, "prompt")  # a lone surrogate is the caller's 400, as on every route
-        if isinstance(prompt, str):
-            fields: dict[str, Any] = {"text": prompt}
-        elif isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
-            fields = {"token_ids": tuple(prompt)}  # type: ignore[arg-type]
-        elif isinstance(prompt, Sequence) and all(isinstance(t, (str, int)) for t in prompt):
-            fields = {"parts": tuple(prompt)}
-        else:
-            check_messages(messages_tuple(prompt))  # type: ignore[arg-type]
-            check_text(chat_template_kwargs, "chat_template_kwargs")
-            fields = {"messages": messages_tuple(prompt),  # type: ignore[arg-type]
-                      "tools": tools if isinstance(tools, Tools) or not tools else Tools.from_openai(tools),
-                      "chat_template_kwargs": dict(chat_template_kwargs) if chat_template_kwargs else None}
-        return self.send(Tokenize(request_id=request_id or new_request_id(), reply=ReplyChannel(),
-                                  add_special=add_special, with_pieces=with_pieces, **fields))
+        return self.send(tokenize_message(prompt, add_special=add_special, with_pieces=with_pieces, tools=tools,
+                                          chat_template_kwargs=chat_template_kwargs, request_id=request_id))
 
-    def tokenize(self, prompt: Prompt | Messages | Sequence[str | int], *, timeout: float | None = None,
+    def tokenize(self, prompt: TokenizerPrompt, *, timeout: float | None = None,
                  **options: Any) -> Tokenized:
         """``Tokenized``: token ids, text (a chat as rendered), pieces (``with_pieces=True``)."""
         return self._wait(self.submit_tokenize(prompt, **options), timeout)
 
-    async def tokenize_async(self, prompt: Prompt | Messages | Sequence[str | int], **options: Any) -> Tokenized:
+    async def tokenize_async(self, prompt: TokenizerPrompt, **options: Any) -> Tokenized:
         return await self._await(self.submit_tokenize(prompt, **options))
 
     # -- internals (caller's thread) --------------------------------------------------------
@@ -305,18 +288,9 @@ class Client:
             request.generate_messages(request_id, replies, time.perf_counter())))
 
     def _limited(self, tenant: Tenant, tokens: int, send: Callable[[], list[Future[T]]]) -> list[Future[T]]:
-        """``send()``, within the tenant's rate limits: reserved before, settled once done."""
+        """``send()``, within the tenant's rate limits if any tenant has some (``Limiter.submit``)."""
         limiter = self.limiter
-        if limiter is None:
-            return send()
-        reservation = self._reserve(limiter, tenant, tokens)
-        futures = send()
-        limiter.settle_when_done(reservation, futures)
-        return futures
-
-    def _reserve(self, limiter: Limiter, tenant: Tenant, tokens: int) -> Reservation:
-        """The tenant's share of its limits for ``tokens``: ``RateLimitError`` when it is over them."""
-        return limiter.reserve(tenant, tokens)
+        return send() if limiter is None else limiter.submit(tenant, tokens, send, self.rate_wait).sent
 
     def _wait(self, future: Future[T], timeout: float | None) -> T:
         try:

@@ -1,7 +1,8 @@
 """``Limiter``: the tenants' requests and tokens per minute, enforced where requests are submitted
-(any caller thread: the pure ``RateLimits`` under a lock). A request is refused with
-``RateLimitError`` before anything is queued; once it ends, its real token count settles what its
-estimate reserved.
+(any caller thread: the pure ``RateLimits`` under a lock). ``Limiter.submit`` is the one way a
+request goes out within them: reserved by its estimate -- refused with ``RateLimitError`` before
+anything is queued, or for batch work (``WaitForLimits``) delayed until the buckets refill --,
+sent, and once it ends settled with its real token count.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from llamactor.base.completion import Completion, Embeddings, Tokenized
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, RateLimitError
@@ -21,12 +22,28 @@ from llamactor.base.tenants import Tenant
 from llamactor.scheduling.rate_limits import Limits, RateLimits, estimate_tokens
 
 log = get_logger("llamactor.limits")
+T = TypeVar("T")  # what a request's ``send`` answers per choice: a future, or a stream holding one
 
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
     tenant: Tenant
     tokens: int
+    limits: Limits  # what the tenant has left after it (the x-ratelimit-* headers)
+
+
+@dataclass(frozen=True, slots=True)
+class WaitForLimits:
+    """How a request over its tenant's limits waits for the buckets to refill instead of being
+    refused (batch work, which has no caller to tell "later"): until ``stop`` is set, calling
+    ``on_wait(tenant, seconds)`` before each wait."""
+
+    stop: threading.Event
+    on_wait: Callable[[Tenant, float], None] | None = None
+
+
+class Submitted(NamedTuple, Generic[T]):
+    sent: list[T]  # what ``send`` answered
     limits: Limits  # what the tenant has left after it (the x-ratelimit-* headers)
 
 
@@ -59,33 +76,45 @@ class Limiter:
         self._limits = RateLimits()
         self._lock = threading.Lock()
 
-    def reserve(self, tenant: Tenant, tokens: int) -> Reservation:
-        """``RateLimitError`` (429) over the tenant's limits, ``InvalidRequestError`` for a
-        request that could never fit them; else what it took."""
-        with self._lock:
-            return Reservation(tenant, tokens, self._limits.reserve(tenant, tokens, time.monotonic()))
+    @classmethod
+    def for_tenants(cls, tenants: Sequence[Tenant]) -> Limiter | None:
+        """A limiter for ``tenants`` (a handle's ``Config.tenants``); None when none has a limit."""
+        limited = any(t.requests_per_minute or t.tokens_per_minute for t in tenants)
+        return cls() if limited else None
 
-    def reserve_waiting(self, tenant: Tenant, tokens: int, stop: threading.Event,
-                        on_wait: Callable[[float], None] | None = None) -> Reservation:
-        """As ``reserve``, but over the limits it waits until the tenant's buckets have refilled
-        enough (``on_wait(seconds)`` first, each time) instead of refusing: batch work, which has no
-        caller to tell "later". ``InvalidRequestError`` for what could never fit; if ``stop`` is set
-        meanwhile, ``BatcherUnavailableError``."""
+    def submit(self, tenant: Tenant, tokens: int, send: Callable[[], list[T]],
+               wait: WaitForLimits | None = None) -> Submitted[T]:
+        """``send()`` within ``tenant``'s limits (the caller's thread): ``tokens`` (an estimate)
+        and one request reserved first -- over the limits ``RateLimitError`` before anything is
+        sent, or with ``wait`` a wait until they allow it --, then sent, and settled with the
+        tokens really used once every future ``send`` answered (or stream's future) is done."""
+        reservation = self.reserve(tenant, tokens, wait)
+        sent = send()
+        self._settle_when_done(reservation, [_future_of(s) for s in sent])
+        return Submitted(sent, reservation.limits)
+
+    def reserve(self, tenant: Tenant, tokens: int, wait: WaitForLimits | None = None) -> Reservation:
+        """What ``tokens`` and one request took of the tenant's limits; over them ``RateLimitError``
+        (429), or with ``wait`` a wait until the buckets have refilled enough (``BatcherUnavailableError``
+        if ``wait.stop`` is set meanwhile); ``InvalidRequestError`` for what could never fit them."""
         while True:
             try:
-                return self.reserve(tenant, tokens)
+                with self._lock:
+                    return Reservation(tenant, tokens, self._limits.reserve(tenant, tokens, time.monotonic()))
             except RateLimitError as e:
+                if wait is None:
+                    raise
                 wait_s = self._wait_s(tenant, tokens) or float(e.retry_after)
-                if on_wait is not None:
-                    on_wait(wait_s)
-                if stop.wait(wait_s):
+                if wait.on_wait is not None:
+                    wait.on_wait(tenant, wait_s)
+                if wait.stop.wait(wait_s):
                     raise BatcherUnavailableError("stopped while waiting for the tenant's rate limits") from None
 
     def _wait_s(self, tenant: Tenant, tokens: int) -> float:
         with self._lock:
             return self._limits.wait_s(tenant, tokens, time.monotonic())
 
-    def settle_when_done(self, reservation: Reservation, futures: Sequence[concurrent.futures.Future[Any]]) -> None:
+    def _settle_when_done(self, reservation: Reservation, futures: Sequence[concurrent.futures.Future[Any]]) -> None:
         """Once every future is done, give back the estimate and take the tokens really used."""
         if not reservation.limits.values or not futures:
             return
@@ -105,6 +134,11 @@ class Limiter:
             log.info("rate_limit_settled", tenant=reservation.tenant.name, reserved=reservation.tokens, used=used)
         for future in futures:
             future.add_done_callback(done)
+
+
+def _future_of(sent: Any) -> concurrent.futures.Future[Any]:
+    """What ``send`` answered for a choice: its future, or a stream's (``TextStream.future``)."""
+    return sent if isinstance(sent, concurrent.futures.Future) else sent.future
 
 
 def used_tokens(futures: Sequence[concurrent.futures.Future[Any]]) -> int:

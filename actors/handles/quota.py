@@ -3,8 +3,8 @@ being refused: what a daemon's batch job runs its lines through, so that a tenan
 spend the same requests and tokens per minute as its interactive requests (one ``Limiter``), and
 a job over them slows down rather than failing lines. Everything else goes to the model's client.
 
-Called on a job's worker thread (``_reserve`` may block there until the buckets refill, or until
-the job's ``stop`` is set).
+Called on a job's worker thread (a request may block there, in ``Limiter.submit``, until the
+buckets refill, or until the job's ``stop`` is set).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from llamactor.base.messages import CallerMessage, Generate
 from llamactor.base.tenants import Tenant
 from llamactor.base.tool_format import ToolCallFormat
 from llamactor.handles.client import Future
-from llamactor.handles.limits import Limiter, Reservation
+from llamactor.handles.limits import Limiter, WaitForLimits
 from llamactor.handles.model import ModelClient
 
 log = get_logger("llamactor.jobs")
@@ -28,19 +28,16 @@ log = get_logger("llamactor.jobs")
 class QuotaClient(ModelClient):
     def __init__(self, model: ModelClient, limiter: Limiter, stop: threading.Event, what: str) -> None:
         """``what`` names the work in the log (a batch id)."""
-        self.model, self.quota, self.stop, self.what = model, limiter, stop, what
+        self.model, self.quota, self.what = model, limiter, what
         self.config, self.name = model.config, model.name
+        self.rate_wait = WaitForLimits(stop, self._log_wait)  # the tenant's buckets refill, or the job stops
 
     @property
     def limiter(self) -> Limiter:  # type: ignore[override]
         return self.quota
 
-    def _reserve(self, limiter: Limiter, tenant: Tenant, tokens: int) -> Reservation:
-        """The tenant's share of its limits for ``tokens``, waiting for its buckets to refill (or
-        for the job's ``stop``) rather than refused."""
-        def waiting(seconds: float) -> None:
-            log.info("job_waits_for_rate_limit", batch_id=self.what, tenant=tenant.name, wait_s=round(seconds, 2))
-        return limiter.reserve_waiting(tenant, tokens, self.stop, waiting)
+    def _log_wait(self, tenant: Tenant, seconds: float) -> None:
+        log.info("job_waits_for_rate_limit", batch_id=self.what, tenant=tenant.name, wait_s=round(seconds, 2))
 
     # -- the model's own -----------------------------------------------------------------------
 

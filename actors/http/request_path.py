@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -47,6 +49,7 @@ class Plan(Protocol):
 
 
 P = TypeVar("P", bound=Plan)
+R = TypeVar("R")  # what one submitted future resolves to
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +83,8 @@ class Planned(Generic[P]):
         anything is queued; what it has left goes out in the response's ``x-ratelimit-*`` headers."""
         out: list[Any] = []
         for r in self.requests:
-            reservation = self.limiter.reserve(self.tenant, generation_estimate(r))
-            started = submit(r)
-            self.limiter.settle_when_done(reservation, [getattr(s, "future", s) for s in started])
-            request.state.rate_limits = reservation.limits
+            started, request.state.rate_limits = self.limiter.submit(self.tenant, generation_estimate(r),
+                                                                     functools.partial(submit, r))
             out += started
         return out
 
@@ -179,21 +180,21 @@ async def answer(request: Request, call: Planned[P]) -> list[Completion]:
 async def embed(state: ServerState, request: Request, llm: ModelClient, embedding: EmbeddingRequest) -> Embeddings:
     """The embeddings of the tenant's request, within its rate limits."""
     tenant_embedding = dataclasses.replace(embedding, tenant=tenant_of(request))
-    reservation = state.limiter.reserve(tenant_embedding.tenant, embedding_estimate(tenant_embedding))
-    future = llm.submit_embed(tenant_embedding)
-    state.limiter.settle_when_done(reservation, [future])
-    request.state.rate_limits = reservation.limits
-    (result,) = await gather(request, [future])
-    return result  # type: ignore[no-any-return]
+    return await _limited(request, state.limiter, embedding_estimate(tenant_embedding),
+                          lambda: llm.submit_embed(tenant_embedding))
 
 
 async def tokenize(state: ServerState, request: Request, llm: ModelClient, prompt: Any, **options: Any) -> Tokenized:
     """One trip to the model's tokenizer for the tenant, within its requests and tokens per minute
     (it is engine work like a prompt's: the tokens it tokenizes are charged)."""
-    reservation = state.limiter.reserve(tenant_of(request), tokenize_estimate(prompt))
-    future = llm.submit_tokenize(prompt, **options)
-    state.limiter.settle_when_done(reservation, [future])
-    request.state.rate_limits = reservation.limits
+    return await _limited(request, state.limiter, tokenize_estimate(prompt),
+                          lambda: llm.submit_tokenize(prompt, **options))
+
+
+async def _limited(request: Request, limiter: Limiter, tokens: int, submit: Callable[[], Future[R]]) -> R:
+    """The result of ``submit()``, sent within the rate limits of the tenant whose key the request
+    carried (a 429 before it is queued; what it has left goes out in the ``x-ratelimit-*`` headers)."""
+    (future,), request.state.rate_limits = limiter.submit(tenant_of(request), tokens, lambda: [submit()])
     (result,) = await gather(request, [future])
     return result  # type: ignore[no-any-return]
 

@@ -1,5 +1,6 @@
-"""Batch-invariant mode's scheduler: a KV cache kept *packed*, so each sequence's cells stay in
-position order (pure, batcher thread).
+"""Batch-invariant mode: a KV cache kept *packed*, so each sequence's cells stay in position order
+(pure, batcher thread). The mode is these two subclasses, taken together: ``PackedPrefixIndex``
+(how cells are freed) and ``PackedScheduler`` (when, and what waits meanwhile).
 
 Why: llama.cpp's CPU flash-attention kernel walks a query row's cells in cache index order with an
 online softmax, so a sequence's logits depend on the order of its cells in the unified cache
@@ -9,8 +10,9 @@ freed below a sequence's cells is refilled by that sequence's next token, out of
 packed cache -- every used cell below every free one -- new cells always land above the cells
 held, in the order a step lists them, and each sequence's cells stay in position order.
 
-So cells are never freed below held ones. A finished or preempted sequence keeps its cells as an
-entry (attached later only with the prefix cache on), and when a step needs room, an admission a
+So cells are never freed below held ones: the index frees cells only in ``flush``, which drops
+every unpinned entry at once. A finished or preempted sequence keeps its cells as an entry
+(attached later only with the prefix cache on), and when a step needs room, an admission a
 seq_id, or the entries outgrow ``cache_budget_cells``, the scheduler *flushes*: every running
 sequence is preempted and every unpinned entry dropped (each offered to the RAM/disk tier, as
 eviction does), leaving only the pinned system prompt, computed first into the empty cache. The
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llamactor.scheduling.prefix_index import KvOp
+from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler, TierLookup
 from llamactor.scheduling.sequence import Sequence, StepPlan
 from llamactor.scheduling.tier_index import NO_MATCH, TierMatch
@@ -36,14 +38,32 @@ from llamactor.scheduling.tier_index import NO_MATCH, TierMatch
 UNBOUNDED_GUESS = 256  # tokens an answer without max_tokens is expected to add (rate_limits guesses alike)
 
 
+class PackedPrefixIndex(PrefixIndex):
+    """A ``PrefixIndex`` that frees cells only in ``flush``: a finished sequence always stays as an
+    entry (seen by lookups only where entries may be), whatever the prefix cache's setting and
+    with no budget; ``evict`` frees nothing; ``allocate`` takes only a free seq_id or a covered
+    entry's. Batcher thread only."""
+
+    def finish(self, seq_id: int, now: float, *, keep: bool, budget_cells: int | None = None) -> list[KvOp]:
+        return super().finish(seq_id, now, keep=True, budget_cells=None)
+
+    def evict(self, n_cells: int) -> list[KvOp]:
+        return []
+
+    def _evict_for_seq_id(self) -> KvOp:
+        raise IndexError("no seq_id is free without freeing cells: a packed index needs a flush()")
+
+
 class PackedScheduler(Scheduler):
-    """A ``Scheduler`` whose index is packed (``PrefixIndex(packed=True)``). Batcher thread only.
-    ``sliding_window``: the model's (0: none); longer tier entries are not restored."""
+    """A ``Scheduler`` over a ``PackedPrefixIndex``. Batcher thread only. ``sliding_window``: the
+    model's (0: none); longer tier entries are not restored."""
+
+    index: PackedPrefixIndex
 
     def __init__(self, *, sliding_window: int = 0, **options: Any) -> None:
         super().__init__(**options)
-        if not self.index.packed:
-            raise ValueError("a PackedScheduler needs a packed PrefixIndex")
+        if not isinstance(self.index, PackedPrefixIndex):
+            raise ValueError("a PackedScheduler needs a PackedPrefixIndex")
         if self.tier is not None and sliding_window > 0:
             self.tier = _within_window(self.tier, sliding_window)
         self.held: list[Sequence] = []  # preempted to make room: wait until a running sequence ends

@@ -16,10 +16,8 @@ prompt runs -- another's prefix; the operator's system prompt stays shared by al
 entry, trim its tail) it returns as ``KvOp`` values for the batcher to apply to the engine, in
 order, before the step that follows.
 
-A *packed* index (batch-invariant mode: ``packed_kv.py`` says why) frees cells only in
-``flush``, which drops every unpinned entry at once: a finished sequence always stays as an entry
-(seen by lookups only where entries may be), ``evict`` frees nothing, and ``allocate`` takes only
-a free seq_id or a covered entry's.
+Batch-invariant mode's ``PackedPrefixIndex`` (``packed_kv.py``) overrides how cells are freed:
+only by ``flush``.
 """
 
 from __future__ import annotations
@@ -79,12 +77,11 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 class PrefixIndex:
     """Radix tree of KV cells, the seq_id pool and LRU eviction. Batcher thread only."""
 
-    def __init__(self, *, n_seq_ids: int, n_cells: int, offer_evicted: bool = False, packed: bool = False) -> None:
+    def __init__(self, *, n_seq_ids: int, n_cells: int, offer_evicted: bool = False) -> None:
         if n_seq_ids < 1 or n_cells < 1:
             raise ValueError("the index needs at least one seq_id and one cell")
         self.n_cells = n_cells  # KV cells in the context
         self.offer_evicted = offer_evicted  # evicting KvOps carry the entry's tokens (a lower tier keeps them)
-        self.packed = packed  # cells are freed only by flush()
         self.root = Node([], 0, None)
         self.leaf: dict[int, Node] = {}  # every tracked seq_id -> the node its KV ends in
         self.scopes: dict[int, str | None] = {}  # every tracked seq_id -> its cache scope (None: shared)
@@ -148,19 +145,7 @@ class PrefixIndex:
     def allocate(self, scope: str | None = DEFAULT_TENANT) -> tuple[int, list[KvOp]]:
         """A free seq_id for a sequence of ``scope`` (None: shared, as a pinned system prompt is),
         dropping the least useful entry if none is free (``IndexError``: none can be)."""
-        ops: list[KvOp] = []
-        if not self.free_ids:
-            victim = self._redundant_entry()
-            if victim is None:
-                if self.packed:
-                    raise IndexError("no seq_id is free without freeing cells: a packed index needs a flush()")
-                victim = self._lru_entry(any_owner=True)
-                if victim is None:
-                    raise IndexError("every seq_id is running or pinned")
-                save, saved_scope = self._offered(victim)
-                ops.append(KvOp(self._drop(victim).seq_id, save=save, scope=saved_scope))
-            else:
-                ops.append(self._drop(victim))  # covered by another sequence: nothing to save
+        ops = [] if self.free_ids else [self._free_seq_id()]
         seq_id = self.free_ids.pop()
         self.leaf[seq_id] = self.root
         self.scopes[seq_id] = scope
@@ -204,11 +189,8 @@ class PrefixIndex:
     def finish(self, seq_id: int, now: float, *, keep: bool, budget_cells: int | None = None) -> list[KvOp]:
         """A running sequence ends. With ``keep`` its KV becomes a cached entry (entries it
         extends are dropped: it holds their cells now), then LRU tails go until the entries hold
-        at most ``budget_cells``; without, its cells are released. A packed index keeps them always
-        and has no budget."""
+        at most ``budget_cells``; without, its cells are released."""
         leaf = self.leaf[seq_id]
-        if self.packed:
-            keep, budget_cells = True, None
         if not keep or leaf is self.root or self._covered(seq_id, entries_only=True):
             return [self._drop(seq_id)]
         self.entries[seq_id] = False
@@ -230,10 +212,9 @@ class PrefixIndex:
     def evict(self, n_cells: int) -> list[KvOp]:
         """Free at least ``n_cells`` cells held by entries alone, least recently used tails first;
         a tail is trimmed (``seq_rm`` from a position) rather than its entry dropped where that
-        is enough. Running sequences lose nothing. Returns the operations (maybe too few; none in
-        a packed index, where only ``flush`` frees cells)."""
+        is enough. Running sequences lose nothing. Returns the operations (maybe too few)."""
         ops: list[KvOp] = []
-        while n_cells > 0 and not self.packed:
+        while n_cells > 0:
             victim = self._lru_entry(any_owner=False)
             if victim is None:
                 break
@@ -291,6 +272,20 @@ class PrefixIndex:
         node.parent.children[node.parent.children.index(node)] = head
         node.tokens, node.start, node.parent = node.tokens[at:], node.start + at, head
         return head
+
+    def _free_seq_id(self) -> KvOp:
+        """Drop an entry for its seq_id: one another sequence covers (nothing to save), else the
+        least recently used (``IndexError``: none can be)."""
+        victim = self._redundant_entry()
+        return self._drop(victim) if victim is not None else self._evict_for_seq_id()
+
+    def _evict_for_seq_id(self) -> KvOp:
+        """Drop the least recently used entry, offered to the lower tier, for its seq_id."""
+        victim = self._lru_entry(any_owner=True)
+        if victim is None:
+            raise IndexError("every seq_id is running or pinned")
+        save, scope = self._offered(victim)
+        return KvOp(self._drop(victim).seq_id, save=save, scope=scope)
 
     def _drop(self, seq_id: int) -> KvOp:
         for node in list(self._path(self.leaf[seq_id])):

@@ -37,7 +37,7 @@ from llamactor.scheduling.prompt_scores import ScoreCache
 from llamactor.scheduling.queue_shares import admission, waiting_by_tenant
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
 from llamactor.scheduling.step_packing import pack_step
-from llamactor.scheduling.tier_index import RestoreOp, TierMatch, restore_pays
+from llamactor.scheduling.tier_index import RestoreOp, TierMatch, plan_restore
 
 TierLookup = Callable[[str, list[int]], TierMatch]  # a lower cache tier's longest match (scope, tokens)
 
@@ -232,26 +232,10 @@ class Scheduler:
         return seq.token_ids[:end]
     def _plan_restore(self, seq: Sequence, seq_id: int, reusable: list[int], match: Match, ops: list[KvOp],
                       now: float) -> RestoreOp | None:
-        """Restore the lower tier's entry into ``seq_id`` when it pays; ``ops`` gets what must
-        happen before (cached prefixes evicted for its cells, an entry dropped for a scratch id)."""
+        """Restore the lower tier's entry into ``seq_id`` when it pays (``plan_restore``)."""
         if self.tier is None:
             return None
-        found = self.tier(seq.scope, reusable)
-        if found.key is None or not restore_pays(found.n_tokens - match.n_tokens, found.n_entry):
-            return None
-        free = self.index.n_cells - self.index.cells_used
-        if free < found.n_entry:  # the whole entry comes back before it is trimmed to the match
-            ops += self.index.evict(found.n_entry - free)
-            if self.index.n_cells - self.index.cells_used < found.n_entry:
-                return None
-        try:
-            scratch, scratch_ops = self.index.allocate()
-        except IndexError:
-            return None
-        ops += scratch_ops
-        self.index.release(scratch)  # it holds no cells before or after the restore
-        self.index.restored(seq_id, reusable[:found.n_tokens], now)
-        return RestoreOp(seq_id, found.key, found.n_tokens, scratch)
+        return plan_restore(self.index, self.tier(seq.scope, reusable), seq_id, reusable, match.n_tokens, ops, now)
 
     def restore_failed(self, seq_id: int) -> Sequence | None:
         """A planned restore did not happen: the running sequence on ``seq_id`` has no cells and

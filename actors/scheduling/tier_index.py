@@ -9,7 +9,8 @@ kept sorted as (scope, tokens) tuples: the one with the longest common prefix wi
 neighbour of the query's place in that order, so a lookup costs a bisection and two comparisons. An entry that is
 a prefix of another is redundant (the longer one serves everything it would) and goes.
 
-Also the rule that says when restoring an entry beats recomputing: ``restore_pays``.
+Also the rule that says when restoring an entry beats recomputing (``restore_pays``), and what a
+restore takes of the prefix index (``plan_restore``, on the scheduler's behalf).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llamactor.scheduling.prefix_index import common_prefix_len
+from llamactor.scheduling.prefix_index import KvOp, PrefixIndex, common_prefix_len
 
 # Measured on this project's 2-core machine with Gemma 3 270M (docs/operations.md, "Host-RAM
 # tier"): restoring copies every position of an entry, ~0.01 ms per token (9 ms for 1,024, 40 ms
@@ -145,3 +146,25 @@ class RestoreOp:
     def __post_init__(self) -> None:
         if self.seq_id < 0 or self.scratch_id < 0 or self.seq_id == self.scratch_id or self.n_keep < 1:
             raise ValueError(f"bad restore {self!r}")
+
+
+def plan_restore(index: PrefixIndex, found: TierMatch, seq_id: int, reusable: list[int], n_matched: int,
+                 ops: list[KvOp], now: float) -> RestoreOp | None:
+    """Restore ``found`` (the tier's entry for ``reusable``) into the fresh ``seq_id`` when it pays
+    over the ``n_matched`` tokens the index's cells hold; ``ops`` gets what must happen before
+    (cached prefixes evicted for its cells, an entry dropped for a scratch id). Batcher thread."""
+    if found.key is None or not restore_pays(found.n_tokens - n_matched, found.n_entry):
+        return None
+    free = index.n_cells - index.cells_used
+    if free < found.n_entry:  # the whole entry comes back before it is trimmed to the match
+        ops += index.evict(found.n_entry - free)
+        if index.n_cells - index.cells_used < found.n_entry:
+            return None
+    try:
+        scratch, scratch_ops = index.allocate()
+    except IndexError:
+        return None
+    ops += scratch_ops
+    index.release(scratch)  # it holds no cells before or after the restore
+    index.restored(seq_id, reusable[:found.n_tokens], now)
+    return RestoreOp(seq_id, found.key, found.n_tokens, scratch)

@@ -13,7 +13,7 @@ import numpy as np
 
 from llamactor.base.logging import get_logger
 from llamactor.scheduling.embedding_queue import EmbeddingInput, EmbeddingJob, EmbeddingQueue
-from llamactor.base.errors import CancelledError, ContextFullError, InvalidRequestError, LlamactorError
+from llamactor.base.errors import CancelledError, ContextFullError, LlamactorError
 from llamactor.base.messages import Embed
 from llamactor.native.embedding import EmbeddingNoRoomError
 from llamactor.native.tokenizer import Tokenizer
@@ -43,8 +43,7 @@ class EmbeddingSteps:
                       for x in msg.inputs]
             if msg.truncate:  # Ollama's default: an input longer than one step keeps its head
                 inputs = [ids[:self.queue.n_batch] for ids in inputs]
-            if any(not 0 <= t < self._tokenizer.n_vocab for ids in inputs for t in ids):
-                raise InvalidRequestError(f"token ids must be in [0, {self._tokenizer.n_vocab})")
+            self._tokenizer.check_ids(t for ids in inputs for t in ids)
             job = EmbeddingJob(msg, msg.pooling or self._default_pooling, [len(t) for t in inputs],
                                np.zeros((len(inputs), self._n_embd), dtype=np.float32))
             self.queue.add(job, inputs)

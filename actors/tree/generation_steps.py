@@ -23,7 +23,7 @@ from llamactor.base.errors import ContextFullError, LlamactorError
 from llamactor.base.messages import Generate, PromptPrepared
 from llamactor.base.request import admitted_sampling
 from llamactor.native.engine import DecodeResult, Engine
-from llamactor.scheduling.packed_kv import PackedScheduler
+from llamactor.scheduling.packed_kv import PackedPrefixIndex, PackedScheduler
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler
@@ -67,8 +67,9 @@ class GenerationSteps:
         """Batcher thread, at start: the prefix index with the system prompts' KV prefilled and
         pinned, and the scheduler over it."""
         self.engine = engine
-        self.index = PrefixIndex(n_seq_ids=engine.info.n_seq_max, n_cells=engine.info.n_ctx,
-                                 offer_evicted=tiers is not None, packed=config.batch_invariant)
+        index_kind = PackedPrefixIndex if config.batch_invariant else PrefixIndex
+        self.index = index_kind(n_seq_ids=engine.info.n_seq_max, n_cells=engine.info.n_ctx,
+                                offer_evicted=tiers is not None)
         for tokens in prompts.shared_prefix_tokens():
             self._prefill_pinned(tokens)
         self.scheduler = make_scheduler(config, engine, self.index, tiers)

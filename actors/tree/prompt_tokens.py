@@ -45,8 +45,7 @@ class PromptBuilder:
         before any tokenizing, if its text cannot fit in ``n_ctx_seq`` tokens (None: not checked)."""
         if msg.token_ids is not None:
             tokens = list(msg.token_ids)
-            if any(not 0 <= t < self.tokenizer.n_vocab for t in tokens):
-                raise InvalidRequestError(f"token ids must be in [0, {self.tokenizer.n_vocab})")
+            self.tokenizer.check_ids(tokens)
         elif msg.messages is not None:
             rendered = self._render(msg.messages, msg.tools, msg.chat_template_kwargs)
             self._check_room(n_ctx_seq, rendered, msg.continuation)
@@ -92,8 +91,7 @@ class PromptBuilder:
             tokens = self.tokenizer.tokenize(continuation, add_special=False)
         else:
             tokens = list(continuation)
-            if any(not 0 <= t < self.tokenizer.n_vocab for t in tokens):
-                raise InvalidRequestError(f"token ids must be in [0, {self.tokenizer.n_vocab})")
+            self.tokenizer.check_ids(tokens)
         if not tokens:
             raise InvalidRequestError("a scored continuation must not be empty")
         return tokens
@@ -103,8 +101,7 @@ class PromptBuilder:
         context cap: counting a text's tokens is asked of texts of any length (the body limit bounds it)."""
         if msg.token_ids is not None:
             tokens = list(msg.token_ids)
-            if any(not 0 <= t < self.tokenizer.n_vocab for t in tokens):
-                raise InvalidRequestError(f"token ids must be in [0, {self.tokenizer.n_vocab})")
+            self.tokenizer.check_ids(tokens)
             text = self.tokenizer.detokenize(tokens)
         elif msg.messages is not None:
             text = self._render(msg.messages, msg.tools, msg.chat_template_kwargs)
@@ -126,7 +123,7 @@ class PromptBuilder:
         for i, part in enumerate(parts):
             if isinstance(part, str):
                 tokens += self.tokenizer.tokenize(part, add_special=add_special and i == 0, parse_special=True)
-            elif isinstance(part, int) and not isinstance(part, bool) and 0 <= part < self.tokenizer.n_vocab:
+            elif isinstance(part, int) and not isinstance(part, bool) and self.tokenizer.has_id(part):
                 tokens.append(part)
             else:
                 raise InvalidRequestError(f"content must hold strings and token ids in [0, {self.tokenizer.n_vocab})")

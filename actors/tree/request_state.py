@@ -61,8 +61,8 @@ class RequestState:
     @classmethod
     def create(cls, params: SamplingParams, tokenizer: Tokenizer) -> RequestState:
         """``InvalidRequestError`` for what only the model can check: bias token ids, the grammar."""
-        if any(t >= tokenizer.n_vocab for t, _ in params.logit_bias):
-            raise InvalidRequestError(f"logit_bias token ids must be in [0, {tokenizer.n_vocab})")
+        if params.logit_bias:
+            tokenizer.check_ids((t for t, _ in params.logit_bias), "logit_bias token ids")
         matcher = new_matcher(params.grammar, tokenizer.grammar_vocab()) if params.grammar is not None else None
         return cls(params=params, rng=np.random.default_rng(params.seed), text=TextAssembler(params.stop),
                    logprobs=[] if params.logprobs else None, matcher=matcher)

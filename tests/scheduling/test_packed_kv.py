@@ -18,7 +18,7 @@ import pytest
 
 from llamactor.base.config import SamplingParams
 from llamactor.base.messages import Generate, ReplyChannel
-from llamactor.scheduling.packed_kv import PackedScheduler
+from llamactor.scheduling.packed_kv import PackedPrefixIndex, PackedScheduler
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Sequence
@@ -89,7 +89,8 @@ def run_workload(seed: int, *, packed: bool) -> tuple[Scheduler, list[str]]:
     """Random arrivals on a small cache; returns the scheduler and every out-of-order sighting."""
     rng = random.Random(seed)
     n_cells, n_parallel = rng.choice([96, 128, 200]), rng.randint(2, 6)
-    index = PrefixIndex(n_seq_ids=n_parallel + 2 + rng.randint(1, 8), n_cells=n_cells, packed=packed)
+    kind_of_index = PackedPrefixIndex if packed else PrefixIndex
+    index = kind_of_index(n_seq_ids=n_parallel + 2 + rng.randint(1, 8), n_cells=n_cells)
     kind = PackedScheduler if packed else Scheduler
     s = kind(n_parallel=n_parallel, n_batch=rng.choice([32, 64]), batch_size=1, batch_timeout_s=0.0,
              max_queue=1000, index=index, keep_finished=rng.random() < 0.8,
@@ -136,7 +137,7 @@ def test_without_packing_the_same_workloads_put_cells_out_of_order() -> None:
 
 
 def test_a_flush_preempts_every_running_sequence_drops_every_entry_and_keeps_the_pinned_one() -> None:
-    index = PrefixIndex(n_seq_ids=6, n_cells=40, packed=True)
+    index = PackedPrefixIndex(n_seq_ids=6, n_cells=40)
     s = PackedScheduler(n_parallel=2, n_batch=64, batch_size=1, batch_timeout_s=0.0, max_queue=10, index=index)
     pinned, _ = index.allocate(None)
     index.extend(pinned, [1, 2, 3], 0.0)
@@ -160,7 +161,7 @@ def test_a_flush_preempts_every_running_sequence_drops_every_entry_and_keeps_the
 def packed_scheduler(n_cells: int, n_parallel: int, **options: Any) -> PackedScheduler:
     options = {"n_batch": 64, **options}
     return PackedScheduler(n_parallel=n_parallel, batch_size=1, batch_timeout_s=0.0, max_queue=10,
-                           index=PrefixIndex(n_seq_ids=n_parallel + 4, n_cells=n_cells, packed=True), **options)
+                           index=PackedPrefixIndex(n_seq_ids=n_parallel + 4, n_cells=n_cells), **options)
 
 
 def decode_step(s: Scheduler, now: float) -> list[Sequence]:

@@ -19,7 +19,7 @@ from llamactor.base.config import SamplingParams
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, InvalidRequestError, QueueFullError
 from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.base.tenants import Tenant
-from llamactor.handles.limits import Limiter, used_tokens
+from llamactor.handles.limits import Limiter, WaitForLimits, used_tokens
 from llamactor.jobs.quotas import check_new_file, check_new_job
 from llamactor.scheduling.queue_shares import CEILING, Waiting, admission, share
 from llamactor.scheduling.sequence import Sequence
@@ -141,9 +141,9 @@ def test_a_cancelled_choice_counts_what_it_computed_and_waiting_for_budget_stops
     assert used_tokens([walked_away, never_ran]) == 53  # before: 0, every streamed token refunded
 
     limiter, tenant, stop = Limiter(), Tenant("t", requests_per_minute=1), threading.Event()
-    limiter.reserve_waiting(tenant, 1, stop)  # the minute's one request
+    limiter.reserve(tenant, 1, WaitForLimits(stop))  # the minute's one request
     stop.set()
     waits: list[float] = []
     with pytest.raises(BatcherUnavailableError):
-        limiter.reserve_waiting(tenant, 1, stop, waits.append)
+        limiter.reserve(tenant, 1, WaitForLimits(stop, lambda _tenant, seconds: waits.append(seconds)))
     assert 0 < waits[0] <= 60

@@ -17,6 +17,7 @@ from llamactor.tree.embedding_steps import EmbeddingSteps
 from llamactor.scheduling.embedding_queue import EmbeddingJob, EmbeddingQueue
 from llamactor.base.messages import Embed, ReplyChannel
 from llamactor.native.embedding import EmbeddingNoRoomError
+from llamactor.native.tokenizer import Tokenizer
 
 from tests.conftest import NotAMessage, batcher_ref
 from tests.support.daemon import MODEL_ID, Daemon, start_daemon
@@ -85,10 +86,11 @@ def test_a_step_without_room_is_retried_in_halves_and_only_an_input_that_never_f
             raise EmbeddingNoRoomError("no room")
         return np.array([[float(len(t)), 1.0, 0.0, 0.0] for t in inputs], np.float32)
 
-    class Vocab:
-        n_vocab = 100
+    class Vocab(Tokenizer):  # the vocabulary's own checks, without a model
+        def __init__(self) -> None:
+            self.n_vocab = 100
 
-    steps = EmbeddingSteps(EmbeddingQueue(1000, 16), Vocab(), fake_embed, 4, "mean")  # type: ignore[arg-type]
+    steps = EmbeddingSteps(EmbeddingQueue(1000, 16), Vocab(), fake_embed, 4, "mean")
     good = Embed(request_id="good", inputs=tuple((1,) * k for k in (3, 4, 5, 6, 7)), reply=ReplyChannel(),
                  submitted_at=time.perf_counter(), normalize=False)
     bad = Embed(request_id="bad", inputs=((1,) * 60,), reply=ReplyChannel(), submitted_at=time.perf_counter())
