@@ -21,7 +21,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,11 @@ class Ledger:
         self.read_up_to += sum(len(line.encode()) for line in complete)
         self.owners.update(json.loads(line)["owner"] for line in complete)
 
-    def used_a_model(self, item: pytest.Item) -> bool:
-        """Whether ``item`` or a fixture in its closure (set up now or earlier) loaded a model."""
-        return owner_of_test(item) in self.owners or any(owner_of_fixture(d) in self.owners for d in fixture_defs(item))
+    def used_a_model(self, item: pytest.Item, requested: Iterable[str] = ()) -> bool:
+        """Whether ``item``, a fixture in its closure or one it ``requested`` by name while it ran
+        (``request.getfixturevalue``; set up now or earlier) loaded a model."""
+        owners = {owner_of_test(item), *(owner_of_fixture(d) for d in fixture_defs(item)), *requested}
+        return not owners.isdisjoint(self.owners)
 
 
 def owner_of_test(item: pytest.Item) -> str:
@@ -109,6 +111,8 @@ class PureMarker:
         self.passed: set[str] = set()  # node ids whose call passed
         self.unmarked_without_model: list[str] = []  # they should be marked pure
         self.pure_with_model: list[str] = []  # failed: caught at a phase's end, or listed at the session's
+        # fixtures a test asked for by name while it ran: in no closure, and gone from the item after it
+        self.requested: dict[str, set[str]] = {}
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef: Any) -> Generator[None, Any, Any]:
@@ -119,6 +123,8 @@ class PureMarker:
         """One phase of ``item`` run as its owner; a pure one may load nothing."""
         with environment(OWNER, owner_of_test(item)), environment(PURE, "1" if is_pure(item) else None):
             result = yield
+        used = getattr(getattr(item, "_request", None), "_fixture_defs", None) or {}
+        self.requested.setdefault(item.nodeid, set()).update(owner_of_fixture(d) for d in used.values())
         if self.pure_but_used_a_model(item):
             raise PureTestLoadedAModel(f"{item.nodeid} is marked pure, but it or one of its fixtures loaded a model")
         return result
@@ -126,10 +132,13 @@ class PureMarker:
     def pure_but_used_a_model(self, item: pytest.Item) -> bool:
         """Whether ``item`` is pure, used a model and was not yet caught (a test fails once)."""
         self.ledger.read_new()
-        if item.nodeid in self.pure_with_model or not is_pure(item) or not self.ledger.used_a_model(item):
+        if item.nodeid in self.pure_with_model or not is_pure(item) or not self.used_a_model(item):
             return False
         self.pure_with_model.append(item.nodeid)
         return True
+
+    def used_a_model(self, item: pytest.Item) -> bool:
+        return self.ledger.used_a_model(item, self.requested.get(item.nodeid, ()))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, Any, Any]:
@@ -154,7 +163,7 @@ class PureMarker:
         for item in session.items:
             if self.pure_but_used_a_model(item):
                 continue
-            if not is_pure(item) and item.nodeid in self.passed and not self.ledger.used_a_model(item):
+            if not is_pure(item) and item.nodeid in self.passed and not self.used_a_model(item):
                 self.unmarked_without_model.append(item.nodeid)
         self.pure_with_model[:caught] = []  # those failed already: list the ones found only now
         if self.unmarked_without_model or self.pure_with_model:
