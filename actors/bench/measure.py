@@ -69,4 +69,4 @@ def burst_beside_load(llm: llamactor.Client, max_tokens: int, load: Callable[[in
 def step_ms_cell(ms: dict[str, float]) -> str:
     """The report's "step ms: decode / sample / other" cell from the batcher's per-step counters
     (*other*: scheduling and postprocessing beside the sampling)."""
-    return f"{ms['decode']:.1f} / {ms['sample']:.2f} / {ms['schedule'] + ms['postprocess'] - ms['sample']:.2f}"
+    return f"{ms['decode']:.1f} / {ms['sample']:.2f} / {ms['schedule'] + ms.get('enact', 0.0) + ms['postprocess'] - ms['sample']:.2f}"
