@@ -32,7 +32,6 @@ class OllamaCall(OneRequest):
     request: GenerationRequest
     kind: Literal["chat", "generate"]  # the answer's field: chat's message, generate's response
     think: bool | str | None
-    parse_thinking: bool  # False: all text is content (a raw prompt's answer)
     logprobs: bool
     streamed: bool
 
@@ -49,7 +48,7 @@ def chat_call(body: ChatRequest, ctx: RequestContext, n_ctx: int) -> OllamaCall 
     request = GenerationRequest.build(ctx.defaults, messages=messages, request_id=ctx.id("ollama-"),
                                       tools=body.tools or None, tool_format=ctx.tool_format,
                                       **_options(body, n_ctx), **_template_kwargs(body), **ctx.lora())
-    return OllamaCall(body.model, request, "chat", body.think, True, _logprobs(body), body.streamed)
+    return OllamaCall(body.model, request, "chat", body.think, _logprobs(body), body.streamed)
 
 
 def generate_call(body: GenerateRequest, ctx: RequestContext, n_ctx: int) -> OllamaCall | None:
@@ -61,12 +60,12 @@ def generate_call(body: GenerateRequest, ctx: RequestContext, n_ctx: int) -> Oll
     if body.raw:  # the prompt as is; the answer as the model wrote it (thinking parsed only when asked)
         request = GenerationRequest.build(ctx.defaults, prompt=body.prompt, request_id=rid,
                                           split_reasoning=bool(body.think), **options)
-        return OllamaCall(body.model, request, "generate", body.think, bool(body.think), _logprobs(body), body.streamed)
+        return OllamaCall(body.model, request, "generate", body.think, _logprobs(body), body.streamed)
     messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
         {"role": "user", "content": body.prompt}]
     request = GenerationRequest.build(ctx.defaults, messages=messages, request_id=rid, **options,
                                       **_template_kwargs(body))
-    return OllamaCall(body.model, request, "generate", body.think, True, _logprobs(body), body.streamed)
+    return OllamaCall(body.model, request, "generate", body.think, _logprobs(body), body.streamed)
 
 
 def _options(body: ModelRequest, n_ctx: int) -> dict[str, Any]:
