@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, overload
 
-from llamactor.base.config import Config
+from llamactor.base.config import Config, set_options
 from llamactor.base.errors import InvalidRequestError
 from llamactor.handles.llm import LLM, start_tree
 from llamactor.native import invariance
@@ -18,14 +18,14 @@ from llamactor.serving.router import Router
 
 @overload
 def start(model: str | None = None, *, models: None = None, config: Config | None = None,
-          start_timeout_s: float = 300.0, **options: Any) -> LLM: ...
+          start_timeout_s: float | None = 300.0, **options: Any) -> LLM: ...
 @overload
 def start(model: None = None, *, models: Sequence[Any], max_loaded: int | None = None,
-          start_timeout_s: float = 300.0, **options: Any) -> Router: ...
+          start_timeout_s: float | None = 300.0, **options: Any) -> Router: ...
 
 
 def start(model: str | None = None, *, models: Sequence[Any] | None = None, max_loaded: int | None = None,
-          config: Config | None = None, start_timeout_s: float = 300.0, **options: Any) -> LLM | Router:
+          config: Config | None = None, start_timeout_s: float | None = 300.0, **options: Any) -> LLM | Router:
     """Load ``model`` (None: ``$LLAMACTOR_MODEL`` or the default Gemma 3 270M) and start the actors.
 
     ``options`` are ``Config`` fields (``n_parallel``, ``n_ctx``, ``system_prompt``, ...) and
@@ -35,7 +35,10 @@ def start(model: str | None = None, *, models: Sequence[Any] | None = None, max_
     With ``models`` (``ModelSpec``s or dicts: ``name``, ``path``, ``replicas``, ``policy``,
     ``preload``, ``idle_unload_s`` and Config fields), returns a ``Router`` over them; ``options``
     are then defaults for every model, and at most ``max_loaded`` models are loaded at once.
+    An option (or ``start_timeout_s``) given as None is not set: its default holds.
     """
+    options = set_options(options)
+    start_timeout_s = 300.0 if start_timeout_s is None else start_timeout_s
     if models is not None:
         if model is not None or config is not None:
             raise InvalidRequestError("pass either models= or model/config, not both")

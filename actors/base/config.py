@@ -42,6 +42,35 @@ def _require(ok: bool, message: str) -> None:
         raise InvalidRequestError(message)
 
 
+def set_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` without the ones given as None: in configuration None means "not set", so a
+    caller can pass its own optional settings straight through and get the defaults."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def fill_unset(obj: Any) -> None:
+    """Give each field that holds None although its type takes no None its default: a frozen
+    dataclass's ``Config(loras=None)`` means the default, not a TypeError deep in validation."""
+    for f in _fields_without_none(type(obj)):
+        if getattr(obj, f.name) is not None:
+            continue
+        if f.default is not dataclasses.MISSING:
+            object.__setattr__(obj, f.name, f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            object.__setattr__(obj, f.name, f.default_factory())
+
+
+_WITHOUT_NONE: dict[type, tuple[dataclasses.Field[Any], ...]] = {}
+
+
+def _fields_without_none(cls: type) -> tuple[dataclasses.Field[Any], ...]:
+    """The fields whose annotation takes no None (annotations are strings here: PEP 563)."""
+    if cls not in _WITHOUT_NONE:
+        _WITHOUT_NONE[cls] = tuple(f for f in dataclasses.fields(cls)
+                                   if "None" not in str(f.type).replace(" ", "").split("|"))
+    return _WITHOUT_NONE[cls]
+
+
 # The sampling fields that are real numbers, checked for type before their ranges.
 _REAL_FIELDS = ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty")
 
@@ -71,6 +100,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        fill_unset(self)
+        if self.max_tokens == -1:  # llama-server's n_predict and Ollama's num_predict: no limit
+            object.__setattr__(self, "max_tokens", None)
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) for s in self.stop):
@@ -85,7 +117,7 @@ class SamplingParams:
                  f"repeat_last_n must be an integer, got {self.repeat_last_n!r:.100}")
         _require(self.max_tokens is None or (isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
                                              and self.max_tokens >= 0),
-                 f"max_tokens must be an integer >= 0 or None, got {self.max_tokens!r}")
+                 f"max_tokens must be an integer >= 0, -1 or None (no limit), got {self.max_tokens!r}")
         _require(0.0 <= self.temperature <= 100.0, f"temperature must be in [0, 100], got {self.temperature}")
         _require(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be >= 0, got {self.top_k!r}")
         _require(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
@@ -124,10 +156,12 @@ class SamplingParams:
         return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def replace(self, **overrides: Any) -> SamplingParams:
-        """A copy with ``overrides`` applied; an unknown name is an ``InvalidRequestError``."""
+        """A copy with ``overrides`` applied; an unknown name is an ``InvalidRequestError``. None
+        keeps this value of a field that takes no None (``max_tokens=None`` still means no limit)."""
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
         _require(not unknown, f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
-        return dataclasses.replace(self, **overrides)
+        kept = {f.name for f in _fields_without_none(type(self))}
+        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None or k not in kept})
 
 
 # Seeds as OpenAI takes them (64-bit integers): a negative one means "a random seed", as
@@ -285,6 +319,7 @@ class Config:
     load_on_request: str = "admins"
 
     def __post_init__(self) -> None:
+        fill_unset(self)
         _require(1 <= self.n_parallel <= MAX_SEQUENCES - 2,
                  f"n_parallel must be in [1, {MAX_SEQUENCES - 2}], got {self.n_parallel}")
         _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")
@@ -369,11 +404,14 @@ class Config:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> Config:
-        """Build a Config from keyword arguments; sampling names go into ``sampling``."""
+        """Build a Config from keyword arguments; sampling names go into ``sampling``. An option
+        given as None is not set: its default holds (``max_tokens=None`` too; -1 is no limit)."""
+        kwargs = set_options(kwargs)
         config_names = {f.name for f in dataclasses.fields(cls)}
         sampling_names = {f.name for f in dataclasses.fields(SamplingParams)}
         unknown = set(kwargs) - config_names - sampling_names
         _require(not unknown, f"unknown option(s): {', '.join(sorted(unknown))}")
         sampling = kwargs.pop("sampling", SamplingParams())
+        _require(isinstance(sampling, SamplingParams), f"sampling must be SamplingParams, got {sampling!r:.100}")
         sampling = sampling.replace(**{k: kwargs.pop(k) for k in list(kwargs) if k in sampling_names})
         return cls(sampling=sampling, **kwargs)

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llamactor.base.config import Config, SamplingParams, default_n_threads
+from llamactor.base.config import Config, SamplingParams, default_n_threads, fill_unset, set_options
 from llamactor.base.errors import InvalidRequestError
 from llamactor.serving.routing import POLICIES
 
@@ -55,6 +55,7 @@ class ModelSpec:
     pin: bool = False  # loaded at start whatever preload says, and never unloaded by max_loaded or idle time
 
     def __post_init__(self) -> None:
+        fill_unset(self)
         if not isinstance(self.name, str) or not self.name or any(c.isspace() for c in self.name):
             raise InvalidRequestError(f"a model name must be a non-empty string without spaces, got {self.name!r}")
         if not isinstance(self.replicas, int) or not 1 <= self.replicas <= 64:
@@ -74,7 +75,7 @@ class ModelSpec:
         every model gets unless it sets them. Without ``n_threads``, replicas split the cores."""
         if not isinstance(entry, Mapping):
             raise InvalidRequestError(f"a model entry must be a table/dict, got {entry!r}")
-        entry = dict(entry)
+        entry = set_options(dict(entry))  # a key given as None is not set
         if "name" not in entry:
             raise InvalidRequestError(f"a model entry needs a name: {entry!r}")
         if "path" in entry and "model" in entry:
@@ -85,7 +86,7 @@ class ModelSpec:
                                       f"(known: {', '.join(sorted(MODEL_KEYS))})")
         spec = {k: entry.pop(k) for k in SPEC_FIELDS if k in entry}
         path = spec.pop("path", spec.pop("model", None))
-        options = {**(defaults or {}), **entry}
+        options = {**set_options(dict(defaults or {})), **entry}
         replicas = spec.get("replicas", 1)
         if "n_threads" not in options and isinstance(replicas, int) and replicas >= 1:
             options["n_threads"] = max(1, default_n_threads() // replicas)

@@ -58,15 +58,23 @@ def test_an_unhashable_role_fails_its_request_and_the_batcher_goes_on(start_llm:
 
 @pytest.mark.pure
 @pytest.mark.parametrize("sampling", [
-    {"temperature": None}, {"top_p": None}, {"min_p": "0.1"}, {"repeat_penalty": None}, {"presence_penalty": []},
-    {"frequency_penalty": None}, {"repeat_last_n": [""]}, {"stop": None}, {"stop": 5}, {"stop": ["ok", 7]},
-    {"echo": True, "top_logprobs": "x"}, {"echo": True, "logprobs": 2, "top_logprobs": None},
+    {"temperature": "hot"}, {"top_p": {}}, {"min_p": "0.1"}, {"repeat_penalty": [1]}, {"presence_penalty": []},
+    {"frequency_penalty": "0"}, {"repeat_last_n": [""]}, {"stop": 5}, {"stop": ["ok", 7]},
+    {"echo": True, "top_logprobs": "x"}, {"echo": True, "logprobs": 2, "top_logprobs": "2"},
 ])
 def test_sampling_values_of_the_wrong_type_are_invalid_requests(sampling: dict[str, Any]) -> None:
     """``SamplingParams`` compared values before checking their types (``temperature=None``:
     TypeError), and ``echo`` took the max of whatever ``top_logprobs`` was."""
     with pytest.raises(InvalidRequestError):
         GenerationRequest.build(SamplingParams(), prompt="hi", **sampling)
+
+
+@pytest.mark.pure
+def test_a_sampling_value_of_none_keeps_the_configured_one() -> None:
+    configured = SamplingParams(temperature=0.3, top_p=0.5, stop=("END",))
+    unset = ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty", "stop")
+    request = GenerationRequest.build(configured, prompt="hi", **dict.fromkeys(unset))
+    assert request.params.temperature == 0.3 and request.params.top_p == 0.5 and request.params.stop == ("END",)
 
 
 @pytest.mark.pure

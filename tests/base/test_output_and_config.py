@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from llamactor.base.config import Config, SamplingParams
@@ -43,7 +45,7 @@ def test_the_earliest_of_several_stop_strings_wins() -> None:
 
 
 @pytest.mark.parametrize("bad", [
-    {"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"max_tokens": -1}, {"min_p": 2}, {"stop": [""]},
+    {"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"max_tokens": -2}, {"min_p": 2}, {"stop": [""]},
     {"repeat_penalty": 0},
 ])
 def test_bad_sampling_values_are_refused_with_a_message_naming_the_field(bad: dict) -> None:
@@ -111,3 +113,27 @@ def test_n_gpu_layers_defaults_to_the_build_and_takes_a_count_or_all() -> None:
     assert Config.from_kwargs(n_gpu_layers=12).n_gpu_layers == 12
     with pytest.raises(InvalidRequestError, match="n_gpu_layers must be >= -1"):
         Config(n_gpu_layers=-2)
+
+
+def _every_field_none(cls: type) -> dict[str, None]:
+    return {f.name: None for f in dataclasses.fields(cls)}
+
+
+def test_a_config_with_every_field_none_is_the_default_config() -> None:
+    assert Config(**_every_field_none(Config)) == Config()
+    assert Config.from_kwargs(**_every_field_none(Config), **_every_field_none(SamplingParams)) == Config()
+
+
+def test_none_in_sampling_is_the_default_except_max_tokens_where_it_means_no_limit() -> None:
+    unset = SamplingParams(**_every_field_none(SamplingParams))
+    assert unset == SamplingParams(max_tokens=None)
+    assert SamplingParams(max_tokens=-1).max_tokens is None  # llama-server's n_predict -1
+    operator = SamplingParams(temperature=0.2, top_k=5, stop=("END",))
+    assert operator.replace(temperature=None, top_k=None, stop=None) == operator  # the operator's values hold
+    assert operator.replace(max_tokens=None).max_tokens is None
+
+
+def test_a_configured_max_tokens_of_none_is_not_set_and_minus_one_is_no_limit() -> None:
+    assert Config.from_kwargs(max_tokens=None).sampling.max_tokens == SamplingParams().max_tokens == 256
+    assert Config.from_kwargs(max_tokens=-1).sampling.max_tokens is None
+
