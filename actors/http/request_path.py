@@ -27,7 +27,7 @@ from starlette.background import BackgroundTask
 
 from llamactor.base.completion import ChoiceUpdate, Completion, Embeddings, Tokenized
 from llamactor.base.config import Config
-from llamactor.base.errors import BatcherUnavailableError, CancelledError, InvalidRequestError
+from llamactor.base.errors import BatcherUnavailableError, CancelledError, InvalidRequestError, ModelLoadError
 from llamactor.base.logging import get_logger
 from llamactor.base.request import EmbeddingRequest, GenerationRequest, choice_request_id
 from llamactor.base.tool_format import FALLBACK
@@ -149,8 +149,15 @@ async def load(llm: ModelClient, request: Request) -> ModelClient:
     ``load_on_request`` "admins" (the default) a tenant's request for an unloaded model is a 503
     saying so (loading may evict another tenant's model: ``/models/load`` is an admin's)."""
     if not llm.loaded:
-        check_may_load(llm, tenant_of(request))
-        await asyncio.to_thread(llm.load)
+        tenant = tenant_of(request)
+        check_may_load(llm, tenant)
+        try:
+            await asyncio.to_thread(llm.load)
+        except ModelLoadError as e:
+            if tenant.admin:
+                raise
+            # A tenant sees the model's name, never the operator's file system (the log has it all).
+            raise ModelLoadError(f"model {llm.name!r} could not be loaded", model=llm.name) from e
     return llm
 
 

@@ -56,7 +56,14 @@ name = "open"
 path = "{model_path}"
 preload = false
 load_on_request = "tenants"
+
+[[models]]
+name = "broken"
+path = "{where / 'broken.gguf'}"
+preload = false
+load_on_request = "tenants"
 ''')
+    (where / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 64)  # a header that says GGUF, then nothing
     d = start_daemon("--config", str(where / "models.toml"), "--keys", str(keys))
     yield d
     assert d.stop() == 0
@@ -173,6 +180,16 @@ def test_a_tenants_request_does_not_load_a_model_unless_the_operator_allows_it(d
 
     answer = bob.completions.create(model="open", prompt="The sea is", max_tokens=2)  # load_on_request = tenants
     assert answer.usage is not None and answer.usage.completion_tokens == 2 and status(daemon, "open") == "ready"
+
+
+def test_a_model_that_fails_to_load_names_its_file_to_admins_and_only_itself_to_tenants(daemon: Daemon) -> None:
+    with pytest.raises(openai.InternalServerError) as tenant:
+        daemon.client(KEYS["bob"]).completions.create(model="broken", prompt="hi", max_tokens=1)
+    assert tenant.value.message.endswith("model 'broken' could not be loaded")  # before: its path on the server
+    assert "broken.gguf" not in tenant.value.response.text
+    with pytest.raises(openai.InternalServerError) as admin:
+        daemon.client(KEYS["ops"]).completions.create(model="broken", prompt="hi", max_tokens=1)
+    assert "could not be loaded from" in admin.value.message and "broken.gguf" in admin.value.message
 
 
 def upload(client: openai.OpenAI, data: bytes) -> str:
