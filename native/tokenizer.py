@@ -137,6 +137,9 @@ class VocabFacts:
                           SpecialSplitter(specials, (t for t, a in specials.items() if a & _PARSED_ONLY))
                           ) if exact else (None, None)
         self.max_token_bytes = longest if exact else None
+        # what only parse_special matches: a chat's message content must not hold these as tokens
+        self.control_texts = frozenset(t.decode("utf-8", errors="replace") for t, a in specials.items()
+                                       if a & _PARSED_ONLY and t)
         log.info("vocab_facts_read", n_special=len(specials), max_token_bytes=longest, split=exact,
                  ms=round((time.perf_counter() - start) * 1000, 1))
 
@@ -165,6 +168,11 @@ class Tokenizer:
             if self._facts is None:
                 self._facts = VocabFacts(self._vocab)
             return self._facts
+
+    @property
+    def adds_bos(self) -> bool:
+        """Whether ``tokenize(..., add_special=True)`` puts BOS first (the GGUF's ``add_bos_token``)."""
+        return self._add_bos
 
     def min_tokens(self, n_bytes: int) -> int:
         """A lower bound on the tokens of any text of ``n_bytes`` UTF-8 bytes (0 if unknown): no

@@ -124,6 +124,7 @@ class Generate:
     tenant: Tenant = DEFAULT  # whose: the caches it may hit (its scope), its fair share
     lora: AdapterSet = ()  # the LoRA adapters (name, scale) it runs under; (): the base model
     split_reasoning: bool = False  # its answer's <think> block split from its content (llamactor.base.answer)
+    parse_special: bool = True  # special-token text in a raw ``text`` prompt is those tokens (not in messages)
 
 
 POOLINGS = ("mean", "cls", "last")

@@ -80,6 +80,10 @@ class GenerationRequest:
     # Whether its answers' ``<think>`` blocks are split from their content (``Completion.answer``,
     # ``Piece.parts``); None: a chat's are, a raw prompt's are not (it is the model's text as written).
     split_reasoning: bool | None = None
+    # Whether special-token text in a raw prompt (``<|im_start|>``, ``<start_of_turn>``) is read as
+    # those tokens, as llama-server and llama-cpp-python read completion prompts; a chat's message
+    # content never is (docs/operations.md, the threat model).
+    parse_special: bool = True
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.text, self.messages, self.token_ids)) != 1:
@@ -93,6 +97,9 @@ class GenerationRequest:
         if self.continuations and (self.messages is not None or self.params.prompt_logprobs is None
                                    or len(self.continuations) != self.n):
             raise InvalidRequestError("scored continuations need a raw prompt, prompt_logprobs, and one choice each")
+        if not isinstance(self.parse_special, bool):
+            raise InvalidRequestError(f"parse_special must be true or false, got {self.parse_special!r}",
+                                      param="parse_special")
         self._check_text()
 
     def _check_text(self) -> None:
@@ -116,14 +123,15 @@ class GenerationRequest:
               echo_prompt: bool = False, clamp_max_tokens: bool = False, tenant: Tenant = DEFAULT,
               lora: Mapping[str, float] | None = None, adapters: Sequence[str] | None = None,
               tool_format: ToolCallFormat | None = None, split_reasoning: bool | None = None,
-              **sampling: Any) -> GenerationRequest:
+              parse_special: bool = True, **sampling: Any) -> GenerationRequest:
         """The one place loose arguments become a request: ``prompt`` (text or token ids) or
         ``messages``; ``json_schema`` / ``grammar`` compiled; OpenAI-style ``tools`` /
         ``tool_choice`` (or a ``Tools``) checked and, for a required or named choice, turned into
         the grammar, in ``tool_format`` (the model's: ``EngineInfo.tool_format``; None: the
         Hermes fallback, or a given ``Tools``' own); ``echo`` (OpenAI's legacy name) into
         ``prompt_logprobs``; ``lora`` (``{adapter name: scale}``) checked against ``adapters``, the
-        model's adapter names, when given; ``split_reasoning`` as the field says; every other name
+        model's adapter names, when given; ``split_reasoning`` and ``parse_special`` as the fields
+        say; every other name
         a ``SamplingParams`` field applied over ``defaults``."""
         chat = messages is not None
         fields = {"messages": messages_tuple(messages)} if chat else prompt_fields(prompt)
@@ -145,7 +153,7 @@ class GenerationRequest:
                    chat_template_kwargs=dict(chat_template_kwargs) if chat_template_kwargs else None,
                    continuations=tuple(continuation_field(c) for c in continuations), request_id=request_id,
                    echo_prompt=echo_prompt, clamp_max_tokens=clamp_max_tokens, lora=adapter_set(lora, adapters),
-                   split_reasoning=split_reasoning,
+                   split_reasoning=split_reasoning, parse_special=parse_special,
                    tenant=tenant, **fields)  # as for_tenant makes it, without checking it all twice
 
     def for_tenant(self, tenant: Tenant) -> GenerationRequest:
@@ -172,7 +180,7 @@ class GenerationRequest:
                          chat_template_kwargs=dict(self.chat_template_kwargs) if self.chat_template_kwargs else None,
                          continuation=self.continuations[i] if self.continuations else None,
                          echo_prompt=self.echo_prompt, clamp_max_tokens=self.clamp_max_tokens, tenant=self.tenant,
-                         lora=self.lora, split_reasoning=self.splits_reasoning)
+                         lora=self.lora, split_reasoning=self.splits_reasoning, parse_special=self.parse_special)
                 for i, reply in enumerate(replies)]
 
 

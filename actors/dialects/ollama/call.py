@@ -59,7 +59,8 @@ def generate_call(body: GenerateRequest, ctx: RequestContext, n_ctx: int) -> Oll
     rid, options = ctx.id("ollama-"), {**_options(body, n_ctx), **ctx.lora()}
     if body.raw:  # the prompt as is; the answer as the model wrote it (thinking parsed only when asked)
         request = GenerationRequest.build(ctx.defaults, prompt=body.prompt, request_id=rid,
-                                          split_reasoning=bool(body.think), **options)
+                                          split_reasoning=bool(body.think),
+                                          parse_special=body.options.parse_special is not False, **options)
         return OllamaCall(body.model, request, "generate", body.think, _logprobs(body), body.streamed)
     messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
         {"role": "user", "content": body.prompt}]

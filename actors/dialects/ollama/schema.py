@@ -12,13 +12,13 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from llamactor.base.errors import InvalidRequestError
 
 DIALECT = "ollama"
 APPLIED = frozenset({"num_predict", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
-                     "presence_penalty", "frequency_penalty", "seed", "stop"})
+                     "presence_penalty", "frequency_penalty", "seed", "stop", "parse_special"})
 # Known options that change nothing at these values: no warning for them
 NEUTRAL = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0}
 # Known options never applied whatever their value, with no effect on the output: no warning either.
@@ -42,6 +42,9 @@ class Options(BaseModel):
     frequency_penalty: float | None = None
     seed: int | None = None
     stop: list[str] | str | None = None
+    # llamactor's: special-token text in a raw prompt read as those tokens (absent: true); a
+    # templated prompt's text is message content, never read so
+    parse_special: StrictBool | None = None
     # accepted, not applied: samplers llamactor has not, and load-time settings (fixed at load)
     num_ctx: int | None = None
     num_keep: int | None = None

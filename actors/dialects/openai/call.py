@@ -85,7 +85,7 @@ def completions_call(body: CompletionRequest, ctx: RequestContext) -> Completion
                                         request_id=rid if len(prompts) == 1 else f"{rid}-p{p}",
                                         # token ids echo as text: the answer brings it
                                         echo_prompt=body.echo and not isinstance(prompt, str) and not body.scores_prompt,
-                                        **lora, **sampling)
+                                        parse_special=body.parse_special, **lora, **sampling)
                 for p, prompt in enumerate(prompts)]
     return CompletionsCall(rid, ctx.model, ctx.created, requests, prompts, body.n, body.n_generated, body.echo,
                            body.logprobs, body.prompt_logprobs, _include_usage(body), body.ignored_fields())

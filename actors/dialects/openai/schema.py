@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from llamactor.base.errors import InvalidRequestError
 from llamactor.dialects.openai.extras import PeerExtras
@@ -95,6 +95,9 @@ class CompletionRequest(OpenAIRequest):
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)  # vLLM's extra
     stream_options: StreamOptions | None = None
     best_of: int | None = Field(default=None, ge=1, le=16)
+    # llamactor extra: special-token text in the prompt read as those tokens (llama-server's and
+    # llama-cpp-python's reading); false: as plain text
+    parse_special: StrictBool = True
 
     @property
     def n_generated(self) -> int:
