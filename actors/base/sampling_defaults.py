@@ -54,7 +54,7 @@ def gguf_sampling(metadata: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str
         field, kind = GGUF_FIELDS[name]
         try:
             value = _number(text, kind)
-            SamplingParams(**{field: value})  # its range, checked as a request's would be
+            _BUILT_IN.replace(**{field: value})  # its range, checked as a request's would be
         except (TypeError, ValueError, InvalidRequestError) as e:
             unused[key] = f"not a valid {field}: {e}"
             continue
