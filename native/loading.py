@@ -3,8 +3,8 @@
 The backend is set up once per process (its log kept to errors); the model loads with the layers
 asked for on a GPU; the context gets llamactor's settings: a shadow id per sequence (twice
 llama.cpp's sequences, see ``native/batch.py``), one unified KV pool, the KV cache type and flash
-attention, the abort flag the watchdog sets; then the model's metadata, its LoRA adapters and its
-chat template are read, and ``EngineInfo`` says what llama.cpp made. ``Engine``
+attention, the abort flag the watchdog sets; then the model's metadata (its recommended sampling among
+it), its LoRA adapters and its chat template are read, and ``EngineInfo`` says what llama.cpp made. ``Engine``
 (``native/engine.py``) holds what ``load_model`` returns, decodes on it and frees it.
 
 Runs on the thread that constructs the ``Engine`` (the batcher actor's, when it starts).
@@ -24,6 +24,7 @@ from llamactor.base.chat_template import ChatTemplate
 from llamactor.base.config import MAX_SEQUENCES
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import ModelLoadError
+from llamactor.base.sampling_defaults import gguf_sampling
 from llamactor.native import devices, invariance
 from llamactor.native.abort import AbortFlag, TestHang
 from llamactor.native.adapters import Adapters
@@ -174,6 +175,7 @@ def _engine_info(model: Any, ctx: Any, model_path: str, metadata: dict[str, str]
     """What llama.cpp made of the model and the context (its sizes, not the ones asked for)."""
     n_ctx = llama_cpp.llama_n_ctx(ctx)
     n_ctx_seq = llama_cpp.llama_n_ctx_seq(ctx) if hasattr(llama_cpp, "llama_n_ctx_seq") else n_ctx
+    sampling, sampling_unused = gguf_sampling(metadata)
     desc = ctypes.create_string_buffer(256)
     llama_cpp.llama_model_desc(model, desc, len(desc))
     return EngineInfo(
@@ -188,4 +190,5 @@ def _engine_info(model: Any, ctx: Any, model_path: str, metadata: dict[str, str]
         metadata={k: v for k, v in metadata.items() if k != "tokenizer.chat_template"},
         devices=devices.devices(), gpu_offload=devices.gpu_offload(), n_gpu_layers=n_gpu_layers,
         tool_format=template.tool_format, batch_invariant=batch_invariant,
+        gguf_sampling=sampling, gguf_sampling_unused=sampling_unused,
     )

@@ -98,6 +98,9 @@ class SamplingParams:
     # Each prompt token's log-probability under the raw distribution given the tokens before it, and
     # this many most likely alternatives (vLLM's prompt_logprobs); None: not computed.
     prompt_logprobs: int | None = None
+    # The fields ``replace`` set (the operator's options, a request's values): those the model's
+    # own GGUF defaults never override (``llamactor.base.sampling_defaults``).
+    given: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         fill_unset(self)
@@ -158,10 +161,13 @@ class SamplingParams:
     def replace(self, **overrides: Any) -> SamplingParams:
         """A copy with ``overrides`` applied; an unknown name is an ``InvalidRequestError``. None
         keeps this value of a field that takes no None (``max_tokens=None`` still means no limit)."""
-        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self) if f.init}
         _require(not unknown, f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
         kept = {f.name for f in _fields_without_none(type(self))}
-        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None or k not in kept})
+        overrides = {k: v for k, v in overrides.items() if v is not None or k not in kept}
+        copy = dataclasses.replace(self, **overrides)
+        object.__setattr__(copy, "given", self.given | frozenset(overrides))
+        return copy
 
 
 # Seeds as OpenAI takes them (64-bit integers): a negative one means "a random seed", as

@@ -65,3 +65,8 @@ class EngineInfo:
     # the caller's side builds the tool grammar and parses streamed calls in it.
     tool_format: ToolCallFormat = FALLBACK
     batch_invariant: bool = False  # Config.batch_invariant: bit-exact logits in any company
+    # The GGUF's recommended sampling (general.sampling.*) as SamplingParams fields: the model's
+    # defaults under the operator's (llamactor.base.sampling_defaults); and the general.sampling.*
+    # keys not followed, each with why.
+    gguf_sampling: dict[str, float | int] = field(default_factory=dict)
+    gguf_sampling_unused: dict[str, str] = field(default_factory=dict)

@@ -24,6 +24,7 @@ import click
 
 import llamactor
 from llamactor.base import logging as llamactor_logging
+from llamactor.base.sampling_defaults import described, sources
 from llamactor.cli.options import engine_options, sampling_options, tree_options
 from llamactor.cli.batch import batch
 from llamactor.cli.models import models
@@ -118,12 +119,14 @@ def ask(prompt: str, as_json: bool, as_chat: bool, **opts: Any) -> None:
 @sampling_options  # unused here, but a --config file shared with chat/ask may set them
 @handle_errors
 def info(**opts: Any) -> None:
-    """Model metadata, context sizes and the chat template in use, as JSON."""
+    """Model metadata, context sizes, the chat template and the default sampling in use, as JSON."""
     with start_tree(opts, quiet=True) as llm:
         data = dataclasses.asdict(llm.info)
         data["metadata"] = {k: v for k, v in data["metadata"].items() if len(v) < 200}  # not the vocab arrays
         cache = llm.stats().get("prefix_cache", {})
         data["n_parallel"] = llm.config.n_parallel
+        # what a request that sets none gets, and from where: the options, the GGUF, llamactor
+        data["sampling"] = described(llm.sampling_defaults(), sources(llm.config.sampling, llm.info.gguf_sampling))
         data["loras"] = [{"id": i, "name": name, "path": path} for i, (name, path) in enumerate(llm.config.loras)]
         data["prefix_cache"] = {"enabled": llm.config.prefix_cache, "max_cells": llm.config.prefix_cache_cells,
                                 "max_entries": cache.get("max_entries"), "pinned_cells": cache.get("pinned_cells")}

@@ -148,7 +148,7 @@ SAMPLING_TWEAKS: dict[str, Tweak] = {
 # not engine options nor start() keywords.
 TRANSPORT_FIELDS = ("body_timeout_s", "header_timeout_s", "keep_alive_s", "limit_concurrency", "max_header_bytes",
                     "allowed_hosts", "allowed_origins")
-HIDDEN = frozenset({"watchdog_test_hang", "sampling", "logprobs", "top_logprobs", "prompt_logprobs", "grammar", "logit_bias",
+HIDDEN = frozenset({"watchdog_test_hang", "sampling", "given", "logprobs", "top_logprobs", "prompt_logprobs", "grammar", "logit_bias",
                     "tenants", *TRANSPORT_FIELDS})
 
 

@@ -16,8 +16,10 @@ from typing import Any
 import click
 
 import llamactor
+from llamactor.base.config import SamplingParams
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import CancelledError, LlamactorError
+from llamactor.base.sampling_defaults import SHOWN, model_sampling, sources
 
 try:  # line editing and history for input(), where available
     import readline  # noqa: F401
@@ -30,7 +32,14 @@ HELP = """Commands:
   /system TEXT          set the system message (and reset); /system alone clears it
   /stats                the batcher's counters
   /set NAME VALUE       a sampling parameter: temperature, max_tokens, top_p, top_k, min_p, seed, ...
+  /set                  the sampling in use, and where each value comes from
   /exit                 leave (Ctrl-D too). Ctrl-C stops the current answer."""
+
+
+# The REPL's own sampling, under the operator's options and the GGUF's recommendation but over
+# llamactor's defaults (README, "Models" says how the rate was measured): a tiny model sampled at
+# temperature 0.8 names London as France's capital in a few sessions of a hundred.
+CHAT_DEFAULTS = {"temperature": 0.2, "top_p": 0.9}
 
 
 def devices_line(info: EngineInfo) -> str:
@@ -50,13 +59,17 @@ class Repl:
         self.llm = llm
         self.system: str | None = None
         self.history: list[dict[str, str]] = []
-        self.overrides: dict[str, Any] = {}
+        self.overrides: dict[str, Any] = {}  # what /set changed
+        # The sampling a question gets without /set: the operator's, the GGUF's, the REPL's, llamactor's.
+        self.defaults = model_sampling(llm.config.sampling, llm.info.gguf_sampling, CHAT_DEFAULTS)
+        self.sources = sources(llm.config.sampling, llm.info.gguf_sampling, CHAT_DEFAULTS, front_end_name="chat")
 
     def run(self) -> None:
         info = self.llm.info
         click.echo(f"llamactor chat — {info.description}, context {info.n_ctx_seq} tokens, "
                    f"chat format: {info.chat_template}. /help for commands, Ctrl-D to leave.")
         click.echo(devices_line(info))
+        click.echo(f"Sampling: {self.sampling_line()} (/set NAME VALUE changes one).")
         if info.looks_like_base_model:
             click.echo("The GGUF has no chat template: this looks like a base (pretrained) model, never trained on "
                        "chat turns." + (" The conversation is sent as a plain User:/Assistant: transcript and each "
@@ -104,28 +117,44 @@ class Repl:
             click.echo(f"unknown command /{name}; /help lists them")
         return True
 
+    def sampling(self) -> SamplingParams:
+        """What the next question is sampled with."""
+        return self.defaults.replace(**self.overrides)
+
+    def sampling_line(self) -> str:
+        """``temperature 0.2 (chat), top_k 40, ...``: each value and, unless llamactor's own
+        default, where it comes from (/set, the operator's options, the model's GGUF, the REPL)."""
+        now = self.sampling()
+        where = {**self.sources, **{k: "/set" for k in self.overrides}}
+        return ", ".join(f"{name} {getattr(now, name)}" + ("" if where[name] == "llamactor" else f" ({where[name]})")
+                         for name in SHOWN if name != "seed" or now.seed is not None)
+
     def set_param(self, arg: str) -> None:
         key, _, raw = arg.strip().partition(" ")
         if not key or not raw:
-            click.echo(f"usage: /set NAME VALUE (now: {self.overrides or 'defaults'})")
+            click.echo(f"Sampling: {self.sampling_line()}." + ("" if key else " Usage: /set NAME VALUE."))
             return
         try:
             value: Any = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
         try:
-            self.llm.config.sampling.replace(**{**self.overrides, key: value})
+            self.defaults.replace(**{**self.overrides, key: value})
         except (LlamactorError, TypeError) as e:
             click.echo(f"error: {e}")
             return
         self.overrides[key] = value
         click.echo(f"({key} = {value!r})")
 
+    def request_values(self) -> dict[str, Any]:
+        """The values a question sends over the model's defaults: the REPL's own, then /set's."""
+        return {**{name: getattr(self.defaults, name) for name in CHAT_DEFAULTS}, **self.overrides}
+
     def answer(self, text: str) -> None:
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + self.history
         messages.append({"role": "user", "content": text})
         try:
-            stream = self.llm.stream_chat(messages, **self.overrides)
+            stream = self.llm.stream_chat(messages, **self.request_values())
         except LlamactorError as e:
             click.echo(f"error: {type(e).__name__}: {e}")
             return

@@ -23,7 +23,7 @@ from typing import Any, TypeVar, overload
 
 from llamactor.base.tool_format import FALLBACK, ToolCallFormat
 from llamactor.base.completion import Completion, Embeddings, Score, Tokenized
-from llamactor.base.config import Config
+from llamactor.base.config import Config, SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.messages import CallerMessage, Embed, Generate, ReplyChannel
 from llamactor.base.priority import DEFAULT_PRIORITY
@@ -80,8 +80,13 @@ class Client:
         options.setdefault("adapters", self.config.lora_names)  # lora= names are checked now
         if options.get("tools") is not None:  # calls written in the model's own format
             options.setdefault("tool_format", self.tool_format())
-        return GenerationRequest.build(self.config.sampling, prompt=prompt, messages=messages,
+        return GenerationRequest.build(self.sampling_defaults(), prompt=prompt, messages=messages,
                                        tenant=tenant_named(tenant, self.config.tenants), **options)
+
+    def sampling_defaults(self) -> SamplingParams:
+        """What a request's unset sampling fields get: the operator's (``config.sampling``); a
+        handle on a loaded model layers the GGUF's own under them (``model_sampling``)."""
+        return self.config.sampling
 
     def tool_format(self) -> ToolCallFormat:
         """How this model writes a tool call (its ``EngineInfo.tool_format``); the Hermes

@@ -10,14 +10,16 @@ Safe from any number of threads and event loops at once.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import threading
 from typing import Any, cast
 
 import pykka
 
 from llamactor.base.completion import Completion
-from llamactor.base.config import Config
+from llamactor.base.config import Config, SamplingParams
 from llamactor.base.engine_info import EngineInfo
+from llamactor.base.sampling_defaults import model_sampling
 from llamactor.base.tool_format import ToolCallFormat
 from llamactor.base.errors import BatcherUnavailableError, ModelLoadError
 from llamactor.base.messages import CallerMessage, Cancel, Embed, Generate, GetStats, InjectCrash
@@ -69,6 +71,14 @@ class LLM(Client):
 
     def tool_format(self) -> ToolCallFormat:
         return self.info.tool_format
+
+    @functools.cached_property
+    def _sampling_defaults(self) -> SamplingParams:
+        return model_sampling(self.config.sampling, self.info.gguf_sampling)
+
+    def sampling_defaults(self) -> SamplingParams:
+        """The operator's sampling over the GGUF's own (``llamactor.base.sampling_defaults``)."""
+        return self._sampling_defaults
 
     def send(self, msg: CallerMessage) -> concurrent.futures.Future[Any]:
         """Deliver ``msg`` to the tree; its answer goes to ``msg.reply`` (whose future this returns)."""

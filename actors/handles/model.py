@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from llamactor.base.config import SamplingParams
 from llamactor.base.engine_info import EngineInfo
+from llamactor.base.sampling_defaults import model_sampling
 from llamactor.base.errors import ModelNotLoadedError
 from llamactor.base.tenants import Tenant
 from llamactor.base.tool_format import ToolCallFormat
@@ -32,6 +34,10 @@ class ModelClient(Client):
 
     def tool_format(self) -> ToolCallFormat:
         return self.info.tool_format
+
+    def sampling_defaults(self) -> SamplingParams:
+        """The operator's sampling over the GGUF's own (loads the model if needed)."""
+        return model_sampling(self.config.sampling, self.info.gguf_sampling)
 
     def load(self) -> None:
         """Start the model's replicas if they are not running (blocks while they load)."""

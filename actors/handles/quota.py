@@ -13,6 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from llamactor.base.config import SamplingParams
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import CallerMessage, Generate
@@ -60,6 +61,9 @@ class QuotaClient(ModelClient):
 
     def tool_format(self) -> ToolCallFormat:
         return self.model.tool_format()
+
+    def sampling_defaults(self) -> SamplingParams:
+        return self.model.sampling_defaults()
 
     def load(self) -> None:
         self.model.load()

@@ -166,13 +166,16 @@ async def ready_model(state: ServerState, request: Request, name: str | None) ->
 
 
 def context(request: Request, llm: ModelClient, name: str | None = None) -> RequestContext:
-    """The request as the dialects see it: the app's id for it, the model's name, defaults and
-    tool-call format (known once it is loaded; until then the fallback, and callers plan again),
+    """The request as the dialects see it: the app's id for it, the model's name, sampling defaults
+    and tool-call format (known once it is loaded: the GGUF's sampling under the operator's, the
+    model's own format; until then the operator's and the fallback, and callers plan again),
     its LoRA adapters and the one ``name`` picks (vLLM's convention: answers name the adapter)."""
     adapters = llm.config.lora_names
     adapter = name if name in adapters and name != llm.name else None
-    return RequestContext(request.state.request_id, adapter or llm.name, llm.config.sampling, adapters=adapters,
-                          adapter=adapter, tool_format=llm.tool_format() if llm.loaded else FALLBACK)
+    loaded = llm.loaded
+    return RequestContext(request.state.request_id, adapter or llm.name,
+                          llm.sampling_defaults() if loaded else llm.config.sampling, adapters=adapters,
+                          adapter=adapter, tool_format=llm.tool_format() if loaded else FALLBACK)
 
 
 async def answer(request: Request, call: Planned[P]) -> list[Completion]:

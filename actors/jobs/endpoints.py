@@ -119,7 +119,7 @@ def start_line(client: Client, endpoint: str, body: dict[str, Any], request_id: 
     are refused before queueing."""
     if endpoint not in PLANS:
         raise InvalidRequestError(f"unsupported batch endpoint {endpoint}")
-    line = PLANS[endpoint](body, RequestContext(request_id, model_name, client.config.sampling,
+    line = PLANS[endpoint](body, RequestContext(request_id, model_name, client.sampling_defaults(),
                                                 adapters=client.config.lora_names,
                                                 tool_format=client.tool_format()))
     if line.embedding is not None:  # embedding steps have their own queue and time share: no priority

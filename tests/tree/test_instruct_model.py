@@ -28,8 +28,8 @@ def test_the_instruct_model_names_paris_in_nine_of_ten_sessions_at_the_default_s
                                                                                          instruct_path: str) -> None:
     llm = start_llm(model=instruct_path, n_parallel=4)
     assert llm.info.chat_template == "gguf" and not llm.info.looks_like_base_model
-    # ten fresh sessions: the REPL's default sampling (temperature 0.8, top-k 40, top-p 0.95,
-    # min-p 0.05), seeded so that a failure can be replayed
+    # ten fresh sessions: llamactor's default sampling (temperature 0.8, top-k 40, top-p 0.95,
+    # min-p 0.05; the REPL's own is cooler), seeded so that a failure can be replayed
     requests = [llm.request(messages=QUESTION, seed=1000 + i, max_tokens=48) for i in range(10)]
     answers = [f.result() for f in [llm.submit(r)[0] for r in requests]]
     assert sum("paris" in c.text.lower() for c in answers) >= 9, [c.text for c in answers]

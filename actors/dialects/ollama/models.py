@@ -15,6 +15,7 @@ from typing import Any
 
 from llamactor.base.chat_template import TRANSCRIPT_STOP, TRANSCRIPT_TEMPLATE
 from llamactor.base.config import Config
+from llamactor.base.sampling_defaults import gguf_sampling, model_sampling
 from llamactor.native.gguf_header import GgufFile
 
 
@@ -50,7 +51,7 @@ def show_body(name: str, config: Config, gguf: GgufFile | None, operator: bool =
     meta = gguf.metadata if gguf else {}
     template = config.chat_template or meta.get("tokenizer.chat_template") or TRANSCRIPT_TEMPLATE
     stops = list(config.sampling.stop) + (list(TRANSCRIPT_STOP) if template == TRANSCRIPT_TEMPLATE else [])
-    s = config.sampling
+    s = model_sampling(config.sampling, gguf_sampling(meta)[0])  # what a request without options gets
     params = [("num_ctx", config.n_ctx), ("temperature", s.temperature), ("top_k", s.top_k), ("top_p", s.top_p),
               ("min_p", s.min_p), ("repeat_penalty", s.repeat_penalty), ("repeat_last_n", s.repeat_last_n),
               *(("stop", stop) for stop in stops)]
