@@ -147,7 +147,8 @@ def _request_attributes(msg: Generate, noted: Submitted, completion: Completion 
         "gen_ai.request.frequency_penalty": params.frequency_penalty,
         "gen_ai.request.presence_penalty": params.presence_penalty,
         **_common(msg.tenant.name, noted.dialect, msg.request_id),
-        "llamactor.priority": msg.priority, "llamactor.adapters": tuple(f"{name}:{scale:g}" for name, scale in msg.lora),
+        "llamactor.priority": msg.priority,
+        "llamactor.adapters": tuple(f"{name}:{scale:g}" for name, scale in msg.lora),
         "llamactor.preemptions": progress.n_preempted, "llamactor.restarts": progress.n_resumed,
     }
     if params.max_tokens is not None:
@@ -160,7 +161,8 @@ def _request_attributes(msg: Generate, noted: Submitted, completion: Completion 
                 "gen_ai.usage.input_tokens": usage.prompt_tokens, "gen_ai.usage.output_tokens": usage.completion_tokens,
                 "gen_ai.usage.cache_read.input_tokens": usage.cached_tokens,
                 "gen_ai.latency.time_in_queue": timings.queue_ms / 1000,
-                "gen_ai.latency.time_to_first_token": timings.ttft_ms / 1000, "gen_ai.latency.e2e": timings.total_ms / 1000}
+                "gen_ai.latency.time_to_first_token": timings.ttft_ms / 1000,
+                "gen_ai.latency.e2e": timings.total_ms / 1000}
     else:
         out["gen_ai.usage.input_tokens"] = len(progress.prompt_ids)
         out["gen_ai.usage.output_tokens"] = len(progress.generated)

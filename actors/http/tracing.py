@@ -2,11 +2,11 @@
 *Traces*), added to the app only when tracing is on (``llamactor.handles.tracing.active()``).
 
 Plain ASGI, outermost, on uvicorn's event loop. It continues the caller's trace from its W3C
-``traceparent`` / ``tracestate`` headers, opens a SERVER span named by the route's template (as the request counter labels it), makes
-it the current context and sets the request's dialect (``trace_spans.DIALECT``) for the handler
-below: the request spans the handles record (``RequestTracer.watch``) are its children. When the
-answer is over -- a stream's last byte included -- it adds the status, the tenant (``KeyGuard``
-wrote it into the scope) and the route, and ends. The OpenTelemetry imports are deferred: a daemon
+``traceparent`` / ``tracestate`` headers, opens a SERVER span named by the route's template (as
+the request counter labels it), makes it the current context and sets the request's dialect
+(``trace_spans.DIALECT``) for the handler below: the request spans the handles record
+(``RequestTracer.watch``) are its children. When the answer is over -- a stream's last byte
+included -- it adds the status and the tenant (``KeyGuard`` wrote it into the scope), and ends. The OpenTelemetry imports are deferred: a daemon
 without tracing never loads them. Only headers named here are read: no key, no body.
 """
 
@@ -39,7 +39,8 @@ class TraceRequests:
             return
         from opentelemetry import context, trace
 
-        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers") or [] if k in TRACE_HEADERS}
+        headers = scope.get("headers") or []
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers if k in TRACE_HEADERS}
         parent = self.propagator.extract(carrier)
         route = self.route_of(scope["path"])
         span = self.tracer.tracer.start_span(f"{scope['method']} {route}", context=parent, kind=trace.SpanKind.SERVER,

@@ -1,7 +1,7 @@
 """Traces of in-process calls on the real engine (docs/operations.md, *Traces*): the calling
 thread's current OpenTelemetry context is each request span's parent; a batcher restart shows as
-the span's event (a preemption's event: tests/base/test_trace_spans.py); and without tracing configured, an engine and the HTTP app run
-without ever importing OpenTelemetry. Through the daemon: tests/http/test_traces.py."""
+the span's event (a preemption's: tests/base/test_trace_spans.py); without tracing configured, an
+engine never imports OpenTelemetry, nor the HTTP app its SDK. Through the daemon: tests/http/test_traces.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Traces through the real daemon (docs/operations.md, *Traces*): with ``--otlp-endpoint`` every
 model route's request is a SERVER span continuing the caller's W3C ``traceparent``, with the
-request's span under it (``gen_ai.*`` attributes, its phases and events), exported over OTLP/HTTP
-to a receiver the test runs; no API key and no prompt text in what is exported."""
+request's span under it (``gen_ai.*`` attributes, its phases and events; a batch line's too),
+exported over OTLP/HTTP to a receiver the test runs; no API key and no prompt text in what is exported."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import anthropic
 import httpx
 import pytest
 
+from tests.support.batch_api import chat_line, finished, jsonl, upload
 from tests.support.daemon import API_KEY, MODEL_ID, start_daemon
 from tests.support.otlp import ReceivedSpan, otlp_receiver
 
@@ -25,11 +26,12 @@ def request_spans(spans: list[ReceivedSpan], trace_id: str) -> list[ReceivedSpan
 
 
 @pytest.mark.timeout(180)
-def test_the_daemon_exports_a_span_per_request_continuing_the_callers_trace(monkeypatch) -> None:
+def test_the_daemon_exports_a_span_per_request_continuing_the_callers_trace(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")  # the SDK's batch goes out within 50 ms
     monkeypatch.setenv("OTEL_SERVICE_NAME", "llamactor-under-test")
     with otlp_receiver() as receiver:
-        daemon = start_daemon("--api-key", API_KEY, "--otlp-endpoint", receiver.endpoint, "--n-parallel", "2")
+        daemon = start_daemon("--api-key", API_KEY, "--otlp-endpoint", receiver.endpoint, "--n-parallel", "2",
+                              "--data-dir", str(tmp_path))
         try:
             client = daemon.client(default_headers={"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"})
             chat = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": SECRET_PROMPT}],
@@ -39,10 +41,14 @@ def test_the_daemon_exports_a_span_per_request_continuing_the_callers_trace(monk
             anthropic.Anthropic(base_url=daemon.url, api_key=API_KEY, max_retries=0).messages.create(
                 model=MODEL_ID, max_tokens=4, messages=[{"role": "user", "content": SECRET_PROMPT}])
             httpx.post(f"{daemon.url}/api/generate", headers={"authorization": f"Bearer {API_KEY}"},
-                       json={"model": MODEL_ID, "prompt": SECRET_PROMPT, "stream": False, "options": {"num_predict": 3}}, timeout=60).raise_for_status()
+                       json={"model": MODEL_ID, "prompt": SECRET_PROMPT, "stream": False, "options": {"num_predict": 3}},
+                       timeout=60).raise_for_status()
+            batch = client.batches.create(input_file_id=upload(client, jsonl([chat_line("q", SECRET_PROMPT, 2)])),
+                                          endpoint="/v1/chat/completions", completion_window="24h")
+            assert finished(daemon, batch.id).status == "completed"
             spans = receiver.wait_for(lambda got: len(request_spans(got, TRACE_ID)) == 2
                                       and sum(s.name.startswith(("chat ", "text_completion ", "embeddings "))
-                                              for s in got) == 5)
+                                              for s in got) == 6)
         finally:
             assert daemon.stop() == 0
     chat_span, = (s for s in request_spans(spans, TRACE_ID) if s.name == f"chat {MODEL_ID}")
@@ -73,7 +79,8 @@ def test_the_daemon_exports_a_span_per_request_continuing_the_callers_trace(monk
     assert [p.name for p in spans if p.parent_span_id == scored.span_id] == ["queue", "prefill"]  # no token drawn
     by_dialect = {s.attributes["llamactor.dialect"] for s in spans if s.name.startswith(("chat ", "text_completion ",
                                                                                           "embeddings "))}
-    assert by_dialect == {"openai.chat", "openai.completions", "openai.embeddings", "anthropic.messages", "ollama"}
+    assert by_dialect == {"openai.chat", "openai.completions", "openai.embeddings", "anthropic.messages", "ollama",
+                          "batch"}
     embedding, = (s for s in spans if s.name == f"embeddings {MODEL_ID}")
     assert embedding.attributes["gen_ai.usage.input_tokens"] == embedded.usage.prompt_tokens
     assert embedding.trace_id != TRACE_ID  # no traceparent: a trace of its own
