@@ -323,6 +323,9 @@ class Config:
     # Who may load an unloaded model by sending it a request: "admins" (default: a tenant's request
     # for it is a 503 saying it is not loaded; /models/load is an admin's) or "tenants" (anyone).
     load_on_request: str = "admins"
+    # An OTLP/HTTP collector (``http://host:4318``) that gets a span per request (docs/operations.md,
+    # *Traces*); None: the standard OTEL_EXPORTER_OTLP_* variables decide, else tracing is off.
+    otlp_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         fill_unset(self)

@@ -95,6 +95,8 @@ class Progress:
     n_resumed: int = 0  # batchers that resumed it so far
     admitted_at: float | None = None
     first_token_at: float | None = None
+    # ("preempted" | "restarted", perf_counter) as they happened: its trace span's events
+    marks: list[tuple[str, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

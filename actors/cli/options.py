@@ -110,6 +110,8 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
     "max_sequences_per_request": Tweak("Most sequences (choices n x prompts) one request may ask for."),
     "load_on_request": Tweak("Who may load an unloaded model by sending it a request: admins or tenants.",
                              type=click.Choice(["admins", "tenants"])),
+    "otlp_endpoint": Tweak("An OTLP/HTTP collector (http://host:4318) that gets a span per request; without it the "
+                           "OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT variables decide (pip install 'llamactor[otel]')."),
 }
 # -- transport (docs/operations.md, *Threat model*, "The transport"): ``serve``'s alone (TRANSPORT_FIELDS)
 TRANSPORT_TWEAKS: dict[str, Tweak] = {

@@ -19,6 +19,7 @@ import concurrent.futures
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from llamactor.base.tool_format import FALLBACK, ToolCallFormat
@@ -30,6 +31,8 @@ from llamactor.base.priority import DEFAULT_PRIORITY
 from llamactor.base.request import (EmbedInputs, EmbeddingRequest, GenerationRequest, Messages, Prompt,
                                     choice_request_id, new_request_id)
 from llamactor.base.tenants import Tenant, tenant_named
+from llamactor.base.trace_spans import SERVICE_NAME
+from llamactor.handles import tracing
 from llamactor.handles.limits import Limiter, WaitForLimits, embedding_estimate, generation_estimate
 from llamactor.handles.streams import AsyncTextStream, TextStream, mapped_future
 from llamactor.handles.tokenize_call import TokenizerPrompt, tokenize_message
@@ -253,7 +256,7 @@ class Client:
         msg = Embed(request_id=r.request_id or new_request_id(), inputs=r.inputs, reply=ReplyChannel(),
                     submitted_at=time.perf_counter(), pooling=r.pooling, normalize=r.normalize,
                     dimensions=r.dimensions, truncate=r.truncate, tenant=r.tenant)
-        return self._limited(r.tenant, embedding_estimate(r), lambda: [self.send(msg)])[0]
+        return self._traced([msg], self._limited(r.tenant, embedding_estimate(r), lambda: [self.send(msg)]))[0]
 
     def embed(self, inputs: EmbedInputs | EmbeddingRequest, *, timeout: float | None = None,
               **options: Any) -> Embeddings:
@@ -289,8 +292,25 @@ class Client:
         Submitted together, the batcher admits them together: the first computes the prompt, the
         others wait one step and attach its KV (see Scheduler). A tenant over its rate limit is
         refused here (``RateLimitError``), before anything is queued."""
-        return self._limited(request.tenant, generation_estimate(request), lambda: self.send_n(
-            request.generate_messages(request_id, replies, time.perf_counter())))
+        msgs: list[Generate] = []
+
+        def send() -> list[Future[Completion]]:
+            msgs.extend(request.generate_messages(request_id, replies, time.perf_counter()))
+            return self.send_n(msgs)
+
+        return self._traced(msgs, self._limited(request.tenant, generation_estimate(request), send))
+
+    def _traced(self, msgs: Sequence[Generate | Embed], futures: list[Future[T]]) -> list[Future[T]]:
+        """``futures``, each recording its request's span when done if tracing is on
+        (``llamactor.handles.tracing``; its parent: the caller's current OpenTelemetry context)."""
+        if (tracer := tracing.active()) is not None:
+            tracer.watch(msgs, futures, self.served_name())
+        return futures
+
+    def served_name(self) -> str:
+        """The model's name as served (a ``ModelClient``'s), else its file's stem: its spans' model."""
+        name = getattr(self, "name", None)
+        return name if isinstance(name, str) else Path(self.config.model or SERVICE_NAME).name.removesuffix(".gguf")
 
     def _limited(self, tenant: Tenant, tokens: int, send: Callable[[], list[Future[T]]]) -> list[Future[T]]:
         """``send()``, within the tenant's rate limits if any tenant has some (``Limiter.submit``)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import threading
+from pathlib import Path
 from typing import Any, cast
 
 import pykka
@@ -24,6 +25,7 @@ from llamactor.base.tool_format import ToolCallFormat
 from llamactor.base.errors import BatcherUnavailableError, ModelLoadError
 from llamactor.base.messages import CallerMessage, Cancel, Embed, Generate, GetStats, InjectCrash
 from llamactor.base.models import resolve_model_path
+from llamactor.handles import tracing
 from llamactor.handles.client import Client
 from llamactor.tree.board import StatsBoard
 from llamactor.tree.supervisor import SupervisorActor
@@ -36,6 +38,7 @@ def start_tree(config: Config, start_timeout_s: float = 300.0) -> LLM:
     from llamactor.tree.batcher import BatcherActor
     from llamactor.tree.tiers.ram import CacheTiers
 
+    tracing.configure(config.otlp_endpoint)  # TracingUnavailableError now, before the model loads
     board = StatsBoard()
     model_path = resolve_model_path(config.model)
     tiers = CacheTiers.for_config(config, model_path)  # outlives each batcher: a restart finds its prefixes warm
@@ -79,6 +82,9 @@ class LLM(Client):
     def sampling_defaults(self) -> SamplingParams:
         """The operator's sampling over the GGUF's own (``llamactor.base.sampling_defaults``)."""
         return self._sampling_defaults
+
+    def served_name(self) -> str:
+        return Path(self.info.model_path).name.removesuffix(".gguf")
 
     def send(self, msg: CallerMessage) -> concurrent.futures.Future[Any]:
         """Deliver ``msg`` to the tree; its answer goes to ``msg.reply`` (whose future this returns)."""

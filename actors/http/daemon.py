@@ -33,6 +33,7 @@ import llamactor
 from llamactor.base.config import Config
 from llamactor.base.logging import get_logger
 from llamactor.base.tenants import Tenant, tenant_named
+from llamactor.handles import tracing
 from llamactor.serving.model_specs import ModelSpec
 from llamactor.http.keys_file import load_keys, reload_on_sighup
 from llamactor.http.server import create_app
@@ -55,6 +56,12 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
     (default: the user's data folder, ``platformdirs.user_data_dir("llamactor")``); ``keys_file``
     the tenants' keys, read again on SIGHUP; ``transport`` the edge's limits and allowed origins."""
     keys = load_keys(keys_file) if keys_file else None  # a wrong file: the caller's one-line reason
+    # before the app is made (its tracing middleware) and the socket opens: a missing SDK ends it now
+    try:
+        tracing.configure(next((m.config.otlp_endpoint for m in models if m.config.otlp_endpoint), None))
+    except tracing.TracingUnavailableError as e:
+        print(f"llamactor serve: {e}", file=sys.stderr)
+        return 1
     transport = transport or Config()
     state = ServerState([m.name for m in models], api_key, max_body_bytes, keys, transport=transport,
                         bind_host=None if uds else host)

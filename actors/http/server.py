@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute
 
 from llamactor.base.errors import LlamactorError
+from llamactor.handles import tracing
 from llamactor.http import (anthropic_routes, batches_routes, engine_routes, errors, files_routes, model_admin_routes,
                             ollama_model_routes, ollama_routes, openai_routes, ops_routes, responses_routes,
                             tokenizer_routes, ui_routes)
@@ -26,6 +27,7 @@ from llamactor.http.metrics import RouteTemplates
 from llamactor.http.middleware import JsonBodies, KeyGuard, RequestLog, is_json_or_upload
 from llamactor.http.origins import OriginGuard, PolicyCors
 from llamactor.http.state import ServerState
+from llamactor.http.tracing import TraceRequests
 
 # Served twice: under /v1 and at the root (llama-server's routes: an openai client whose
 # base_url lacks /v1 calls those).
@@ -61,5 +63,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(PolicyCors, policy=state.origins)  # preflights need no key
     app.add_middleware(OriginGuard, policy=state.origins, keyless=lambda: not state.keys.required,
                        is_json=is_json_or_upload)
-    app.add_middleware(RequestLog, state=state)  # outermost: sees and logs every answer
+    app.add_middleware(RequestLog, state=state)  # sees and logs every answer
+    if (tracer := tracing.active()) is not None:  # outermost: its span covers every refusal too
+        app.add_middleware(TraceRequests, tracer=tracer, route_of=state.metrics.routes.label)
     return app

@@ -40,6 +40,7 @@ from llamactor.base.errors import (
 )
 from llamactor.base.logging import get_logger
 from llamactor.base.tenants import DEFAULT, Tenant
+from llamactor.base.trace_spans import DIALECT
 from llamactor.handles.client import Client
 from llamactor.handles.model import ModelClient
 from llamactor.handles.llm import LLM
@@ -131,7 +132,15 @@ class JobRunner:
         self._suspects: set[int] = set()  # lines in flight at one process death: run first, alone
 
     def run(self) -> bool:
-        """Run until every line is finished (True) or ``stop`` is set (False)."""
+        """Run until every line is finished (True) or ``stop`` is set (False). The lines' trace
+        spans say dialect "batch" (docs/operations.md, *Traces*)."""
+        dialect = DIALECT.set("batch")
+        try:
+            return self._run_lines()
+        finally:
+            DIALECT.reset(dialect)
+
+    def _run_lines(self) -> bool:
         self._start = time.monotonic()
         self._run_no = self.store.start_run(self.batch_id)
         self._base = self.tokens_computed() if self.tokens_computed else 0

@@ -176,6 +176,8 @@ class GenerationSteps:
             plan.chunks = [c for c in plan.chunks if c.seq is not seq]
         for seq in plan.preempted:
             self.chains.release(seq, finished=False)
+            if (progress := seq.request.reply.progress) is not None:  # the trace's event (docs/operations.md, *Traces*)
+                progress.marks.append(("preempted", time.perf_counter()))
             log.info("request_preempted", request_id=seq.request_id, n_tokens=len(seq.token_ids),
                      n_preempted=seq.n_preempted, priority=seq.priority)
         if plan.flushed:

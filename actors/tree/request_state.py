@@ -179,6 +179,7 @@ def resume_sequence(msg: Generate, params: SamplingParams, tokenizer: Tokenizer)
     assert progress is not None
     state = RequestState.resume(params, tokenizer, progress, AnswerSplitter.of(msg.tools, msg.split_reasoning))
     progress.n_resumed += 1
+    progress.marks.append(("restarted", time.perf_counter()))
     seq = Sequence(request=msg, token_ids=[*progress.prompt_ids, *progress.generated],
                    n_prompt=len(progress.prompt_ids), n_cached=progress.n_cached, n_preempted=progress.n_preempted,
                    admitted_at=progress.admitted_at, first_token_at=progress.first_token_at,
