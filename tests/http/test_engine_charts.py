@@ -90,7 +90,7 @@ def test_the_charts_follow_a_tenants_requests_and_the_admin_sees_its_share(drive
         assert stream.started.wait(WAIT_S)
         wait(driver, lambda d: points(d, "tokens", "p.tokens_per_s > 0"))
         wait(driver, lambda d: points(d, "sequences", "p.running >= 1"))
-        wait(driver, lambda d: points(d, "kv", "p.kv_use > 0 && p.kv_use <= 1"))
+        wait(driver, lambda d: points(d, "kv", "p.kv_use > 0 && p.kv_use <= 1 && p.kv_cached_use <= p.kv_use"))
         wait(driver, lambda d: points(d, "rows", "p.rows_decode > 0"))
         wait(driver, lambda d: points(d, "tokens", "p.prompt_tokens_per_s > 0"))
         bob = wait(driver, lambda d: [t for t in tenants(d) if t["name"] == "bob" and t["running"] >= 1])

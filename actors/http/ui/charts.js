@@ -1,15 +1,16 @@
 // The engine page's small charts, drawn as SVG by hand (no library, nothing from another origin).
 // Each chart keeps its last points in a ring buffer (the page's own memory: the server keeps no
-// history) and shows them over the last minutes; window.llamactorCharts[name].data is that buffer,
-// oldest first, one {t, <series key>: value, ...} per snapshot (t: ms since the epoch), for tests
-// and for anyone reading the page from the console.
+// history) and shows them over the last minutes (five at most); window.llamactorCharts[name].data
+// is that buffer, oldest first, one {t, <series key>: value, ...} per snapshot (t: ms since the
+// epoch), for tests and for anyone reading the page from the console.
 
 const SVG = "http://www.w3.org/2000/svg";
 const WIDTH = 320;
 const HEIGHT = 90;
 const TOP = 4;  // room above the highest point
 
-export const WINDOW_S = 300;  // what a chart shows: the last five minutes
+export const WINDOW_S = 300;  // what a chart keeps: the last five minutes
+const MIN_SPAN_S = 60;  // a young chart spans its points (at least a minute), not five mostly empty minutes
 
 function svg(tag, attrs = {}) {
   const node = document.createElementNS(SVG, tag);
@@ -73,7 +74,8 @@ export class Chart {
   draw(now) {
     const ys = tops(this.data, this.series, this.stacked);
     const highest = this.max ?? Math.max(1e-9, ...ys.flat());
-    const x = (t) => (WIDTH * (t - (now - WINDOW_S * 1000))) / (WINDOW_S * 1000);
+    const span = Math.min(WINDOW_S, Math.max(MIN_SPAN_S, (now - this.data[0].t) / 1000)) * 1000;
+    const x = (t) => (WIDTH * (t - (now - span))) / span;
     const y = (v) => HEIGHT - ((HEIGHT - TOP) * v) / highest;
     ys.forEach((values, s) => {
       const line = this.data.map((p, i) => `${x(p.t).toFixed(1)},${y(values[i]).toFixed(1)}`);
@@ -84,7 +86,8 @@ export class Chart {
     });
     const last = this.data[this.data.length - 1];
     this.series.forEach(({ key, label }, s) => { this.legend[s].textContent = `${label} ${this.format(last[key])}`; });
-    this.top.textContent = `max ${this.format(this.max ?? highest)}`;
+    this.top.textContent = `max ${this.format(this.max ?? highest)} · last ${span >= 120000 ? `${Math.round(span / 60000)} min`
+      : `${Math.round(span / 1000)} s`}`;
     this.plot.dataset.points = String(this.data.length);
   }
 }

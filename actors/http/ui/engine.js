@@ -19,7 +19,8 @@ const charts = {
     { key: "prompt_tokens_per_s", label: "prompt", color: COLORS[1] }]),
   sequences: new Chart("sequences", $("chart-sequences"), [
     { key: "running", label: "running", color: COLORS[0] }, { key: "waiting", label: "waiting", color: COLORS[1] }]),
-  kv: new Chart("kv", $("chart-kv"), [{ key: "kv_use", label: "used", color: COLORS[0] }], { max: 1, format: percent }),
+  kv: new Chart("kv", $("chart-kv"), [{ key: "kv_use", label: "used", color: COLORS[0] },
+    { key: "kv_cached_use", label: "of which cached prefixes", color: COLORS[3] }], { max: 1, format: percent }),
   cache: new Chart("cache", $("chart-cache"), [
     { key: "prefix_hits_per_s", label: "hits / s", color: COLORS[2] }]),
   rows: new Chart("rows", $("chart-rows"), ["decode", "prefill", "scoring", "embedding"].map((kind, i) => (
@@ -30,7 +31,9 @@ window.llamactorCharts = charts;
 
 function chart(snapshot) {
   const now = Date.now();
-  for (const name of ["tokens", "sequences", "kv", "cache", "rows"]) charts[name].push(now, snapshot.figures);
+  const f = snapshot.figures;
+  const values = { ...f, kv_cached_use: f.kv_size ? f.kv_cached / f.kv_size : 0 };
+  for (const name of ["tokens", "sequences", "kv", "cache", "rows"]) charts[name].push(now, values);
   if (snapshot.tenants) {  // an admin's stream (or a daemon without keys) carries the tenants' shares
     $("tenant-shares").hidden = false;
     charts.tenants.show(snapshot.tenants, COLORS);
