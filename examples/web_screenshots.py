@@ -1,5 +1,6 @@
 """Take the README's pictures of the web page: a daemon serving a folder of both installed models,
-SmolLM2-135M-Instruct answering in the chat page, then the engine view while six answers stream.
+SmolLM2-135M-Instruct answering in the chat page, then the engine view (its charts) as six answers
+start streaming.
 
     .venv/bin/python examples/web_screenshots.py [--out docs/images]
 
@@ -81,6 +82,8 @@ def chat_picture(driver: webdriver.Chrome, url: str, out: Path) -> None:
 
 
 def engine_picture(driver: webdriver.Chrome, url: str, out: Path) -> None:
+    driver.get(url + "/ui/engine")  # open before the traffic: the charts show it rise
+    WebDriverWait(driver, 120).until(lambda d: d.execute_script("return window.llamactorCharts.tokens.data.length"))
     client = OpenAI(base_url=url + "/v1", api_key="none")
     streams = [client.chat.completions.create(model="smollm2-135m-instruct", stream=True, max_tokens=2000,
                                               messages=[{"role": "user", "content": f"Tell story {i}."}])
@@ -95,10 +98,9 @@ def engine_picture(driver: webdriver.Chrome, url: str, out: Path) -> None:
 
     for s in streams:
         threading.Thread(target=read, args=(s,), daemon=True).start()
-    driver.get(url + "/ui/engine")
-    WebDriverWait(driver, 120).until(
+    WebDriverWait(driver, 120).until(  # six running, and some seconds of their tokens in the charts
         lambda d: d.find_element(By.CSS_SELECTOR, "[data-metric=running]").text == "6"
-        and float(d.find_element(By.CSS_SELECTOR, "[data-metric=tokens_per_s]").text or 0) > 0)
+        and d.execute_script("return window.llamactorCharts.tokens.data.filter(p => p.tokens_per_s > 0).length") > 40)
     driver.save_screenshot(str(out / "web-engine.png"))
     for s in streams:
         s.close()  # the daemon cancels them

@@ -2,7 +2,8 @@
 sessions: what ``/ui/engine`` shows, read from the same ``GET /engine/events`` stream.
 
 Runs on the command's main thread: one streaming HTTP request (httpx), each event parsed into an
-``EngineSnapshot`` and drawn by ``render`` (pure: snapshot -> rich renderable).
+``EngineSnapshot`` and drawn by ``render`` (pure: snapshot and the recent ones' ``History`` ->
+rich renderable), the recent ones as sparklines (``sparklines``), the page's charts in a terminal.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 
 import click
 import httpx
@@ -19,9 +20,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from llamactor.cli.sparklines import SERIES, History, sparkline
 from llamactor.http.live_snapshot import EngineSnapshot, Figures
 
 ONCE_OVER_S = 1.0
+SPARK_WIDTH = 60  # columns of each sparkline: the last five minutes, or as much of them as top has seen
 MODEL_COLUMNS = ("running", "waiting", "tokens_per_s", "steps", "kv_used", "kv_cached", "kv_free", "prefix_hits",
                  "restarts")
 
@@ -66,6 +69,20 @@ def models(snapshot: EngineSnapshot) -> Table:
     return table
 
 
+def tenants(snapshot: EngineSnapshot) -> Table:
+    """The tenants' shares of the engine: each one's sequences, and its part of those running as a bar."""
+    table = Table(title="tenants", show_header=True)
+    table.add_column("tenant")
+    table.add_column("running", justify="right")
+    table.add_column("waiting", justify="right")
+    table.add_column("share")
+    running = sum(t.running for t in snapshot.tenants)
+    for t in snapshot.tenants:
+        share = t.running / running if running else 0.0
+        table.add_row(t.name, str(t.running), str(t.waiting), f"{'█' * round(20 * share):<20} {100 * share:.0f}%")
+    return table
+
+
 def jobs(snapshot: EngineSnapshot) -> Table:
     table = Table(title="batch jobs", show_header=True)
     for name in ("batch", "status", "endpoint", "done"):
@@ -76,10 +93,29 @@ def jobs(snapshot: EngineSnapshot) -> Table:
     return table
 
 
-def render(snapshot: EngineSnapshot) -> Group:
-    """The whole view of one snapshot."""
+def curves(history: History) -> Table:
+    """Each series of the recent snapshots as a sparkline, with its newest and highest value."""
+    seconds = len(history.samples) * history.interval_s
+    table = Table(title=f"the last {seconds / 60:.1f} min" if seconds >= 60 else f"the last {seconds:.0f} s",
+                  show_header=True)
+    table.add_column("")
+    table.add_column("")
+    table.add_column("now", justify="right")
+    table.add_column("max", justify="right")
+    for label, field, top in SERIES:
+        values = history.series(field)
+        shown = (lambda v: f"{100 * v:.1f}%") if top == 1.0 else (lambda v: f"{v:g}")
+        table.add_row(label, sparkline(values, SPARK_WIDTH, top), shown(values[-1] if values else 0),
+                      shown(max(values, default=0)))
+    return table
+
+
+def render(snapshot: EngineSnapshot, history: History | None = None) -> Group:
+    """The whole view of one snapshot, and the curves of the recent ones (``history``)."""
     f = snapshot.figures
-    parts = [totals(f), step_and_cache(f), models(snapshot)]
+    parts = [totals(f), *([curves(history)] if history is not None else []), step_and_cache(f), models(snapshot)]
+    if snapshot.tenants:
+        parts.append(tenants(snapshot))
     if snapshot.jobs:
         parts.append(jobs(snapshot))
     return Group(*parts)
@@ -101,6 +137,15 @@ def snapshots(url: str, api_key: str | None, interval_s: float) -> Generator[Eng
         raise click.ClickException(f"cannot read {url}: {e}") from e
 
 
+def first_over_a_second(stream: Iterator[EngineSnapshot], history: History) -> EngineSnapshot | None:
+    """The first snapshot whose rates cover a second at least, every one before it in ``history``."""
+    for snapshot in stream:
+        history.add(snapshot.figures)
+        if snapshot.interval_s >= ONCE_OVER_S:
+            return snapshot
+    return None
+
+
 def _words(response: httpx.Response) -> str:
     try:
         error = response.json().get("error")
@@ -118,16 +163,19 @@ def _words(response: httpx.Response) -> str:
 @click.option("--once", is_flag=True, help="Print one view (rates over a second) and exit.")
 def top(url: str, api_key: str | None, interval_s: float, once: bool) -> None:
     """The live view of a daemon's engine at URL (default http://127.0.0.1:8000): running and
-    waiting sequences, rows per step, KV cells, the prefix cache and its tiers, models, batch jobs."""
-    stream = snapshots(url, api_key, interval_s)
+    waiting sequences, rows per step, KV cells, the prefix cache and its tiers, models, tenants,
+    batch jobs, and the last five minutes of tokens/s, sequences, KV use, cache hits and rows per
+    step as sparklines."""
+    stream, history = snapshots(url, api_key, interval_s), History(interval_s)
     if once:  # the first snapshot whose rates cover a second at least (the first has none)
-        snapshot = next((s for s in stream if s.interval_s >= ONCE_OVER_S), None)
+        snapshot = first_over_a_second(stream, history)
         stream.close()
         if snapshot is None:
             raise click.ClickException(f"{url} ended the stream (draining?)")
-        Console().print(render(snapshot))
+        Console().print(render(snapshot, history))
         return
     with contextlib.suppress(KeyboardInterrupt), Live(Text("connecting..."), refresh_per_second=8,
                                                       screen=sys.stdout.isatty()) as live:
         for snapshot in stream:  # Ctrl-C ends it
-            live.update(render(snapshot))
+            history.add(snapshot.figures)
+            live.update(render(snapshot, history))

@@ -4,9 +4,11 @@ function of what the trees already publish.
 ``engine_snapshot`` reads two readings of every replica's published stats (``StatsBoard``, as
 ``/health`` and ``/metrics`` read them) taken ``interval_s`` apart, and the batch jobs in
 progress; it does no I/O and starts no thread, so it is tested without a model. Rates (tokens per
-second, rows per step by kind) come from the difference of the two readings' cumulative counters;
-a batcher restart resets them, so a negative difference counts as none. The field names are the
-stable names the page's ``data-metric`` attributes and scrapers use.
+second, rows per step by kind, cache hits) come from the difference of the two readings' cumulative
+counters; a batcher restart resets them, so a negative difference counts as none. The field names
+are the stable names the page's ``data-metric`` attributes, its charts and scrapers use. The
+tenants' shares (their running and waiting sequences) name every tenant: the stream that carries
+them is for admin keys once keys exist (the middleware).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class Figures(BaseModel):
     kv_free: int = 0
     kv_size: int = 0
     tokens_per_s: float = 0.0  # tokens generated per second
+    prompt_tokens_per_s: float = 0.0  # prompt tokens computed per second
+    kv_use: float = 0.0  # kv_used / kv_size
     steps: int = 0  # decode steps since the batcher started
     steps_per_s: float = 0.0
     batch_size: float = 0.0  # sequences per step
@@ -44,6 +48,8 @@ class Figures(BaseModel):
     prefix_lookups: int = 0
     prefix_hits: int = 0
     prefix_hit_tokens: int = 0
+    prefix_hits_per_s: float = 0.0
+    prefix_hit_rate: float = 0.0  # hits / lookups over the interval (0 without a lookup)
     ram_entries: int = 0  # the prefix cache's host-RAM tier
     ram_bytes: int = 0
     ram_budget_bytes: int = 0
@@ -77,11 +83,20 @@ class JobView(BaseModel):
     failed: int
 
 
+class TenantView(BaseModel):
+    """One tenant's share of the engine now: its sequences running and waiting, every model's."""
+
+    name: str
+    running: int
+    waiting: int
+
+
 class EngineSnapshot(BaseModel):
     interval_s: float  # between the two readings the rates are taken over (0: the first reading)
     figures: Figures  # the whole daemon
     models: list[ModelView]
     jobs: list[JobView]
+    tenants: list[TenantView] = []  # those with a sequence running or waiting, by name
 
 
 def readings(stats: Mapping[str, Any]) -> dict[str, float]:
@@ -113,12 +128,16 @@ def figures(now: Mapping[str, float], before: Mapping[str, float] | None, interv
     def delta(key: str) -> float:
         return max(0.0, now.get(key, 0) - before.get(key, 0)) if before is not None else 0.0
 
-    steps, embedding_steps = delta("steps"), delta("embedding_steps")
+    steps, embedding_steps, lookups = delta("steps"), delta("embedding_steps"), delta("prefix_lookups")
     per_s = 1 / interval_s if before is not None and interval_s > 0 else 0.0
     per_step = 1 / steps if steps else 0.0
     gauges: dict[str, Any] = {k: int(now.get(k, 0)) for k in Figures.model_fields if k in now}
     return Figures(**{**gauges, "kv_free": int(max(0, now.get("kv_size", 0) - now.get("kv_used", 0))),
                       "tokens_per_s": round(delta("tokens_generated") * per_s, 1),
+                      "prompt_tokens_per_s": round(delta("prompt_tokens_computed") * per_s, 1),
+                      "kv_use": round(now.get("kv_used", 0) / now["kv_size"], 4) if now.get("kv_size") else 0.0,
+                      "prefix_hits_per_s": round(delta("prefix_hits") * per_s, 2),
+                      "prefix_hit_rate": round(delta("prefix_hits") / lookups, 4) if lookups else 0.0,
                       "steps_per_s": round(steps * per_s, 1),
                       "batch_size": round(delta("step_sequences") * per_step, 2),
                       "rows_decode": round(delta("tokens_generated") * per_step, 2),
@@ -132,6 +151,17 @@ def job_view(batch: Mapping[str, Any]) -> JobView:
     counts = batch.get("request_counts") or {}
     return JobView(id=batch["id"], status=batch["status"], endpoint=batch.get("endpoint", ""),
                    total=counts.get("total", 0), completed=counts.get("completed", 0), failed=counts.get("failed", 0))
+
+
+def tenant_views(now: ReplicaStats) -> list[TenantView]:
+    """Every replica's running and waiting sequences by tenant (``stats["tenants"]``), summed."""
+    counts: dict[str, list[int]] = {}
+    for _, _, stats in now:
+        for name, seqs in (stats.get("tenants") or {}).items():
+            mine = counts.setdefault(name, [0, 0])
+            mine[0] += seqs.get("running", 0)
+            mine[1] += seqs.get("waiting", 0)
+    return [TenantView(name=name, running=r, waiting=w) for name, (r, w) in sorted(counts.items())]
 
 
 def model_state(states: set[str]) -> str:
@@ -163,4 +193,4 @@ def engine_snapshot(now: ReplicaStats, before: ReplicaStats | None, interval_s: 
     return EngineSnapshot(interval_s=round(interval_s, 3) if before is not None else 0.0,
                           figures=figures(summed(all_now), summed(all_before) if before is not None else None,
                                           interval_s),
-                          models=models, jobs=[job_view(b) for b in batches])
+                          models=models, jobs=[job_view(b) for b in batches], tenants=tenant_views(now))

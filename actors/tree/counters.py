@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, TypeVarTuple
 
 from llamactor.tree.embedding_steps import EmbeddingSteps
@@ -20,6 +20,7 @@ from llamactor.native.devices import recent_devices
 from llamactor.native.engine import Engine
 from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler
+from llamactor.scheduling.sequence import Sequence
 
 
 T = TypeVar("T")
@@ -70,6 +71,16 @@ def audit_kv(engine: Engine, index: PrefixIndex) -> list[str]:
     return problems
 
 
+def sequences_by_tenant(running: Iterable[Sequence], pending: Iterable[Sequence]) -> dict[str, dict[str, int]]:
+    """Each tenant's sequences running and waiting: its share of the engine, as the live view
+    shows it (tenants' names: ``/engine/events`` is for admin keys, ``/health`` leaves it out)."""
+    shares: dict[str, dict[str, int]] = {}
+    for kind, seqs in (("running", running), ("waiting", pending)):
+        for seq in seqs:
+            shares.setdefault(seq.tenant, {"running": 0, "waiting": 0})[kind] += 1
+    return shares
+
+
 def batcher_stats(*, generation: int, watchdog_trips: int, counters: StepCounters, scheduler: Scheduler,
                   index: PrefixIndex, info: EngineInfo, embeddings: EmbeddingSteps,
                   sampler: GrammarSampler) -> dict[str, Any]:
@@ -83,7 +94,7 @@ def batcher_stats(*, generation: int, watchdog_trips: int, counters: StepCounter
             "kv_flushes": s.n_flushes, "watchdog_trips": watchdog_trips,
             "pending_by_priority": {str(p): n for p, n in s.waiting_by_priority().items()},
             "oldest_waiting_priority": round(oldest, 3) if oldest is not None else None,
-            "kv_used": index.cells_used, "kv_size": info.n_ctx,
+            "tenants": sequences_by_tenant(s.running, s.pending), "kv_used": index.cells_used, "kv_size": info.n_ctx,
             "kv_usage": round(index.cells_used / info.n_ctx, 4), **counters.counts,
             "tokens_cached": cache["hit_tokens"], "prompt_rows_from_cache": s.score_cache.hits,
             # entries may use every seq_id that running sequences and pinned prompts leave

@@ -1,5 +1,5 @@
 """``GET /engine/events`` and the pages over real HTTP (httpx) on a real daemon with tenants' keys:
-the live snapshots while a request streams, admin keys only, the pages open and sent with their
+the live snapshots while a request streams (whose tenant holds the engine too), admin keys only, the pages open and sent with their
 Content-Security-Policy, ``/`` for browsers and for everyone else, and ``llamactor top --once``."""
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def test_the_engine_events_show_a_streaming_request_running_and_its_tokens_per_s
         assert model["state"] == "ready" and model["figures"]["running"] == f["running"]
         assert model["replicas"][0]["figures"]["running"] == f["running"]
         assert snapshot["jobs"] == []
+        assert snapshot["tenants"] == [{"name": "ops", "running": f["running"], "waiting": f["waiting"]}]
     finally:
         stream.close()
 
@@ -110,6 +111,26 @@ def test_llamactor_top_once_prints_the_engine_view_of_a_daemon(daemon: Daemon) -
         assert expected in done.stdout, expected
 
 
+def test_llamactor_top_draws_a_tenants_running_stream_as_sparklines_and_its_share(daemon: Daemon) -> None:
+    client = daemon.client(TENANT, timeout=60)
+    stream = client.completions.create(model="m", prompt="Once upon a time", max_tokens=2000, stream=True,
+                                       extra_body={"ignore_eos": True})
+    try:
+        next(iter(stream))  # it has started: every snapshot top reads shows it running
+        env = {**os.environ, "COLUMNS": "200", "LLAMACTOR_API_KEY": ADMIN}
+        done = subprocess.run([sys.executable, "-m", "llamactor.cli", "top", daemon.url, "--once", "--interval",
+                               "0.1"], capture_output=True, text=True, timeout=60, env=env)
+    finally:
+        stream.close()
+    assert done.returncode == 0, done.stderr
+    cells = [line.strip("│ ").replace("│", " ").split() for line in done.stdout.splitlines()]
+    running = next(c for c in cells if c[:1] == ["running"] and len(c) == 4)  # label, sparkline, now, max
+    assert set(running[1]) == {"█"} and len(running[1]) >= 10 and running[2:] == ["1", "1"], done.stdout
+    assert next(c for c in cells if c[:1] == ["bob"])[1:3] == ["1", "0"], done.stdout  # running, waiting
+    for label in ("tokens/s", "KV use", "cache hits/s", "rows: decode", "rows: prefill"):
+        assert any(" ".join(c).startswith(label) for c in cells), label
+
+
 def test_llamactor_top_says_why_when_the_key_is_refused(daemon: Daemon) -> None:
     done = subprocess.run([sys.executable, "-m", "llamactor.cli", "top", daemon.url, "--once",
                            "--api-key", TENANT], capture_output=True, text=True, timeout=60,
@@ -124,7 +145,8 @@ def test_the_pages_ship_inside_the_package() -> None:
 
     folder = resources.files("llamactor.http") / "ui"
     names = {f.name for f in folder.iterdir()}
-    assert {"index.html", "engine.html", "chat.js", "engine.js", "markdown.js", "common.js", "style.css"} <= names
+    assert {"index.html", "engine.html", "chat.js", "engine.js", "charts.js", "markdown.js", "common.js",
+            "style.css"} <= names
     source = Path(__file__).resolve().parents[2] / "actors" / "http" / "ui"
     for page in source.iterdir():
         text = page.read_text()

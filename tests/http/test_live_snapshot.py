@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from llamactor.cli.sparklines import History
 from llamactor.cli.top import render
 from llamactor.http.live_snapshot import EngineSnapshot, engine_snapshot
 
@@ -46,6 +47,27 @@ def test_rates_come_from_the_difference_of_two_readings() -> None:
     assert f.steps_per_s == 20.0
     assert (f.rows_decode, f.rows_prefill, f.rows_scoring, f.rows_embedding) == (8.0, 20.0, 3.0, 300.0)
     assert f.batch_size == 4.0
+
+
+def test_prompt_tokens_cache_hits_and_kv_use_come_as_rates_and_ratios_for_the_charts() -> None:
+    before = [("m", 0, stats())]
+    now = [("m", 0, stats(prompt_tokens_computed=1300, kv_used=1024,
+                          prefix_cache={"lookups": 14, "hits": 7, "hit_tokens": 200, "cells": 50}))]
+    f = engine_snapshot(now, before, 2.0, ["m"]).figures
+    assert f.prompt_tokens_per_s == 150.0  # 300 prompt tokens in two seconds
+    assert f.prefix_hits_per_s == 1.5 and f.prefix_hit_rate == 0.75  # 3 of 4 lookups hit
+    assert f.kv_use == 0.25
+    idle = engine_snapshot(before, before, 2.0, ["m"]).figures
+    assert idle.prefix_hit_rate == 0 and idle.prefix_hits_per_s == 0  # no lookup: no rate, not a division by zero
+
+
+def test_the_tenants_shares_are_summed_over_models_and_replicas_by_name() -> None:
+    now = [("a", 0, stats(tenants={"bob": {"running": 2, "waiting": 1}, "ann": {"running": 1, "waiting": 0}})),
+           ("a", 1, stats(tenants={"bob": {"running": 1, "waiting": 0}})),
+           ("b", 0, stats(tenants={"cy": {"running": 0, "waiting": 3}})), ("b", 1, {"state": "starting"})]
+    tenants = engine_snapshot(now, None, 0.0, ["a", "b"]).tenants
+    assert [(t.name, t.running, t.waiting) for t in tenants] == [("ann", 1, 0), ("bob", 3, 1), ("cy", 0, 3)]
+    assert engine_snapshot([("a", 0, stats())], None, 0.0, ["a"]).tenants == []
 
 
 def test_a_restarted_batcher_whose_counters_went_back_to_zero_shows_no_negative_rate() -> None:
@@ -106,3 +128,25 @@ def test_llamactor_top_renders_every_part_of_a_snapshot() -> None:
     for expected in ("running", "tokens/s", "80.0", "decode", "prefill", "chat", "#1", "idle", "unloaded",
                      "batch_7", "5/10 (1 failed)", "2 · 0.0 MiB"):
         assert expected in text, expected
+
+
+def test_llamactor_top_draws_the_recent_snapshots_as_sparklines_and_the_tenants_shares() -> None:
+    history = History(interval_s=1.0)
+    before = [("m", 0, stats())]
+    for n in range(1, 9):  # eight snapshots of a rising load, one a second
+        now = [("m", 0, stats(tokens_generated=400 + 10 * n * n, running=n, kv_used=512 * n,
+                              tenants={"ann": {"running": n - 1, "waiting": 0}, "bob": {"running": 1, "waiting": 2}}))]
+        snap = engine_snapshot(now, before, 1.0, ["m"])
+        history.add(snap.figures)
+        before = now
+    console = Console(record=True, width=200)
+    console.print(render(snap, history))
+    lines = console.export_text().splitlines()
+    cells = [line.strip("│ ") for line in lines]
+    row = {label: next(c for c in cells if c.startswith(label + " ")).replace("│", " ") for label in (
+        "tokens/s", "running", "KV use", "ann", "bob")}
+    assert "▁▂▃▄▅▆▇█" in row["running"] and row["running"].split()[-2:] == ["8", "8"]  # now, max
+    assert row["KV use"].split()[-2:] == ["100.0%", "100.0%"] and "█" in row["KV use"]
+    assert row["tokens/s"].split()[1:] == ["▁▂▃▄▅▆▇█", "150", "150"]  # 10, 30 ... 150 tokens a second
+    assert "the last 8 s" in "\n".join(lines)
+    assert row["ann"].split()[1:4] == ["7", "0", "█" * 18] and row["bob"].split()[1:] == ["1", "2", "██", "12%"]
