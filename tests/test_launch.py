@@ -11,7 +11,7 @@ from tests.conftest import closing_what_the_test_started
 
 
 def _every_option_none() -> dict[str, None]:
-    return {f.name: None for cls in (Config, SamplingParams) for f in dataclasses.fields(cls) if f.name != "model"}
+    return {f.name: None for cls in (Config, SamplingParams) for f in dataclasses.fields(cls) if f.init and f.name != "model"}
 
 
 def test_start_with_none_for_every_option_loads_the_defaults_and_answers(model_path: str) -> None:

@@ -116,7 +116,7 @@ def test_n_gpu_layers_defaults_to_the_build_and_takes_a_count_or_all() -> None:
 
 
 def _every_field_none(cls: type) -> dict[str, None]:
-    return {f.name: None for f in dataclasses.fields(cls)}
+    return {f.name: None for f in dataclasses.fields(cls) if f.init}
 
 
 def test_a_config_with_every_field_none_is_the_default_config() -> None:
