@@ -13,8 +13,8 @@ from llamactor.native import amx_guard
 
 pytestmark = pytest.mark.pure
 
-# llama_print_system_info of a `pip install llama-cpp-python` build (-march=native) on this project's
-# CI machines, and of the Makefile's build there (AMX off)
+# llama_print_system_info of llama-cpp-python 0.3.36's ggml built with llama.cpp's default flags
+# (-march=native) on this project's machines (README, "Installing without make"), and with AMX off
 NATIVE = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX_VNNI = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | "
           "AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | "
           "OPENMP = 1 | REPACK = 1 | ")
