@@ -17,6 +17,7 @@ from tests.support.daemon import API_KEY, MODEL_ID, start_daemon
 from tests.support.otlp import ReceivedSpan, otlp_receiver
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+STREAM_TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 CALLER_SPAN = "00f067aa0ba902b7"
 SECRET_PROMPT = "Zebra-umbrella-7781 wrote"
 
@@ -37,6 +38,9 @@ def test_the_daemon_exports_a_span_per_request_continuing_the_callers_trace(monk
             chat = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": SECRET_PROMPT}],
                                                   max_tokens=5, temperature=0.5, seed=3)
             completion = client.completions.create(model=MODEL_ID, prompt=SECRET_PROMPT, max_tokens=0)
+            streamed = daemon.client(default_headers={"traceparent": f"00-{STREAM_TRACE_ID}-{CALLER_SPAN}-01"})
+            assert len(list(streamed.chat.completions.create(
+                model=MODEL_ID, messages=[{"role": "user", "content": SECRET_PROMPT}], max_tokens=3, stream=True))) > 1
             embedded = daemon.client().embeddings.create(model=MODEL_ID, input=SECRET_PROMPT)
             anthropic.Anthropic(base_url=daemon.url, api_key=API_KEY, max_retries=0).messages.create(
                 model=MODEL_ID, max_tokens=4, messages=[{"role": "user", "content": SECRET_PROMPT}])
@@ -48,7 +52,7 @@ def test_the_daemon_exports_a_span_per_request_continuing_the_callers_trace(monk
             assert finished(daemon, batch.id).status == "completed"
             spans = receiver.wait_for(lambda got: len(request_spans(got, TRACE_ID)) == 2
                                       and sum(s.name.startswith(("chat ", "text_completion ", "embeddings "))
-                                              for s in got) == 6)
+                                              for s in got) == 7)
         finally:
             assert daemon.stop() == 0
     chat_span, = (s for s in request_spans(spans, TRACE_ID) if s.name == f"chat {MODEL_ID}")
@@ -73,6 +77,11 @@ def test_the_daemon_exports_a_span_per_request_continuing_the_callers_trace(monk
     events = [name for name, _, _ in chat_span.events]
     assert events == ["first_token", "finished"]
     assert chat_span.events[-1][2] == {"gen_ai.response.finish_reasons": (chat.choices[0].finish_reason,)}
+
+    stream_span, = request_spans(spans, STREAM_TRACE_ID)  # a stream's span ends with its last chunk, inside
+    stream_server, = (s for s in spans if s.span_id == stream_span.parent_span_id)
+    assert stream_server.name == "POST /v1/chat/completions" and stream_server.parent_span_id == CALLER_SPAN
+    assert stream_span.end_ns <= stream_server.end_ns and stream_span.attributes["gen_ai.usage.output_tokens"] == 3
 
     scored, = (s for s in request_spans(spans, TRACE_ID) if s.name.startswith("text_completion"))
     assert scored.attributes["gen_ai.usage.output_tokens"] == 0 == completion.usage.completion_tokens
