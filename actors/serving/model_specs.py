@@ -37,7 +37,8 @@ SPEC_FIELDS = ("name", "path", "model", "replicas", "policy", "imbalance_thresho
                "autoscaling", "pin")
 # Every key a model entry may have: its own, and any Config or sampling field (``model`` is
 # ``path``'s other name).
-MODEL_KEYS = frozenset(SPEC_FIELDS) | {f.name for cls in (Config, SamplingParams) for f in dataclasses.fields(cls) if f.init}
+MODEL_KEYS = frozenset(SPEC_FIELDS) | {f.name for cls in (Config, SamplingParams) for f in dataclasses.fields(cls)
+                                      if f.init}
 
 
 @dataclass(frozen=True, slots=True)

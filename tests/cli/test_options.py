@@ -76,7 +76,8 @@ def test_every_exposed_field_has_help_and_the_documented_env_var_names_still_wor
 
 
 class FakeLLM:
-    """Stands in for the actor tree: ``info`` needs ``info``, ``config`` and ``stats``."""
+    """Stands in for the actor tree: ``info`` needs ``info``, ``config``, ``stats`` and
+    ``sampling_defaults``."""
 
     def __init__(self, **kwargs: Any) -> None:
         self.config = Config.from_kwargs(**kwargs)  # the library's own validation still runs
@@ -92,7 +93,11 @@ class FakeLLM:
         @dataclasses.dataclass
         class Info:
             metadata: dict[str, str]
-        return Info({})
+            gguf_sampling: dict[str, float]
+        return Info({}, {})
+
+    def sampling_defaults(self) -> Any:
+        return self.config.sampling
 
     def stats(self) -> dict[str, Any]:
         return {}
