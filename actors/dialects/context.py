@@ -30,6 +30,14 @@ class RequestContext:
     adapter: str | None = None  # the adapter the body's ``model`` named (vLLM's convention), at scale 1
     tool_format: ToolCallFormat = FALLBACK  # how the model writes a tool call (its EngineInfo's)
 
+    def max_tokens(self, asked: int | None) -> int | None:
+        """A body's limit on new tokens; without one, the operator's (``--max-tokens``) if they set
+        one, else none -- until the end of the turn or the context, as OpenAI's chat API and vLLM
+        do (llama-server's ``-n`` is the same operator's default)."""
+        if asked is not None:
+            return asked
+        return self.defaults.max_tokens if "max_tokens" in self.defaults.given else None
+
     def id(self, prefix: str) -> str:
         """The request's id in a dialect's form (``chatcmpl-<id>``, ``msg_<id>`` ...)."""
         return f"{prefix}{self.request_id}"

@@ -14,13 +14,14 @@ from tests.support.gguf_copies import with_sampling
 # top_k 1: a request that sets nothing is greedy whatever its seed (llamactor's own top_k is 40)
 RECOMMENDED = {"temp": 1.0, "top_k": 1, "min_p": 0.0}
 PROMPT = "Once upon a time, in a small village by the sea,"
+OPERATOR_MAX_TOKENS = 7
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, instruct_path: str) -> Iterator[Daemon]:
     copy = with_sampling(instruct_path, tmp_path_factory.mktemp("gguf") / "smollm2.gguf", RECOMMENDED)
     d = start_daemon("--model", str(copy), "--n-parallel", "1", "--n-threads", "1", "--n-ctx", "1024",
-                     "--api-key", API_KEY)
+                     "--max-tokens", str(OPERATOR_MAX_TOKENS), "--api-key", API_KEY)
     yield d
     assert d.stop() == 0
 
@@ -46,3 +47,15 @@ def test_ollama_generate_without_options_gets_the_ggufs_and_show_lists_them(daem
     parameters = client.show("m").parameters or ""
     assert "top_k                          1" in parameters.splitlines()
     assert "temperature                    1.0" in parameters.splitlines()
+
+
+def test_the_operators_max_tokens_bounds_a_request_that_sets_none(daemon: Daemon) -> None:
+    client = daemon.client()
+    text = client.completions.create(model="m", prompt=PROMPT, extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Tell a long story."}],
+                                          extra_body={"ignore_eos": True})
+    for answer in (text, chat):  # before: the operator's --max-tokens was ignored, 1,000+ tokens
+        assert answer.usage is not None and answer.usage.completion_tokens == OPERATOR_MAX_TOKENS
+        assert answer.choices[0].finish_reason == "length"
+    longer = client.completions.create(model="m", prompt=PROMPT, max_tokens=9, extra_body={"ignore_eos": True})
+    assert longer.usage is not None and longer.usage.completion_tokens == 9  # the request's own limit wins

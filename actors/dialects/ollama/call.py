@@ -47,7 +47,7 @@ def chat_call(body: ChatRequest, ctx: RequestContext, n_ctx: int) -> OllamaCall 
     messages = chat_messages(body.messages, body.model)
     request = GenerationRequest.build(ctx.defaults, messages=messages, request_id=ctx.id("ollama-"),
                                       tools=body.tools or None, tool_format=ctx.tool_format,
-                                      **_options(body, n_ctx), **_template_kwargs(body), **ctx.lora())
+                                      **_options(body, n_ctx, ctx), **_template_kwargs(body), **ctx.lora())
     return OllamaCall(body.model, request, "chat", body.think, _logprobs(body), body.streamed)
 
 
@@ -56,7 +56,7 @@ def generate_call(body: GenerateRequest, ctx: RequestContext, n_ctx: int) -> Oll
     body.check()
     if not body.prompt:
         return None
-    rid, options = ctx.id("ollama-"), {**_options(body, n_ctx), **ctx.lora()}
+    rid, options = ctx.id("ollama-"), {**_options(body, n_ctx, ctx), **ctx.lora()}
     if body.raw:  # the prompt as is; the answer as the model wrote it (thinking parsed only when asked)
         request = GenerationRequest.build(ctx.defaults, prompt=body.prompt, request_id=rid,
                                           split_reasoning=bool(body.think),
@@ -69,9 +69,12 @@ def generate_call(body: GenerateRequest, ctx: RequestContext, n_ctx: int) -> Oll
     return OllamaCall(body.model, request, "generate", body.think, _logprobs(body), body.streamed)
 
 
-def _options(body: ModelRequest, n_ctx: int) -> dict[str, Any]:
-    """The body's sampling options, ``format`` and logprobs."""
+def _options(body: ModelRequest, n_ctx: int, ctx: RequestContext) -> dict[str, Any]:
+    """The body's sampling options (without ``num_predict``: the operator's limit, if any),
+    ``format`` and logprobs."""
     out = body.options.sampling(n_ctx)
+    if body.options.num_predict is None:
+        out["max_tokens"] = ctx.max_tokens(None)
     if body.format == "json":
         out["grammar"] = Grammar.json_object()
     elif isinstance(body.format, dict):

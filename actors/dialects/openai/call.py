@@ -57,7 +57,8 @@ def chat_call(body: ChatRequest, ctx: RequestContext) -> ChatCall:
                                   "/v1/chat/completions: use /v1/completions with echo: true and logprobs: k")
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs: true")
-    sampling = _sampling(body, body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens)
+    sampling = _sampling(body, ctx.max_tokens(body.max_completion_tokens if body.max_completion_tokens is not None
+                                              else body.max_tokens))
     if body.logprobs:
         sampling.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
     request = GenerationRequest.build(
@@ -72,7 +73,7 @@ def chat_call(body: ChatRequest, ctx: RequestContext) -> ChatCall:
 def completions_call(body: CompletionRequest, ctx: RequestContext) -> CompletionsCall:
     prompts = body.prompts()
     _check_completions(body, prompts)
-    sampling = _sampling(body, body.max_tokens)
+    sampling = _sampling(body, ctx.max_tokens(body.max_tokens))
     if body.logprobs is not None:
         sampling.update(logprobs=True, top_logprobs=body.logprobs)
     elif body.n_generated > body.n:
@@ -111,8 +112,9 @@ def _check_completions(body: CompletionRequest, prompts: list[str | list[int]]) 
 
 def _sampling(body: OpenAIRequest, max_tokens: int | None) -> dict[str, Any]:
     """The body's sampling options (and ``priority``, ``chat_template_kwargs``). Without
-    max_tokens a request runs to EOG, a stop, or the end of its context (as OpenAI's chat API,
-    vLLM and llama-server do): never refused because an implicit default does not fit."""
+    max_tokens (and none set by the operator: ``RequestContext.max_tokens``) a request runs to EOG,
+    a stop, or the end of its context (as OpenAI's chat API and vLLM do): never refused because an
+    implicit default does not fit."""
     out: dict[str, Any] = {k: v for k, v in {
         "temperature": body.temperature, "top_p": body.top_p, "presence_penalty": body.presence_penalty,
         "frequency_penalty": body.frequency_penalty, "top_k": body.top_k, "min_p": body.min_p,

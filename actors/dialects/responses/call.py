@@ -58,7 +58,7 @@ def response_call(body: ResponsesRequest, ctx: RequestContext,
         tools=chat_tools(body.tools) if body.tools else None,
         tool_choice=chat_tool_choice(body.tool_choice) if body.tools else None,
         parallel_tool_calls=body.parallel_tool_calls,
-        max_tokens=body.max_output_tokens, **ctx.lora(), **sampling)  # max_tokens None: until the end of the turn or the context
+        max_tokens=ctx.max_tokens(body.max_output_tokens), **ctx.lora(), **sampling)
     return ResponsesCall(Shell(body, rid, ctx.model, ctx.created), request, history, body.ignored_fields())
 
 
