@@ -132,6 +132,9 @@ def _set_context_params(cparams: Any, *, n_ctx: int, n_batch: int, n_ubatch: int
     cparams.n_batch = n_batch
     cparams.n_ubatch = n_ubatch
     cparams.n_seq_max = 2 * n_seq_max  # each sequence and its shadow
+    # llama.cpp reserves an output row per sequence id, asserting they fit its outputs (n_batch by
+    # default): a small context (n_batch cut to n_ctx) with the default id pool would abort.
+    cparams.n_outputs_max = max(n_batch, 2 * n_seq_max)
     if not batch_invariant:
         cparams.n_threads = cparams.n_threads_batch = n_threads
     cparams.kv_unified = True  # one KV pool: a shared prefix is stored once, not per sequence

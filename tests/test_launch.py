@@ -31,3 +31,13 @@ def test_a_router_given_none_for_every_key_and_default_loads_its_model(model_pat
         started.append(router)
         assert router.names == ["m"]
         assert router["m"].ask("The sky is", max_tokens=3, temperature=0).usage.completion_tokens == 3
+
+
+def test_the_smallest_context_starts_and_answers(model_path: str) -> None:
+    """n_ctx 64 aborted the process in llama.cpp (GGML_ASSERT on its outputs: the default pool's 72
+    ids and shadows over a batch cut to 64); Config cuts n_batch to n_ctx as llama.cpp does."""
+    with closing_what_the_test_started() as started:
+        llm = llamactor.start(model_path, n_ctx=64, n_parallel=2, n_threads=1)
+        started.append(llm)
+        assert llm.config.n_batch == 64
+        assert llm.ask("The sky is " * 12, max_tokens=3, temperature=0).usage.completion_tokens == 3

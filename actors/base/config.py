@@ -335,9 +335,11 @@ class Config:
         _require(self.n_seq_ids is None or self.n_parallel + PINNED_SEQ_IDS <= self.n_seq_ids <= MAX_SEQUENCES,
                  f"n_seq_ids must be in [n_parallel + {PINNED_SEQ_IDS}, {MAX_SEQUENCES}] "
                  f"(n_parallel={self.n_parallel}), got {self.n_seq_ids}")
+        # llama.cpp cuts a causal model's batch to the context and asserts on a larger one: cut it here
+        object.__setattr__(self, "n_batch", min(self.n_batch, self.n_ctx))
         _require(self.n_batch >= self.n_parallel,
-                 f"n_batch ({self.n_batch}) must be >= n_parallel ({self.n_parallel}): every running "
-                 "sequence needs one token per step")
+                 f"n_batch ({self.n_batch}, at most n_ctx) must be >= n_parallel ({self.n_parallel}): every "
+                 "running sequence needs one token per step")
         if self.n_ubatch == 0:  # flash attention's tiled kernel starts at 64 query rows: 32 is invariant
             object.__setattr__(self, "n_ubatch", min(self.n_batch, 32 if self.batch_invariant else 512))
         if self.batch_invariant:
