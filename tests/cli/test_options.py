@@ -156,7 +156,7 @@ def test_sampling_options_and_the_chat_template_file(started: list[dict[str, Any
 def test_n_parallel_above_n_batch_is_a_clean_error(started: list[dict[str, Any]]) -> None:
     result = CliRunner().invoke(main, ["info", "--n-parallel", "100", "--n-batch", "64"])
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert "n_batch (64) must be >= n_parallel (100)" in result.output
+    assert "n_batch (64, at most n_ctx) must be >= n_parallel (100)" in result.output
 
 
 @pytest.mark.parametrize("command", ["ask", "info", "serve"])
