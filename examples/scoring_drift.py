@@ -6,7 +6,8 @@ choice's log-likelihood against llama-cpp-python's ``Llama(logits_all=True)`` on
 
 The first argument is lm-eval's ``num_concurrent``; the rest go to ``llamactor serve`` (e.g.
 ``--no-prefix-cache``). Prints each choice's |difference|, then the median, p95, max and how many
-are equal (within 1e-4).
+are equal (within 1e-4). ``price`` instead of a number: the bench's scoring questions from 8
+callers in one process, a scored prompt attaching its cached prefix or computed whole, alternated.
 """
 
 from __future__ import annotations
@@ -22,6 +23,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from llamactor.base.models import default_model_path  # noqa: E402
 from tests.support.daemon import API_KEY, MODEL_ID, start_daemon  # noqa: E402
 from tests.support.scoring import EXACT, Reference, run_lm_eval  # noqa: E402
+
+
+def price() -> None:
+    import llamactor
+    from llamactor.bench.scoring import _score_all, lm_eval_requests, questions
+    from llamactor.scheduling.scheduler import Scheduler
+
+    with llamactor.start(default_model_path(), n_parallel=16, n_threads=2, n_ctx=4096, flash_attn="off",
+                         cache_ram_mib=0) as llm:
+        for round_ in range(2):
+            for attach in (True, False):
+                Scheduler.scoring_attaches_kv = attach  # read at each admission
+                requests = lm_eval_requests(llm, questions(8, seed=100 + 2 * round_ + attach))  # nothing cached
+                before = llm.stats()
+                seconds = _score_all(llm, requests)
+                after = llm.stats()
+                work = {k: after[k] - before[k] for k in ("prompt_tokens_computed", "prompt_rows_scored", "steps")}
+                print(f"attach={attach} {len(requests) / seconds:.2f} requests/s {work}")
 
 
 def main(num_concurrent: int, serve_options: list[str]) -> None:
@@ -51,4 +70,7 @@ def main(num_concurrent: int, serve_options: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 8, sys.argv[2:])
+    if sys.argv[1:2] == ["price"]:
+        price()
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 8, sys.argv[2:])
