@@ -59,6 +59,7 @@ class PackedScheduler(Scheduler):
     model's (0: none); longer tier entries are not restored."""
 
     index: PackedPrefixIndex
+    scoring_attaches_kv = True  # a row is bit-exact in any shape here: a cached prefix costs nothing
 
     def __init__(self, *, sliding_window: int = 0, **options: Any) -> None:
         super().__init__(**options)

@@ -85,6 +85,25 @@ class ScoreState:
         return k
 
 
+def reusable_end(n_tokens: int, state: ScoreState | None, attach_scored: bool) -> int:
+    """How many of a prompt's first tokens may take their KV from a cached prefix: all but the last
+    (computed for its logits); for a prompt still scoring, none from its first row still needed,
+    and none at all unless ``attach_scored``.
+
+    Why none: by default a row's logits depend on the shape of the decode that computes it
+    (docs/performance.md, "Where the numbers part"), and a prompt computed from a cached prefix is
+    computed in another shape than alone -- its rest in a decode of its own length, the prefix's KV
+    in another request's. Measured on lm-eval's choices, that alone moved one-at-a-time scores by a
+    median 0.07 nats from llama-cpp-python's; computed whole, they equal it. The rows a prompt
+    shares with an earlier one still come from the ``ScoreCache``, so only the prefix's tokens are
+    computed again, without their rows. The batch-invariant mode attaches (``attach_scored``):
+    there a row is the same in any shape."""
+    end = n_tokens - 1
+    if state is not None and not state.done:
+        end = min(end, state.next_row if attach_scored else 0)
+    return max(end, 0)
+
+
 def fit_chunk(state: ScoreState, n_past: int, n: int, rows_left: int, units_left: int | None) -> tuple[int, int, int]:
     """The longest chunk of at most ``n`` tokens from ``n_past`` whose rows fit ``rows_left`` and whose
     cost (tokens + ``ROW_COST`` per row) fits ``units_left`` (None: any): ``(n, lo, hi)``, rows

@@ -33,7 +33,7 @@ from llamactor.scheduling.fairness import FairShare
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, Match, PrefixIndex
 from llamactor.scheduling.prefix_sharing import waits_for_prefix, waits_for_scores
-from llamactor.scheduling.prompt_scores import ScoreCache
+from llamactor.scheduling.prompt_scores import ScoreCache, reusable_end
 from llamactor.scheduling.queue_shares import admission, waiting_by_tenant
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
 from llamactor.scheduling.step_packing import pack_step
@@ -58,6 +58,10 @@ class Scheduler:
     ``tier``: a lower cache tier (host RAM, disk) whose entries are restored into new cells when
     that beats recomputing what the cells lack (``restore_pays``).
     """
+
+    # A prompt still scoring attaches no cached KV: computed whole, its rows are computed as alone
+    # (``reusable_end``); the batch-invariant mode's scheduler attaches, its rows being exact anyway.
+    scoring_attaches_kv = False
 
     def __init__(self, *, n_parallel: int, n_batch: int, batch_size: int, batch_timeout_s: float,
                  max_queue: int, index: PrefixIndex, keep_finished: bool = True,
@@ -222,14 +226,9 @@ class Scheduler:
         ordered = self.policy.order_waiting(self.pending, now, lambda s: self._lookup(s, self._reusable(s)).n_tokens)
         return fair_order(ordered, self.running, self.fair, now)
 
-    @staticmethod
-    def _reusable(seq: Sequence) -> list[int]:
-        """The tokens whose KV may be attached from the cache: all but the last known one (computed
-        for its logits) and, when scoring, none from the first row scoring still needs."""
-        end = len(seq.token_ids) - 1
-        if seq.scoring is not None and not seq.scoring.done:
-            end = min(end, seq.scoring.next_row)
-        return seq.token_ids[:end]
+    def _reusable(self, seq: Sequence) -> list[int]:
+        """The tokens whose KV may be attached from the cache (``reusable_end``)."""
+        return seq.token_ids[:reusable_end(len(seq.token_ids), seq.scoring, self.scoring_attaches_kv)]
     def _plan_restore(self, seq: Sequence, seq_id: int, reusable: list[int], match: Match, ops: list[KvOp],
                       now: float) -> RestoreOp | None:
         """Restore the lower tier's entry into ``seq_id`` when it pays (``plan_restore``)."""

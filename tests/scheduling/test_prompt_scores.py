@@ -1,11 +1,15 @@
 """Prompt scoring in the pure scheduler: which rows a step flags, the row budget, what a cache hit may
-attach, preemption, and the ScoreCache (real-engine tests of the same rules: test_scoring.py)."""
+attach (nothing while a prompt scores, but in the batch-invariant mode), preemption, and the
+ScoreCache (real-engine tests of the same rules: test_scoring.py)."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
-from llamactor.scheduling.prompt_scores import PromptScore, ScoreCache, ScoreState
+from llamactor.scheduling.packed_kv import PackedPrefixIndex, PackedScheduler
+from llamactor.scheduling.prompt_scores import PromptScore, ScoreCache, ScoreState, reusable_end
 from llamactor.scheduling.sequence import Sequence
 
 from tests.support.scheduling import make_scheduler, make_seq, run_to_end
@@ -77,15 +81,40 @@ def test_the_row_budget_splits_a_long_prompt_over_steps_and_shares_rows_between_
     assert [e.logprob for e in a.scoring.entries[1:]] == [-float(t) for t in range(2, 21)]
 
 
-def test_a_continuation_scores_only_its_own_tokens_and_may_attach_the_context_from_the_cache() -> None:
-    s = make_scheduler(n_batch=64)
+def continuation_after_cached_context(s) -> tuple[Sequence, list]:  # type: ignore[no-untyped-def]
+    """A cached 30-token context, then a 2-token continuation of it scored: (it, its first step's chunks)."""
     context = list(range(1, 31))
     cache_prompt(s, context + [50])
     scored = scoring_seq(context + [60, 61], start=30)
     s.add(scored)
-    plan = s.schedule(2.0)
+    return scored, s.schedule(2.0).chunks
+
+
+def test_a_continuation_scores_only_its_own_tokens_and_computes_its_context_whole() -> None:
+    scored, chunks = continuation_after_cached_context(make_scheduler(n_batch=64))
+    # no cached KV: the whole prompt in one chunk, as it would be alone, its continuation's rows flagged
+    assert scored.n_cached == 0 and [(c.n_tokens, c.score_lo, c.score_hi) for c in chunks] == [(32, 29, 31)]
+
+
+def test_in_the_batch_invariant_mode_a_continuation_attaches_its_context_from_the_cache() -> None:
+    s = PackedScheduler(n_parallel=2, n_batch=64, batch_size=2, batch_timeout_s=0.02, max_queue=4,
+                        index=PackedPrefixIndex(n_seq_ids=8, n_cells=1000))
+    scored, chunks = continuation_after_cached_context(s)
     # the context's KV is attached up to the row before the continuation: that row is computed
-    assert scored.n_cached == 29 and [(c.score_lo, c.score_hi) for c in plan.chunks] == [(29, 31)]
+    assert scored.n_cached == 29 and [(c.n_tokens, c.score_lo, c.score_hi) for c in chunks] == [(3, 29, 31)]
+
+
+@given(n_tokens=st.integers(1, 60), start=st.integers(1, 60), next_row=st.integers(0, 60), attach=st.booleans())
+def test_no_kv_is_reused_where_a_row_is_still_needed_and_none_while_scoring_unless_attaching(
+        n_tokens: int, start: int, next_row: int, attach: bool) -> None:
+    assume(start <= n_tokens)
+    state = ScoreState(start=start, n_prompt=n_tokens, n_top=1, next_row=next_row)
+    end = reusable_end(n_tokens, state, attach)
+    assert 0 <= end <= max(n_tokens - 1, 0)
+    if not state.done:
+        assert end <= state.next_row and (attach or end == 0)
+    else:
+        assert end == n_tokens - 1 == reusable_end(n_tokens, None, attach)
 
 
 def test_an_echo_prompt_attaches_no_kv_whose_rows_it_still_needs() -> None:

@@ -21,7 +21,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,22 @@ def assert_close_in_a_batch(got: Sequence[float], expected: Sequence[float]) -> 
         and float(d.max()) <= MAX_BATCHED, (
         f"median |delta| {np.median(d):.2e}, 99th percentile {np.percentile(d, 99):.3f}, max {d.max():.3f} "
         f"at position {int(d.argmax()) + 1}")
+
+
+def task_choices(tokenize: Callable[[str], list[int]], bos: int) -> list[tuple[list[int], list[int]]]:
+    """The tiny task's (context, continuation) token ids per choice as lm-eval builds them (each text
+    tokenized apart; the context after a BOS, as TASK_YAML's ``<bos>``), longest first as lm-eval sends."""
+    out = []
+    for line in TASK.read_text().splitlines():
+        doc = json.loads(line)
+        context = [bos] + tokenize(f"Question: {doc['question']}\nAnswer:")
+        out += [(context, tokenize(f" {choice}")) for choice in doc["choices"]]
+    return sorted(out, key=lambda c: len(c[0]) + len(c[1]), reverse=True)
+
+
+def reference_sums(ref: Reference, choices: Sequence[tuple[list[int], list[int]]]) -> list[float]:
+    """Each continuation's summed logprob after its context, by llama-cpp-python."""
+    return [sum(ref.logprobs(context + continuation)[0][len(context) - 1:]) for context, continuation in choices]
 
 
 def run_lm_eval(url: str, model_id: str, api_key: str, folder: Path, num_concurrent: int) -> list[dict[str, Any]]:

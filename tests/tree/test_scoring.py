@@ -8,11 +8,13 @@ import subprocess
 import sys
 from typing import Any
 
+import numpy as np
 import pytest
 
 from llamactor.base.errors import InvalidRequestError
 
-from tests.support.scoring import EXACT, assert_close_in_a_batch, deltas, reference  # noqa: F401 (fixture)
+from tests.support.scoring import (EXACT, assert_close_in_a_batch, deltas, reference,  # noqa: F401 (fixture)
+                                   reference_sums, task_choices)
 
 LONG_TEXT = " ".join(f"Entry {i}: the {['red', 'blue', 'green'][i % 3]} box holds {i * 7 % 13} stones." for i in range(80))
 
@@ -64,10 +66,11 @@ def test_score_sums_each_continuation_computes_the_context_once_and_flags_greedy
     n_context = scores[0].n_context_tokens
     conts = [llm.tokenize(c, add_special=False).token_ids for c in continuations]
     assert [len(s.token_logprobs) for s in scores] == [len(c) for c in conts]
-    # only the continuations' rows are computed; choices 2-4 attach the context's KV from choice 1
+    # only the continuations' rows are computed (choices 2-4 take the context's from choice 1), but
+    # each choice's context KV is computed again, not attached: a row is computed as alone
     assert after["prompt_rows_scored"] - before["prompt_rows_scored"] == sum(len(c) for c in conts)
     computed = after["prompt_tokens_computed"] - before["prompt_tokens_computed"]
-    assert computed == n_context + len(conts[0]) + sum(len(c) + 1 for c in conts[1:])
+    assert computed == sum(n_context + len(c) for c in conts)
     context_ids = list(llm.tokenize(context).token_ids)
     got, expected = [], []
     for score, cont in zip(scores, conts):
@@ -78,6 +81,24 @@ def test_score_sums_each_continuation_computes_the_context_once_and_flags_greedy
         if all(abs(m) > 0.5 for m in margins[n_context - 1:]):  # no near-tie: greedy is unambiguous
             assert score.is_greedy == all(m > 0 for m in margins[n_context - 1:])
     assert_close_in_a_batch(got, expected)
+
+
+@pytest.mark.timeout(300)
+def test_lm_eval_shaped_choices_score_as_llama_cpp_python_alone_and_mostly_exactly_eight_at_a_time(
+        start_llm: Any, reference: Any) -> None:
+    # A choice shares its question with the choices before it; computed on that cached prefix it
+    # would be computed in another shape than alone and part by ~0.07 nats (README, "Scoring prompts").
+    llm = start_llm(flash_attn="off", n_parallel=8, n_ctx=4096)
+    bos = llm.tokenize("Q").token_ids[0]
+    choices = task_choices(lambda text: list(llm.tokenize(text, add_special=False).token_ids), bos)
+    expected = reference_sums(reference, choices)
+    one_at_a_time = [llm.score(context, [continuation])[0].logprob for context, continuation in choices]
+    assert float(deltas(one_at_a_time, expected).max()) <= EXACT
+    with concurrent.futures.ThreadPoolExecutor(8) as callers:  # as lm-eval's num_concurrent=8
+        eight = list(callers.map(lambda c: llm.score(c[0], [c[1]])[0].logprob, choices))
+    # beside each other a row still depends on its step's shape; alone in a step it is exact
+    assert float(np.median(deltas(eight, expected))) <= EXACT
+    assert_close_in_a_batch(eight, expected)
 
 
 def test_token_ids_are_scored_as_given_with_no_bos_added(start_llm: Any) -> None:
