@@ -285,6 +285,10 @@ class Config:
     # Beside other callers' work, scoring may add at most this fraction of it to a step (in compute:
     # prompt tokens + 2 per logits row), so generation keeps its speed under an evaluation load.
     score_time_share: float = 0.25
+    # A prompt being scored computes its KV whole, equal to llama-cpp-python scoring it alone
+    # (docs/performance.md, *Scoring drift under lm-eval*); off: it attaches a cached prefix --
+    # fewer tokens computed, its log-probabilities off by up to ~0.2 nats.
+    score_exact: bool = True
     cache_ram_mib: int = 1024  # host RAM for cached prefixes evicted from the KV cells (restored on a hit); 0: off
     cache_dir: str | None = None  # a directory keeping cached prefixes across restarts; None: off
     cache_dir_mib: int = 4096  # the most the cache directory holds (least recently used files go first)

@@ -59,10 +59,10 @@ class PackedScheduler(Scheduler):
     model's (0: none); longer tier entries are not restored."""
 
     index: PackedPrefixIndex
-    scoring_attaches_kv = True  # a row is bit-exact in any shape here: a cached prefix costs nothing
 
     def __init__(self, *, sliding_window: int = 0, **options: Any) -> None:
-        super().__init__(**options)
+        # a row is bit-exact in any shape here: attaching a cached prefix to a scored prompt costs nothing
+        super().__init__(**{**options, "scoring_attaches_kv": True})
         if not isinstance(self.index, PackedPrefixIndex):
             raise ValueError("a PackedScheduler needs a PackedPrefixIndex")
         if self.tier is not None and sliding_window > 0:

@@ -59,18 +59,18 @@ class Scheduler:
     that beats recomputing what the cells lack (``restore_pays``).
     """
 
-    # A prompt still scoring attaches no cached KV: computed whole, its rows are computed as alone
-    # (``reusable_end``); the batch-invariant mode's scheduler attaches, its rows being exact anyway.
-    scoring_attaches_kv = False
-
     def __init__(self, *, n_parallel: int, n_batch: int, batch_size: int, batch_timeout_s: float,
                  max_queue: int, index: PrefixIndex, keep_finished: bool = True,
                  cache_budget_cells: int | None = None, share_min_tokens: int = 32,
                  policy: Policy | None = None, score_rows: int = 64, score_share: float = 0.25,
-                 score_cache: ScoreCache | None = None, tier: TierLookup | None = None) -> None:
+                 score_cache: ScoreCache | None = None, tier: TierLookup | None = None,
+                 scoring_attaches_kv: bool = False) -> None:
         if n_batch < n_parallel:
             raise ValueError("n_batch must be >= n_parallel")
         self.n_parallel = n_parallel
+        # A prompt still scoring attaches no cached KV unless told: computed whole, its rows are
+        # computed as alone (``reusable_end``); the batch-invariant mode's rows are exact anyway.
+        self.scoring_attaches_kv = scoring_attaches_kv
         self.n_batch = n_batch
         self.batch_size = batch_size
         self.batch_timeout_s = batch_timeout_s

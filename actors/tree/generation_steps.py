@@ -52,6 +52,7 @@ def make_scheduler(cfg: Config, engine: Engine, index: PrefixIndex, tiers: Cache
         batch_timeout_s=cfg.batch_timeout_ms / 1000, max_queue=cfg.max_queue, index=index,
         keep_finished=cfg.prefix_cache, cache_budget_cells=cfg.prefix_cache_cells,
         score_rows=cfg.score_rows_per_step, score_share=cfg.score_time_share,
+        scoring_attaches_kv=not cfg.score_exact,
         policy=Policy(cfg.schedule_policy, cfg.priority_aging_per_s),
         tier=tiers.lookup if tiers is not None else None)
     if cfg.batch_invariant:

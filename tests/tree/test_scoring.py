@@ -83,6 +83,17 @@ def test_score_sums_each_continuation_computes_the_context_once_and_flags_greedy
     assert_close_in_a_batch(got, expected)
 
 
+def test_without_score_exact_a_continuation_attaches_its_cached_context(start_llm: Any) -> None:
+    llm = start_llm(flash_attn="off", n_parallel=4, score_exact=False)
+    context = "Question: Which animal says moo and gives milk on the farm?\nAnswer:"
+    continuations = [" The cow", " A dog", " Probably a large duck", " cow"]
+    before = llm.stats()
+    scores = llm.score(context, continuations)
+    computed = llm.stats()["prompt_tokens_computed"] - before["prompt_tokens_computed"]
+    whole = sum(scores[0].n_context_tokens + len(s.token_logprobs) for s in scores)
+    assert computed < whole  # the context's KV computed once and attached, not once per choice
+
+
 @pytest.mark.timeout(300)
 def test_lm_eval_shaped_choices_score_as_llama_cpp_python_alone_and_mostly_exactly_eight_at_a_time(
         start_llm: Any, reference: Any) -> None:
