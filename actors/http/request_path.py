@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import os
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -156,9 +157,16 @@ async def load(llm: ModelClient, request: Request) -> ModelClient:
         except ModelLoadError as e:
             if tenant.admin:
                 raise
-            # A tenant sees the model's name, never the operator's file system (the log has it all).
-            raise ModelLoadError(f"model {llm.name!r} could not be loaded", model=llm.name) from e
+            raise _as_tenants_see_it(e) from e
     return llm
+
+
+def _as_tenants_see_it(e: ModelLoadError) -> ModelLoadError:
+    """A failed load as a tenant reads it: the file named alone, never the folders it sits in (as
+    ``/v1/models`` names it); admins and the ``model_load_failed`` log line have the whole path."""
+    path = e.details.get("path")
+    message = str(e).replace(path, os.path.basename(path)) if isinstance(path, str) and path else str(e)
+    return ModelLoadError(message, **{k: v for k, v in e.details.items() if k != "path"})
 
 
 async def ready_model(state: ServerState, request: Request, name: str | None) -> ModelClient:

@@ -66,7 +66,8 @@ def test_without_tracing_configured_an_engine_never_imports_opentelemetry_nor_th
             "create_app(ServerState(['m'], None, 1000))\n"
             "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))\n"
             "llm.close()\n")
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLAMACTOR_"))}
+    # tracing's own settings removed; the suite's (the model-load ledger's owner) kept
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "LLAMACTOR_OTLP_ENDPOINT"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=environ)
     assert done.returncode == 0, done.stderr[-2000:]
     # FastAPI itself imports OpenTelemetry's API (its propagators), never the SDK or an exporter

@@ -182,14 +182,14 @@ def test_a_tenants_request_does_not_load_a_model_unless_the_operator_allows_it(d
     assert answer.usage is not None and answer.usage.completion_tokens == 2 and status(daemon, "open") == "ready"
 
 
-def test_a_model_that_fails_to_load_names_its_file_to_admins_and_only_itself_to_tenants(daemon: Daemon) -> None:
+def test_a_model_that_fails_to_load_names_its_path_to_admins_and_its_file_alone_to_tenants(daemon: Daemon) -> None:
     with pytest.raises(openai.InternalServerError) as tenant:
         daemon.client(KEYS["bob"]).completions.create(model="broken", prompt="hi", max_tokens=1)
-    assert tenant.value.message.endswith("model 'broken' could not be loaded")  # before: its path on the server
-    assert "broken.gguf" not in tenant.value.response.text
+    assert "model 'broken' could not be loaded from broken.gguf" in tenant.value.message
+    assert "/broken.gguf" not in tenant.value.response.text  # before: the server's folders, twice
     with pytest.raises(openai.InternalServerError) as admin:
         daemon.client(KEYS["ops"]).completions.create(model="broken", prompt="hi", max_tokens=1)
-    assert "could not be loaded from" in admin.value.message and "broken.gguf" in admin.value.message
+    assert "could not be loaded from /" in admin.value.message and "/broken.gguf" in admin.value.message
 
 
 def upload(client: openai.OpenAI, data: bytes) -> str:

@@ -60,6 +60,7 @@ def test_the_operators_options_win_over_the_gguf(start_llm, recommending: str) -
     assert by_default == [_ids(llm, seed, **{**AS_FIELDS, "temperature": 0.8, "top_k": 40}) for seed in SEEDS[:2]]
 
 
+@pytest.mark.pure
 def test_ollama_show_lists_the_sampling_a_request_gets(recommending: str) -> None:
     gguf = read_gguf(recommending)
     assert gguf is not None
