@@ -12,7 +12,8 @@ from llamactor.serving.model_specs import ModelSpec
 from llamactor.serving.replicas import Replicas
 from llamactor.serving.router import Router
 from llamactor.base.completion import Completion, Embeddings, Timings, Tokenized, Usage
-from llamactor.base.config import Config, SamplingParams
+from llamactor.base.config import Config
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.grammar import Grammar
 from llamactor.base.errors import (
     BatcherRestartedError,

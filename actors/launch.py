@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, overload
 
-from llamactor.base.config import Config, set_options
+from llamactor.base.config import Config
+from llamactor.base.unset import set_options
 from llamactor.base.errors import InvalidRequestError
 from llamactor.handles.llm import LLM, start_tree
 from llamactor.native import invariance

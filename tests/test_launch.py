@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import llamactor
-from llamactor.base.config import Config, SamplingParams
+from llamactor.base.config import Config
+from llamactor.base.sampling import SamplingParams
 from llamactor.serving.model_specs import SPEC_FIELDS
 from tests.conftest import closing_what_the_test_started
 

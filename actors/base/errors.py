@@ -32,6 +32,12 @@ class InvalidRequestError(LlamactorError, ValueError):
     code = "invalid_request_error"
 
 
+def require(ok: bool, message: str) -> None:
+    """An ``InvalidRequestError`` saying ``message`` unless ``ok``: a setting's check."""
+    if not ok:
+        raise InvalidRequestError(message)
+
+
 class ContextExceededError(InvalidRequestError):
     """The prompt (plus ``max_tokens``) does not fit in one sequence's context. Over HTTP, as
     llama-server answers it: type ``exceed_context_size_error`` with ``n_prompt_tokens`` and

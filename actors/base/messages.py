@@ -14,7 +14,7 @@ from typing import Any
 
 from llamactor.base.adapters import AdapterSet
 from llamactor.base.completion import Completion, Embeddings, Parts, Piece, Tokenized, TokenLogprob
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import LlamactorError
 from llamactor.base.priority import DEFAULT_PRIORITY

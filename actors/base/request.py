@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llamactor.base.adapters import AdapterSet, adapter_set
-from llamactor.base.config import SEED_LIMIT, SamplingParams
+from llamactor.base.sampling import SEED_LIMIT, SamplingParams
 from llamactor.base.errors import ContextExceededError, InvalidRequestError
 from llamactor.base.grammar import Grammar
 from llamactor.base.logging import get_logger

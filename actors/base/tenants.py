@@ -21,16 +21,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from llamactor.base.errors import InvalidRequestError
+from llamactor.base.errors import InvalidRequestError, require as _require
 from llamactor.base.priority import parse_priority
 
 DEFAULT_TENANT = "default"
 _NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise InvalidRequestError(message)
 
 
 def _limit(value: Any, name: str) -> None:

@@ -25,7 +25,8 @@ from click.core import ParameterSource
 from llamactor.base import logging as llamactor_logging
 from llamactor.base.adapters import parse_loras
 from llamactor.base.errors import InvalidRequestError
-from llamactor.base.config import FLASH_ATTN, KV_TYPES, Config, SamplingParams
+from llamactor.base.config import FLASH_ATTN, KV_TYPES, Config
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.priority import POLICIES
 from llamactor.cli.config_file import config_option
 

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 import llamactor
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import CancelledError, LlamactorError
 from llamactor.base.sampling_defaults import SHOWN, model_sampling, sources

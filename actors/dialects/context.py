@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamactor.base.adapters import from_ids
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.request import GenerationRequest
 from llamactor.base.tool_format import FALLBACK, ToolCallFormat
 

@@ -24,7 +24,8 @@ from typing import Any, TypeVar, overload
 
 from llamactor.base.tool_format import FALLBACK, ToolCallFormat
 from llamactor.base.completion import Completion, Embeddings, Score, Tokenized
-from llamactor.base.config import Config, SamplingParams
+from llamactor.base.config import Config
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.messages import CallerMessage, Embed, Generate, ReplyChannel
 from llamactor.base.priority import DEFAULT_PRIORITY

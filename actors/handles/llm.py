@@ -18,7 +18,8 @@ from typing import Any, cast
 import pykka
 
 from llamactor.base.completion import Completion
-from llamactor.base.config import Config, SamplingParams
+from llamactor.base.config import Config
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.sampling_defaults import model_sampling
 from llamactor.base.tool_format import ToolCallFormat

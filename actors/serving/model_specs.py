@@ -29,7 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llamactor.base.config import Config, SamplingParams, default_n_threads, fill_unset, set_options
+from llamactor.base.config import Config, default_n_threads
+from llamactor.base.sampling import SamplingParams
+from llamactor.base.unset import fill_unset, set_options
 from llamactor.base.errors import InvalidRequestError
 from llamactor.serving.routing import POLICIES
 

@@ -13,7 +13,7 @@ import secrets
 
 import numpy as np
 
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.messages import Progress
 from llamactor.native.engine import Engine
 from llamactor.tree.grammar_sampler import GrammarSampler

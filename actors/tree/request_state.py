@@ -28,7 +28,7 @@ import numpy as np
 from llamactor.base.answer import AnswerSplitter
 from llamactor.base.logging import get_logger
 from llamactor.base.completion import Completion, Timings, TokenLogprob, Usage
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.errors import CancelledError, EngineError, InvalidRequestError, LlamactorError, \
     QueueFullError, RequestFailedError
 from llamactor.tree.grammar_sampler import new_matcher

@@ -10,7 +10,7 @@ import pytest
 import llamactor
 from llamactor.base.adapters import adapter_set
 from llamactor.base.chat_template import ChatTemplate, ChatTemplateError
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.request import GenerationRequest
 

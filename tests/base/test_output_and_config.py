@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from llamactor.base.config import Config, SamplingParams
+from llamactor.base.config import Config
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.tree.text import TextAssembler
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from llamactor.base.config import Config, SamplingParams
+from llamactor.base.config import Config
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.request import GenerationRequest
 from llamactor.base.sampling_defaults import described, gguf_sampling, model_sampling, operator_set, sources
 

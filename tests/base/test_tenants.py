@@ -8,7 +8,8 @@ import hashlib
 import pytest
 
 import llamactor
-from llamactor.base.config import Config, SamplingParams
+from llamactor.base.config import Config
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.request import GenerationRequest
 from llamactor.base.tenants import KeyTable, Tenant, tenant_named

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from llamactor.base.completion import Completion, Timings, Usage
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.errors import CancelledError, InvalidRequestError
 from llamactor.base.messages import Generate, Progress, ReplyChannel
 from llamactor.base.tenants import Tenant

@@ -16,7 +16,8 @@ from click.testing import CliRunner
 
 import llamactor
 from llamactor.base import logging as llamactor_logging
-from llamactor.base.config import Config, SamplingParams
+from llamactor.base.config import Config
+from llamactor.base.sampling import SamplingParams
 from llamactor.cli import options
 from llamactor.cli.commands import main
 

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.errors import BatcherRestartedError, InvalidRequestError
 from llamactor.base.request import GenerationRequest
 from llamactor.base.tools import ToolCall, Tools, parse_tool_calls

@@ -10,7 +10,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.messages import ReplyChannel
 from llamactor.base.request import GenerationRequest

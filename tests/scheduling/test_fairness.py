@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.base.tenants import Tenant
 from llamactor.scheduling.fairness import FairShare

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.scheduling.packed_kv import PackedPrefixIndex, PackedScheduler
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex

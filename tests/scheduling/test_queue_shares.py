@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llamactor.base.completion import Completion, Timings, Usage
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, InvalidRequestError, QueueFullError
 from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.base.tenants import Tenant

@@ -6,7 +6,7 @@ still in KV."""
 
 from __future__ import annotations
 
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.native.engine import Engine
 from llamactor.tree.prompt_tokens import PromptBuilder

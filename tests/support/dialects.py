@@ -11,7 +11,7 @@ from typing import Any
 
 from llamactor.base.answer import Answer, AnswerSplitter
 from llamactor.base.completion import ChoiceUpdate, Completion, Piece, Timings, Usage
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.request import GenerationRequest
 from llamactor.dialects.context import RequestContext
 from llamactor.http.framing import Framing, frames

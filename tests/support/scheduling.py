@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler

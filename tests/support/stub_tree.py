@@ -13,7 +13,8 @@ from typing import Any
 import pykka
 
 from llamactor.base.completion import Completion, FinishReason, Timings, Usage
-from llamactor.base.config import Config, SamplingParams
+from llamactor.base.config import Config
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import CancelledError
 from llamactor.base.messages import BatcherFailed, BatcherReady, Cancel, Generate, ReplyChannel

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from llamactor.base.adapters import adapter_scope, adapter_set, from_ids, parse_loras
-from llamactor.base.config import Config, SamplingParams
+from llamactor.base.config import Config
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.request import GenerationRequest
 from llamactor.tree.tiers.ram import CacheTiers

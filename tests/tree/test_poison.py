@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 import llamactor
-from llamactor.base.config import Config, SamplingParams
+from llamactor.base.config import Config
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, EngineError, LlamactorError, \
     PoisonRequestError, RequestFailedError
 from llamactor.base.messages import BatcherFailed, Cancel, Embed, Generate, ReplyChannel, Tokenize

@@ -16,7 +16,7 @@ import uvicorn
 
 import llamactor
 from llamactor.base.completion import Completion, Piece
-from llamactor.base.config import SamplingParams
+from llamactor.base.sampling import SamplingParams
 from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.handles.streams import TextStream
 from llamactor.tree.request_state import resume_sequence, start_sequence
