@@ -93,7 +93,7 @@ def test_closing_with_requests_in_flight_ends_every_caller_without_hanging(model
 
 def test_a_consumer_that_raises_cancels_only_its_own_request(llm: llamactor.LLM) -> None:
     from llamactor.base.messages import Generate, ReplyChannel
-    from llamactor.base.config import SamplingParams
+    from llamactor.base.sampling import SamplingParams
     import time
 
     def broken(_piece: object) -> None:
