@@ -25,6 +25,7 @@ from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import BatcherUnavailableError, ModelLoadError
 from llamactor.base.messages import CallerMessage, Embed, Generate
 from llamactor.base.models import resolve_model_path
+from llamactor.base.sampling import SamplingParams
 from llamactor.native.gguf_header import read_gguf
 from llamactor.serving.model_specs import ModelSpec
 from llamactor.serving.routing import RoutingPolicy, routing_key
@@ -63,6 +64,10 @@ class Replicas(ModelClient):
         """The model's ``EngineInfo`` (loads the model if needed)."""
         self.load()
         return self._trees[0].info
+
+    def sampling_defaults(self) -> SamplingParams:
+        """The first replica's: each tree layers the operator's over the GGUF's once, not per request."""
+        return self.replica(0).sampling_defaults()
 
     def replica(self, index: int) -> LLM:
         """Replica ``index``'s own handle (loads the model if needed)."""
