@@ -165,6 +165,7 @@ class Tokenize:
     parts: tuple[str | int, ...] | None = None
     tools: Tools | None = None
     add_special: bool = True  # text: add BOS as the model's tokenizer does (parts: before the first)
+    parse_special: bool = True  # text: special-token text read as those tokens (off: as plain text)
     with_pieces: bool = False  # also each token's text
     chat_template_kwargs: dict[str, Any] | None = None
 
