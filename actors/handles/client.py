@@ -33,7 +33,7 @@ from llamactor.base.request import (EmbedInputs, EmbeddingRequest, GenerationReq
                                     choice_request_id, new_request_id)
 from llamactor.base.tenants import Tenant, tenant_named
 from llamactor.base.trace_spans import SERVICE_NAME
-from llamactor.handles import tracing
+from llamactor.handles import rank_pairs, tracing
 from llamactor.handles.limits import Limiter, WaitForLimits, embedding_estimate, generation_estimate
 from llamactor.handles.streams import AsyncTextStream, TextStream, mapped_future
 from llamactor.handles.tokenize_call import TokenizerPrompt, tokenize_message
@@ -267,6 +267,23 @@ class Client:
     async def embed_async(self, inputs: EmbedInputs | EmbeddingRequest, **options: Any) -> Embeddings:
         return await self._await(self.submit_embed(inputs, **options))
 
+    # -- ranking-head scores -----------------------------------------------------------------
+    # A ranking-head GGUF (``EngineInfo.ranking``) scores each whole (query, document) input (laid
+    # out by ``llamactor.handles.rank_pairs``) through llama.cpp's rank pooling, in the embedding
+    # queue: packed by tokens, rate-limited as embeddings; an input longer than one embedding step
+    # (or an encoder's training context) is refused, nothing queued.
+
+    def submit_rank_scores(self, inputs: Sequence[Sequence[int]], *, tenant: str | Tenant | None = None,
+                           request_id: str | None = None) -> Future[list[float]]:
+        """One relevance in [0, 1] per input, in order (``InvalidRequestError`` from a model
+        without a ranking head)."""
+        pairs = rank_pairs.token_lists(inputs)
+        resolved = tenant_named(tenant, self.config.tenants)
+        msg = Embed(request_id=request_id or new_request_id(), inputs=pairs, reply=ReplyChannel(),
+                    submitted_at=time.perf_counter(), pooling="rank", normalize=False, tenant=resolved)
+        sent = self._traced([msg], self._limited(resolved, sum(map(len, pairs)), lambda: [self.send(msg)]))[0]
+        return mapped_future(sent, lambda done: [float(x) for x in done.vectors[:, 0]])
+
     # -- what the model sees ------------------------------------------------------------------
     # ``prompt``: text, token ids, strings and token ids mixed, or chat messages (rendered by the
     # model's chat format, with ``tools``): see ``tokenize_message``. Answered by the batcher.
@@ -338,3 +355,4 @@ def _alone(request_id: str | None, options: Mapping[str, Any]) -> None:
     if request_id is not None or options:
         raise TypeError("a request object carries its own options and id: pass it alone "
                         f"(got {', '.join(sorted([*options, *(['request_id'] if request_id else [])]))})")
+
