@@ -12,9 +12,8 @@ import pytest
 import llamactor
 from llamactor import InvalidRequestError
 from llamactor.handles.rank_pairs import rank_pair_tokens
-from llamactor.native.tokenizer import Tokenizer
 
-from tests.support.rank_gguf import CLS, N_CTX_TRAIN, SEP, reference_scores, write_rank_gguf
+from tests.support.rank_gguf import CLS, N_CTX_TRAIN, SEP, reference_scores, vocab_tokenizer, write_rank_gguf
 
 QUERY = "what is the capital of france?"
 DOCUMENTS = ["paris is the capital of france.", "the cat sat on the mat.", "a dog in paris, on a river",
@@ -34,17 +33,8 @@ def ranker(rank_path: Path) -> Iterator[llamactor.LLM]:
 
 
 def _pairs(ranker: llamactor.LLM) -> list[list[int]]:
-    tokenizer = _tokenizer(ranker)
+    tokenizer = vocab_tokenizer(ranker.info.model_path)
     return [rank_pair_tokens(tokenizer, None, QUERY, d, None, True) for d in DOCUMENTS]
-
-
-def _tokenizer(ranker: llamactor.LLM) -> Tokenizer:
-    import llama_cpp  # the same file's vocabulary, read apart from the tree's
-
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(ranker.info.model_path.encode(), params)
-    return Tokenizer(llama_cpp.llama_model_get_vocab(model))
 
 
 def test_the_model_is_known_as_a_ranking_model(ranker: llamactor.LLM) -> None:

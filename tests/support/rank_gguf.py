@@ -12,6 +12,7 @@ reads. Its scores mean nothing; they only have to equal llama-cpp-python's for t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -117,3 +118,19 @@ def reference_scores(path: Path, inputs: list[list[int]], n_batch: int = 512) ->
         return scores
     finally:
         llm.close()
+
+
+def vocab_tokenizer(path: Path | str) -> Any:
+    """A ``llamactor.native.tokenizer.Tokenizer`` over the GGUF's vocabulary alone (no weights,
+    no context): pairs built for a file without serving it. Lives as long as the process."""
+    import llama_cpp
+
+    from llamactor.native.loading import init_backend
+    from llamactor.native.tokenizer import Tokenizer
+
+    init_backend()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    assert model, path
+    return Tokenizer(llama_cpp.llama_model_get_vocab(model))
