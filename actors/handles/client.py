@@ -29,6 +29,7 @@ from llamactor.base.sampling import SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.messages import CallerMessage, Embed, Generate, ReplyChannel
 from llamactor.base.priority import DEFAULT_PRIORITY
+from llamactor.base.rank_pairs import RankPairs, RankScores
 from llamactor.base.request import (EmbedInputs, EmbeddingRequest, GenerationRequest, Messages, Prompt,
                                     choice_request_id, new_request_id)
 from llamactor.base.tenants import Tenant, tenant_named
@@ -268,21 +269,27 @@ class Client:
         return await self._await(self.submit_embed(inputs, **options))
 
     # -- ranking-head scores -----------------------------------------------------------------
-    # A ranking-head GGUF (``EngineInfo.ranking``) scores each whole (query, document) input (laid
-    # out by ``llamactor.handles.rank_pairs``) through llama.cpp's rank pooling, in the embedding
-    # queue: packed by tokens, rate-limited as embeddings; an input longer than one embedding step
-    # (or an encoder's training context) is refused, nothing queued.
+    # A ranking-head GGUF (``EngineInfo.ranking``) scores each whole (query, document) input
+    # through llama.cpp's rank pooling, in the embedding queue: packed by tokens, rate-limited as
+    # embeddings; an input longer than one embedding step (or an encoder's training context) is
+    # refused, nothing queued. ``InvalidRequestError`` from a model without a ranking head.
 
     def submit_rank_scores(self, inputs: Sequence[Sequence[int]], *, tenant: str | Tenant | None = None,
                            request_id: str | None = None) -> Future[list[float]]:
-        """One relevance in [0, 1] per input, in order (``InvalidRequestError`` from a model
-        without a ranking head)."""
-        pairs = rank_pairs.token_lists(inputs)
-        resolved = tenant_named(tenant, self.config.tenants)
-        msg = Embed(request_id=request_id or new_request_id(), inputs=pairs, reply=ReplyChannel(),
-                    submitted_at=time.perf_counter(), pooling="rank", normalize=False, tenant=resolved)
-        sent = self._traced([msg], self._limited(resolved, sum(map(len, pairs)), lambda: [self.send(msg)]))[0]
-        return mapped_future(sent, lambda done: [float(x) for x in done.vectors[:, 0]])
+        """One relevance in [0, 1] per input (token ids of a whole pair: ``rank_pair_tokens``)."""
+        msg = rank_pairs.scores_message(inputs, tenant_named(tenant, self.config.tenants), request_id)
+        sent = self._traced([msg], self._limited(msg.tenant, rank_pairs.estimate(msg), lambda: [self.send(msg)]))
+        return mapped_future(sent[0], lambda done: list(rank_pairs.scores_of(done).scores))
+
+    def submit_rank_pairs(self, query: str, documents: Sequence[str], *, max_doc_tokens: int | None = None,
+                          truncation: bool = True, template: str | None = None, tenant: str | Tenant | None = None,
+                          request_id: str | None = None) -> Future[RankScores]:
+        """``query`` against each document, each pair laid out where the vocabulary is, as
+        llama-server does (``llamactor.base.rank_pairs``; ``template`` None: the GGUF's)."""
+        pairs = RankPairs(query, tuple(documents), max_doc_tokens, truncation, template)
+        msg = rank_pairs.pairs_message(pairs, tenant_named(tenant, self.config.tenants), request_id)
+        sent = self._traced([msg], self._limited(msg.tenant, rank_pairs.estimate(msg), lambda: [self.send(msg)]))
+        return mapped_future(sent[0], rank_pairs.scores_of)
 
     # -- what the model sees ------------------------------------------------------------------
     # ``prompt``: text, token ids, strings and token ids mixed, or chat messages (rendered by the

@@ -1,109 +1,24 @@
-"""A (query, document) pair as a ranking-head model reads it: the tokens llama-server builds.
-
-Pure but for the tokenizer it is handed (any thread: ``llamactor.native.tokenizer.Tokenizer`` is
-read-only). llama-server's ``format_prompt_rerank`` is the reference, with one difference:
-
-- With the GGUF's ``tokenizer.chat_template.rerank`` template (``EngineInfo.rerank_template``):
-  ``{query}`` and ``{document}`` replaced literally (not Jinja), no BOS added, the template's own
-  text read with special tokens parsed. llama-server parses the whole string so, query and
-  document included: a document that writes ``<|im_end|>`` would close the template's turn and
-  forge an answer. Here the query and the document are tokenized as plain text, apart from the
-  template's text; a space that ends the template's text before a slot goes with the slot's
-  text (BPE and SentencePiece vocabularies attach a space to the word after it), so that a benign
-  pair gets the tokens llama-server gives it.
-- Without one: ``[BOS if add_bos] query [EOS if add_eos] [SEP if add_sep] document [EOS if
-  add_eos]`` (EOS falls back to SEP), texts tokenized with no special tokens added or parsed --
-  for a BERT vocabulary ``[CLS] q [SEP] d``.
-
-``max_doc_tokens`` caps the document's tokens: a longer one keeps its head (``truncation``) or is
-refused with ``InvalidRequestError``.
-"""
+"""Ranking-head requests on the caller's side (caller threads): a (query, document) pair as
+llama-server lays it out (``rank_pair_tokens``, from ``llamactor.base.rank_pairs``, where its rules
+are), and the ``Embed`` messages with rank pooling that ``Client.submit_rank_scores`` (token ids
+of whole pairs) and ``Client.submit_rank_pairs`` (texts, laid out by the batcher) send."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from typing import Protocol
 
+from llamactor.base.completion import Embeddings
 from llamactor.base.errors import InvalidRequestError
+from llamactor.base.messages import Embed, ReplyChannel
+from llamactor.base.rank_pairs import PairTokenizer, RankPairs, RankScores, rank_pair_tokens
+from llamactor.base.request import new_request_id
+from llamactor.base.tenants import Tenant
 
-QUERY, DOCUMENT = "{query}", "{document}"
+__all__ = ["PairTokenizer", "RankPairs", "RankScores", "estimate", "pairs_message", "rank_pair_tokens",
+           "scores_message", "scores_of", "token_lists"]
 
-
-class PairTokenizer(Protocol):
-    """What a pair needs of a vocabulary (``llamactor.native.tokenizer.Tokenizer`` has it)."""
-
-    bos_id: int
-    eos_id: int
-    sep_id: int  # -1 (LLAMA_TOKEN_NULL): none
-    adds_sep: bool
-
-    @property
-    def adds_bos(self) -> bool: ...
-
-    @property
-    def adds_eos(self) -> bool: ...
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
-
-
-def rank_pair_tokens(tokenizer: PairTokenizer, template: str | None, query: str, document: str,
-                     max_doc_tokens: int | None, truncation: bool) -> list[int]:
-    """The tokens of one (query, document) input, laid out as the module docstring says."""
-    if template is not None:
-        return _templated(tokenizer, template, query, document, max_doc_tokens, truncation)
-    doc = _capped(_plain(tokenizer, document), max_doc_tokens, truncation)
-    eos = tokenizer.eos_id if tokenizer.eos_id >= 0 else tokenizer.sep_id
-    tokens = [tokenizer.bos_id] if tokenizer.adds_bos else []
-    tokens += _plain(tokenizer, query)
-    tokens += [eos] if tokenizer.adds_eos else []
-    tokens += [tokenizer.sep_id] if tokenizer.adds_sep else []
-    tokens += doc
-    tokens += [eos] if tokenizer.adds_eos else []
-    return tokens
-
-
-def _templated(tokenizer: PairTokenizer, template: str, query: str, document: str,
-               max_doc_tokens: int | None, truncation: bool) -> list[int]:
-    tokens: list[int] = []
-    for literal, slot in _split(template):
-        carried = ""  # the space that ends the template's text before a slot goes with the slot's text
-        if slot is not None and literal.endswith(" "):
-            literal, carried = literal[:-1], " "
-        if literal:
-            tokens += tokenizer.tokenize(literal, add_special=False, parse_special=True)
-        if slot == QUERY:
-            tokens += _plain(tokenizer, carried + query)
-        elif slot == DOCUMENT:
-            tokens += _capped(_plain(tokenizer, carried + document), max_doc_tokens, truncation)
-    return tokens
-
-
-def _split(template: str) -> list[tuple[str, str | None]]:
-    """The template as (text, the slot after it) pieces, in order; the last piece's slot is None."""
-    pieces: list[tuple[str, str | None]] = []
-    rest = template
-    while True:
-        found = [(rest.find(s), s) for s in (QUERY, DOCUMENT) if s in rest]
-        if not found:
-            pieces.append((rest, None))
-            return pieces
-        at, slot = min(found)
-        pieces.append((rest[:at], slot))
-        rest = rest[at + len(slot):]
-
-
-def _plain(tokenizer: PairTokenizer, text: str) -> list[int]:
-    """A caller's text: no special token added, none read from its text."""
-    return tokenizer.tokenize(text, add_special=False, parse_special=False)
-
-
-def _capped(tokens: list[int], max_tokens: int | None, truncation: bool) -> list[int]:
-    if max_tokens is None or len(tokens) <= max_tokens:
-        return tokens
-    if not truncation:
-        raise InvalidRequestError(f"a document has {len(tokens)} tokens, over max_tokens_per_doc = {max_tokens} "
-                                  "(truncation is off)")
-    return tokens[:max_tokens]
+RANK = "rank"  # the pooling of a ranking head's scores (``llamactor.native.embedding.RANK``)
 
 
 def token_lists(inputs: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
@@ -118,3 +33,36 @@ def token_lists(inputs: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
             raise InvalidRequestError(f"inputs[{i}] must be a non-empty list of token ids")
         out.append(tuple(ids))
     return tuple(out)
+
+
+def scores_message(inputs: Sequence[Sequence[int]], tenant: Tenant, request_id: str | None) -> Embed:
+    """The ``Embed`` (rank pooling) that scores ``inputs``, checked."""
+    return Embed(request_id=request_id or new_request_id(), inputs=token_lists(inputs), reply=ReplyChannel(),
+                 submitted_at=time.perf_counter(), pooling=RANK, normalize=False, tenant=tenant)
+
+
+def pairs_message(pairs: RankPairs, tenant: Tenant, request_id: str | None) -> Embed:
+    """The ``Embed`` (rank pooling) that scores ``pairs``; ``InvalidRequestError`` for an empty
+    query, no documents, a document that is not a string or a bad ``max_doc_tokens``."""
+    if not isinstance(pairs.query, str) or not pairs.query:
+        raise InvalidRequestError("query must be a non-empty string")
+    if not pairs.documents or not all(isinstance(d, str) for d in pairs.documents):
+        raise InvalidRequestError("documents must be a non-empty list of strings")
+    if pairs.max_doc_tokens is not None and (isinstance(pairs.max_doc_tokens, bool) or not isinstance(
+            pairs.max_doc_tokens, int) or pairs.max_doc_tokens < 1):
+        raise InvalidRequestError(f"max_doc_tokens must be a positive integer, got {pairs.max_doc_tokens!r}")
+    return Embed(request_id=request_id or new_request_id(), inputs=(), reply=ReplyChannel(),
+                 submitted_at=time.perf_counter(), pooling=RANK, normalize=False, tenant=tenant, pairs=pairs)
+
+
+def estimate(msg: Embed) -> int:
+    """Tokens a rank request may charge before it runs (a tenant's rate limits): ids as they are,
+    text at four characters a token."""
+    if msg.pairs is None:
+        return sum(len(ids) for ids in msg.inputs)
+    return sum((len(msg.pairs.query) + len(d)) // 4 + 2 for d in msg.pairs.documents)
+
+
+def scores_of(done: Embeddings) -> RankScores:
+    """A rank request's ``Embeddings`` (one column of scores) as ``RankScores``."""
+    return RankScores(done.request_id, tuple(float(x) for x in done.vectors[:, 0]), done.prompt_tokens)

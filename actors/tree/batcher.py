@@ -93,7 +93,7 @@ class BatcherActor(pykka.ThreadingActor):
                                encoder_positions(info)),
                 self.engine.tokenizer,
                 lambda inputs, pooling: self.engine.embedder(cfg.embedding_n_batch, cfg.embedding_n_seq_max).embed(
-                    inputs, pooling), info.n_embd, info.embedding_pooling, info.ranking)
+                    inputs, pooling), info.n_embd, info.embedding_pooling, info.ranking, info.rerank_template)
             self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template, cfg.system_prompt)
             self.prep = PromptPrep(self.prompts, self.actor_ref, self.engine.info.n_ctx_seq)
             if self.tiers is not None and not self.engine.seq_state_supported:

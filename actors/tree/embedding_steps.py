@@ -26,9 +26,10 @@ EmbedFn = Callable[[list[list[int]], str], np.ndarray]  # (inputs, pooling) -> [
 
 class EmbeddingSteps:
     def __init__(self, queue: EmbeddingQueue, tokenizer: Tokenizer, embed: EmbedFn, n_embd: int,
-                 default_pooling: str, ranking: bool = False) -> None:
+                 default_pooling: str, ranking: bool = False, rerank_template: str | None = None) -> None:
         self.queue = queue
         self._ranking = ranking  # the model has a ranking head: rank pooling gives its scores
+        self._rerank_template = rerank_template  # the GGUF's: how a (query, document) pair is laid out
         self._tokenizer = tokenizer
         self._embed = embed
         self._n_embd = n_embd
@@ -41,8 +42,7 @@ class EmbeddingSteps:
         if msg.reply.future.done():
             return
         try:
-            inputs = [list(x) if isinstance(x, tuple) else self._tokenizer.tokenize(x, add_special=True)
-                      for x in msg.inputs]
+            inputs = self._inputs(msg)
             if msg.truncate:  # Ollama's default: an input longer than one step keeps its head
                 inputs = [ids[:self.queue.longest] for ids in inputs]
             self._tokenizer.check_ids(t for ids in inputs for t in ids)
@@ -55,6 +55,13 @@ class EmbeddingSteps:
             msg.reply.fail(e)
             return
         msg.reply.mark_queued()
+
+    def _inputs(self, msg: Embed) -> list[list[int]]:
+        """``msg``'s inputs as token ids: texts tokenized (BOS as the model adds it), ids as they
+        are, (query, document) pairs laid out as llama-server does (``llamactor.base.rank_pairs``)."""
+        if msg.pairs is not None:
+            return msg.pairs.tokens(self._tokenizer, self._rerank_template)
+        return [list(x) if isinstance(x, tuple) else self._tokenizer.tokenize(x, add_special=True) for x in msg.inputs]
 
     def _pooling(self, msg: Embed) -> str:
         """The pooling ``msg`` gets; ``InvalidRequestError`` for rank pooling on a model without a

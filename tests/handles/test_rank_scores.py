@@ -89,3 +89,40 @@ def test_a_generative_model_refuses_rank_scores(llm: llamactor.LLM) -> None:
     assert not llm.info.ranking
     with pytest.raises(InvalidRequestError, match="no ranking head"):
         llm.submit_rank_scores([[2, 100, 200]]).result(60)
+
+
+@pytest.fixture(scope="module")
+def templated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[llamactor.LLM]:
+    """The ranking model with a ``rerank`` template in its GGUF (and other weights)."""
+    path = write_rank_gguf(tmp_path_factory.mktemp("rank") / "templated.gguf", template=TEMPLATE, seed=1)
+    handle = llamactor.start(str(path), n_ctx=512, n_parallel=2, batch_timeout_ms=5)
+    yield handle
+    handle.close()
+
+
+TEMPLATE = "[CLS] {query} [SEP] the {document} [SEP]"
+
+
+def test_pairs_given_as_texts_are_laid_out_by_the_batcher_with_the_ggufs_template(templated: llamactor.LLM) -> None:
+    assert templated.info.rerank_template == TEMPLATE
+    vocab = vocab_tokenizer(templated.info.model_path)
+    pairs = [rank_pair_tokens(vocab, TEMPLATE, QUERY, d, None, True) for d in DOCUMENTS]
+    answer = templated.submit_rank_pairs(QUERY, DOCUMENTS).result(60)
+    assert answer.scores == tuple(templated.submit_rank_scores(pairs).result(60))
+    np.testing.assert_allclose(answer.scores, reference_scores(Path(templated.info.model_path), pairs), atol=1e-5)
+    assert answer.prompt_tokens == sum(map(len, pairs))
+    plain = templated.submit_rank_pairs(QUERY, DOCUMENTS, template="{query} [SEP] {document}").result(60)
+    assert plain.scores != answer.scores  # an operator's template over the GGUF's
+
+
+def test_a_long_document_is_cut_to_max_doc_tokens_or_refused(templated: llamactor.LLM) -> None:
+    vocab = vocab_tokenizer(templated.info.model_path)
+    cut = rank_pair_tokens(vocab, TEMPLATE, QUERY, DOCUMENTS[0], 3, True)
+    assert templated.submit_rank_pairs(QUERY, DOCUMENTS[:1], max_doc_tokens=3).result(60).scores == \
+        tuple(templated.submit_rank_scores([cut]).result(60))
+    with pytest.raises(InvalidRequestError, match="over max_tokens_per_doc = 3"):
+        templated.submit_rank_pairs(QUERY, DOCUMENTS, max_doc_tokens=3, truncation=False).result(60)
+    for bad in ({"query": "", "documents": ["d"]}, {"query": "q", "documents": []},
+                {"query": "q", "documents": [3]}, {"query": "q", "documents": ["d"], "max_doc_tokens": 0}):
+        with pytest.raises(InvalidRequestError):
+            templated.submit_rank_pairs(**bad)  # type: ignore[arg-type]
