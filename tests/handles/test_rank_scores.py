@@ -13,7 +13,7 @@ import llamactor
 from llamactor import InvalidRequestError
 from llamactor.handles.rank_pairs import rank_pair_tokens
 
-from tests.support.rank_gguf import CLS, N_CTX_TRAIN, SEP, reference_scores, vocab_tokenizer, write_rank_gguf
+from tests.support.rank_gguf import CLS, N_CTX_TRAIN, SEP, reference_outputs, reference_scores, vocab_tokenizer, write_rank_gguf
 
 QUERY = "what is the capital of france?"
 DOCUMENTS = ["paris is the capital of france.", "the cat sat on the mat.", "a dog in paris, on a river",
@@ -126,3 +126,17 @@ def test_a_long_document_is_cut_to_max_doc_tokens_or_refused(templated: llamacto
                 {"query": "q", "documents": [3]}, {"query": "q", "documents": ["d"], "max_doc_tokens": 0}):
         with pytest.raises(InvalidRequestError):
             templated.submit_rank_pairs(**bad)  # type: ignore[arg-type]
+
+
+def test_a_head_with_two_labels_scores_the_softmax_of_label_zero(tmp_path: Path) -> None:
+    path = write_rank_gguf(tmp_path / "two-labels.gguf", labels=("yes", "no"), seed=2)
+    pairs = [[CLS, 10, 11, SEP, 11, 13], [CLS, 16, SEP, 15, 17, 20, 21]]
+    outputs = reference_outputs(path, pairs)
+    assert outputs.shape == (2, 2)
+    ranker = llamactor.start(str(path), n_ctx=512, n_parallel=1)
+    try:
+        scores = ranker.submit_rank_scores(pairs).result(60)
+    finally:
+        ranker.close()
+    expected = np.exp(outputs[:, 0]) / np.exp(outputs).sum(axis=1)
+    np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-5)

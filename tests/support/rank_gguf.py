@@ -97,25 +97,29 @@ def _tensors(writer: gguf.GGUFWriter, rng: np.random.Generator, n_vocab: int, n_
 
 
 def reference_scores(path: Path, inputs: list[list[int]], n_batch: int = 512) -> list[float]:
-    """llama-cpp-python's scores of ``inputs`` (each a whole pair, decoded alone as sequence 0
-    through its rank pooling), sigmoid applied: what llamactor's must equal for one label. Its
-    context is an embedding step's (``Config.embedding_n_batch`` cells, no flash attention, as
-    llamactor's rank context)."""
+    """llama-cpp-python's scores of ``inputs``, sigmoid applied to the first output: what
+    llamactor's must equal for one label."""
+    return [float(1.0 / (1.0 + np.exp(-row[0]))) for row in reference_outputs(path, inputs, n_batch)]
+
+
+def reference_outputs(path: Path, inputs: list[list[int]], n_batch: int = 512) -> np.ndarray:
+    """llama-cpp-python's raw rank-pooling outputs [len(inputs), n_cls_out]: each input a whole
+    pair, decoded alone as sequence 0, in a context like an embedding step's
+    (``Config.embedding_n_batch`` cells, no flash attention, as llamactor's rank context)."""
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=str(path), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_RANK,
-                          n_ctx=n_batch, n_batch=n_batch, n_ubatch=n_batch, flash_attn=False,
-                          verbose=False)
+                          n_ctx=n_batch, n_batch=n_batch, n_ubatch=n_batch, flash_attn=False, verbose=False)
     try:
-        scores = []
+        n_out = llama_cpp.llama_model_n_cls_out(llm._model.model)
+        rows = []
         for tokens in inputs:
             llm._batch.reset()
             llm._ctx.kv_cache_clear()
             llm._batch.add_sequence(tokens, 0, True)
             llm._ctx.decode(llm._batch)
-            logit = llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)[0]
-            scores.append(float(1.0 / (1.0 + np.exp(-logit))))
-        return scores
+            rows.append(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)[:n_out])
+        return np.array(rows, dtype=np.float64)
     finally:
         llm.close()
 
