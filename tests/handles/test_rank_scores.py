@@ -140,3 +140,16 @@ def test_a_head_with_two_labels_scores_the_softmax_of_label_zero(tmp_path: Path)
         ranker.close()
     expected = np.exp(outputs[:, 0]) / np.exp(outputs).sum(axis=1)
     np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-5)
+
+
+def test_rank_tokens_count_against_a_tenants_token_rate(rank_path: Path) -> None:
+    ranker = llamactor.start(str(rank_path), n_ctx=512, n_parallel=1,
+                             tenants=[{"name": "metered", "tokens_per_minute": 40}])
+    try:
+        pair = [CLS, 10, 11, SEP, 11, 13, 14, 15, 16, 17]
+        assert len(ranker.submit_rank_scores([pair, pair, pair], tenant="metered").result(60)) == 3  # 30 tokens
+        with pytest.raises(llamactor.RateLimitError):
+            ranker.submit_rank_scores([pair, pair], tenant="metered")
+        assert len(ranker.submit_rank_scores([pair, pair]).result(60)) == 2  # another tenant's share is untouched
+    finally:
+        ranker.close()
