@@ -74,5 +74,5 @@ class EngineInfo:
     # document) inputs (``Client.submit_rank_scores``) and embeds, but does not generate.
     ranking: bool = False
     # The GGUF's ``tokenizer.chat_template.rerank``: how llama-server lays out a (query, document)
-    # pair, ``{query}`` and ``{document}`` replaced literally (``llamactor.handles.rank_pairs``).
+    # pair, ``{query}`` and ``{document}`` replaced literally (``llamactor.base.rank_pairs``).
     rerank_template: str | None = None

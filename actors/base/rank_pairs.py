@@ -134,4 +134,3 @@ def _capped(tokens: list[int], max_tokens: int | None, truncation: bool) -> list
         raise InvalidRequestError(f"a document has {len(tokens)} tokens, over max_tokens_per_doc = {max_tokens} "
                                   "(truncation is off)")
     return tokens[:max_tokens]
-

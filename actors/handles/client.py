@@ -362,4 +362,3 @@ def _alone(request_id: str | None, options: Mapping[str, Any]) -> None:
     if request_id is not None or options:
         raise TypeError("a request object carries its own options and id: pass it alone "
                         f"(got {', '.join(sorted([*options, *(['request_id'] if request_id else [])]))})")
-
