@@ -18,6 +18,7 @@ from llamactor.base.sampling import SamplingParams
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import LlamactorError
 from llamactor.base.priority import DEFAULT_PRIORITY
+from llamactor.base.rank_pairs import RankPairs
 from llamactor.base.tenants import DEFAULT, Tenant
 from llamactor.base.tools import Tools
 
@@ -148,6 +149,9 @@ class Embed:
     dimensions: int | None = None  # keep the first ``dimensions`` components (then renormalize)
     truncate: bool = False  # an input longer than one embedding step is cut to it instead of refused
     tenant: Tenant = DEFAULT
+    # Rank pooling only: (query, document) pairs the batcher lays out with the model's vocabulary
+    # and rerank template, one input per document (``inputs`` then empty)
+    pairs: RankPairs | None = None
 
 
 @dataclass(frozen=True, slots=True)

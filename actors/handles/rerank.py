@@ -32,6 +32,7 @@ from llamactor.base.completion import Completion, Tokenized
 from llamactor.base.config import Config
 from llamactor.base.errors import ContextExceededError, InvalidRequestError, QueueFullError
 from llamactor.base.messages import CallerMessage, Generate, ReplyChannel, Tokenize
+from llamactor.base.rank_pairs import RankScores
 from llamactor.base.request import MAX_CHOICES, GenerationRequest, new_request_id
 from llamactor.base.rerank import RerankArgs, Reranking, ranked
 from llamactor.base.sampling import SamplingParams
@@ -56,6 +57,10 @@ class Client(Protocol):
     def sampling_defaults(self) -> SamplingParams: ...
 
     def served_name(self) -> str: ...
+
+    def submit_rank_pairs(self, query: str, documents: Sequence[str], *, max_doc_tokens: int | None = None,
+                          truncation: bool = True, template: str | None = None, tenant: str | Tenant | None = None,
+                          request_id: str | None = None) -> Future[RankScores]: ...
 WINDOW_GROUPS = 2  # groups of one rerank waiting at once
 
 
@@ -84,7 +89,7 @@ def judge_of(client: Client) -> Future[Judge]:
 
 def _prepare_judge(client: Client) -> Future[Judge]:
     info = getattr(client, "info", None)
-    given = placeholder_template(client.config.rerank_template, info.metadata if info is not None else {})
+    given = placeholder_template(client.config.rerank_template, info.rerank_template if info is not None else None)
     if given is not None:
         template: Future[JudgeTemplate] = concurrent.futures.Future()
         template.set_result(given)
@@ -128,6 +133,26 @@ def submit_rerank(client: Client, args: RerankArgs, *, tenant: Tenant, request_i
         return then(scoring.start(), lambda scores: Reranking(ranked(args.documents, scores, args.top_n), n_tokens,
                                                               client.served_name()))
     return then(judge_of(client), tokenize)
+
+
+def has_ranking_head(client: Client) -> bool:
+    """Whether the handle's model scores pairs with a ranking head (``EngineInfo.ranking``)."""
+    info = getattr(client, "info", None)
+    return bool(getattr(info, "ranking", False))
+
+
+def submit_ranked(client: Client, args: RerankArgs, *, tenant: Tenant, request_id: str | None) -> Future[Reranking]:
+    """The rerank of ``args`` by a ranking head: each (query, document) pair laid out as
+    llama-server does (the ``rerank_template`` option, else the GGUF's template, else the plain
+    pair) and scored through rank pooling (``Client.submit_rank_pairs``); rate-limited there."""
+    if args.instruction is not None:
+        raise InvalidRequestError("instruction is for judging prompts: a ranking-head model scores the pair alone",
+                                  param="instruction")
+    scored = client.submit_rank_pairs(args.query, args.documents, max_doc_tokens=args.max_tokens_per_doc,
+                                      truncation=args.truncation, template=client.config.rerank_template,
+                                      tenant=tenant, request_id=request_id)
+    return then(scored, lambda s: Reranking(ranked(args.documents, s.scores, args.top_n), s.prompt_tokens,
+                                            client.served_name()))
 
 
 def _room(client: Client, n_template: int) -> int:

@@ -135,13 +135,13 @@ def _plain(tokenizer: TextTokenizer, text: str) -> list[int]:
     return tokenizer.tokenize(text, add_special=False, parse_special=False) if text else []
 
 
-def placeholder_template(config_template: str | None, metadata: Mapping[str, str]) -> JudgeTemplate | None:
+def placeholder_template(config_template: str | None, gguf_template: str | None) -> JudgeTemplate | None:
     """The template given with placeholders: the ``rerank_template`` option, else the GGUF's; None
     when neither is set (the built-in judging chat is then rendered by the chat format)."""
     if config_template:
         return JudgeTemplate.from_placeholders(config_template, "the rerank_template option")
-    if gguf := metadata.get(GGUF_RERANK_TEMPLATE):
-        return JudgeTemplate.from_placeholders(gguf, f"the GGUF's {GGUF_RERANK_TEMPLATE}")
+    if gguf_template:
+        return JudgeTemplate.from_placeholders(gguf_template, f"the GGUF's {GGUF_RERANK_TEMPLATE}")
     return None
 
 

@@ -55,10 +55,10 @@ def test_a_template_without_query_and_document_in_order_is_refused_naming_the_op
 
 
 def test_the_option_wins_over_the_ggufs_template_and_neither_means_the_built_in() -> None:
-    gguf = {GGUF_RERANK_TEMPLATE: "gguf {query} {document}"}
+    gguf = "gguf {query} {document}"
     assert placeholder_template("mine {query} {document}", gguf).pieces[0] == "mine "  # type: ignore[union-attr]
-    assert placeholder_template(None, gguf).pieces[0] == "gguf "  # type: ignore[union-attr]
-    assert placeholder_template(None, {}) is None
+    assert placeholder_template(None, gguf).source == f"the GGUF's {GGUF_RERANK_TEMPLATE}"  # type: ignore[union-attr]
+    assert placeholder_template(None, None) is None
 
 
 def test_template_text_reads_special_tokens_and_the_texts_in_slots_do_not() -> None:
