@@ -5,7 +5,7 @@ The caller's side holds no vocabulary: only the batcher calls llama.cpp, and a `
 answers each text. ``tokenized(send, build, known)`` runs ``build(tokenizer)`` twice: first over
 a tokenizer that records the texts it is asked for (answering ``[]``), then -- once the batcher
 has tokenized those texts, all sent at once -- over one that answers them. ``build`` must ask the
-same texts both times (pure code over its arguments does). Callbacks run on whichever thread
+same texts both times (pure code over its arguments does), all of them before it may raise. Callbacks run on whichever thread
 settles a future: the batcher's, or a caller's that cancels.
 """
 

@@ -159,13 +159,12 @@ def answer_spellings(word: str) -> list[str]:
 def answer_ids(tokenizer: TextTokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The single tokens that spell "yes" and "no" (any casing, a leading space or not);
     ``InvalidRequestError`` if the vocabulary has none for one of them (no such model can judge)."""
-    groups = []
-    for word in ANSWER_WORDS:
-        ids = sorted({t[0] for s in answer_spellings(word) if len(t := _plain(tokenizer, s)) == 1})
+    groups = [tuple(sorted({t[0] for s in answer_spellings(word) if len(t := _plain(tokenizer, s)) == 1}))
+              for word in ANSWER_WORDS]  # every spelling asked before any refusal (``tokenized``'s two passes)
+    for word, ids in zip(ANSWER_WORDS, groups, strict=True):
         if not ids:
             raise InvalidRequestError(f"this model's vocabulary has no single token for {word!r}: it cannot rerank "
                                       "with a judging prompt (a ranking-head GGUF reranks without one)")
-        groups.append(tuple(ids))
     return groups[0], groups[1]
 
 
