@@ -7,7 +7,7 @@ the threads that answer: the batcher's).
 2. The query, the instruction and every document tokenized by the batcher (plain text), each
    document cut to ``max_tokens_per_doc`` and to what the context leaves (or refused without
    ``truncation``).
-3. Scoring (``Scoring``): the documents in groups of at most ``MAX_CHOICES``, each group ONE
+3. Scoring (``Scoring``): the documents in groups of at most ``n_parallel``, each group ONE
    ``GenerationRequest`` whose prompt is the shared context and whose choices continue it with a
    document and the template's end, read as the answer tokens' share (``label_token_ids``:
    ``Completion.label_probs[0]`` = P(yes) / (P(yes) + P(no))). The context's KV is computed once
@@ -182,7 +182,11 @@ class Scoring:
         self.tenant = tenant
         self.priority = priority
         self.request_id = request_id
-        self.group_size = min(MAX_CHOICES, max(1, client.config.max_queue // (2 * WINDOW_GROUPS)))
+        # A group as large as the sequences that run at once (more would only wait), and the
+        # rerank's waiting documents an eighth of the queue at most: eight reranks of any length
+        # at once fit a tenant's share of it.
+        config = client.config
+        self.group_size = max(1, min(MAX_CHOICES, config.n_parallel, config.max_queue // (4 * WINDOW_GROUPS)))
         self.scores: list[float | None] = [None] * len(continuations)
         self.waiting = collections.deque(range(len(continuations)))
         self.running: dict[int, list[Future[Completion]]] = {}

@@ -44,6 +44,10 @@ JUDGE_SYSTEM = ('Judge whether the Document meets the requirements based on the 
                 'Note that the answer can only be "yes" or "no".')
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 JUDGE_USER = "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+# Two worked examples before the query (shared by every rerank, so computed once and cached):
+# tiny models judge far better after them, a base model's transcript hardly at all without them.
+JUDGE_EXAMPLES = (("What color is the sky on a clear day?", "The sky is blue on a clear day.", "yes"),
+                  ("What do cows eat?", "Cows are large farm animals.", "no"))
 
 # Where each slot sits in the rendered chat while the template renders: private-use characters,
 # which no template changes and no vocabulary merges with the text around them.
@@ -60,8 +64,13 @@ class TextTokenizer(Protocol):
 
 def judge_messages() -> tuple[dict[str, Any], ...]:
     """The built-in judging chat with its slots marked, for the model's chat format to render."""
+    examples = []
+    for query, document, answer in JUDGE_EXAMPLES:
+        examples += [{"role": "user", "content": JUDGE_USER.format(instruction=DEFAULT_INSTRUCTION, query=query,
+                                                                   document=document)},
+                     {"role": "assistant", "content": answer}]
     user = JUDGE_USER.format(**{slot: _MARKS[slot] for slot in SLOTS})
-    return ({"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user})
+    return ({"role": "system", "content": JUDGE_SYSTEM}, *examples, {"role": "user", "content": user})
 
 
 @dataclass(frozen=True, slots=True)

@@ -178,7 +178,7 @@ def judge_context(llm: llamactor.LLM, query: str) -> list[int]:
 
 
 def test_a_long_list_is_scored_in_windows_of_groups(start_llm, instruct_path: str) -> None:
-    llm = start_llm(instruct_path, max_queue=16, n_parallel=4)  # groups of 4 documents, two groups waiting at once
+    llm = start_llm(instruct_path, max_queue=16, n_parallel=4)  # groups of 2 documents, two groups waiting at once
     docs = [f"Document number {i} says that the sky is {'blue' if i % 3 else 'green'}." for i in range(30)]
     result = llm.rerank("What color is the sky?", docs, timeout=300)
     assert sorted(r.index for r in result.results) == list(range(30))
