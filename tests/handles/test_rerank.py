@@ -18,6 +18,7 @@ from llamactor.handles.batcher_tokens import tokenized
 from llamactor.handles.rerank import judge_of
 from llamactor.handles.rerank_prompt import DOCUMENT, GGUF_RERANK_TEMPLATE, INSTRUCTION, QUERY, judge_messages
 
+from tests.conftest import closing_what_the_test_started
 from tests.support.gguf_copies import with_metadata
 from tests.support.rank_gguf import write_rank_gguf
 
@@ -197,3 +198,20 @@ def test_rerank_async_answers_as_rerank(smol: llamactor.LLM) -> None:
     assert [r.index for r in result.results][:1] == [r.index for r in sync.results][:1] or (
         abs(sync.results[0].relevance_score - sync.results[1].relevance_score) < 0.05)
     assert result.prompt_tokens == sync.prompt_tokens
+
+
+def test_a_served_model_reranks_across_replicas_with_its_own_template(instruct_path: str) -> None:
+    template = "<|im_start|>user\nDoes this answer {query}?\n{document}<|im_end|>\n<|im_start|>assistant\n"
+    with closing_what_the_test_started() as handles:
+        router = llamactor.start(models=[  # as a [[models]] table of a serve --config file gives it
+            {"name": "judge", "path": instruct_path, "replicas": 2, "n_parallel": 4, "n_ctx": 2048,
+             "rerank_template": template},
+            {"name": "plain", "path": instruct_path, "n_parallel": 2, "n_ctx": 1024}])
+        handles.append(router)
+        judge, plain = router["judge"], router["plain"]
+        assert judge_of(judge).result(60).template.source == "the rerank_template option"
+        assert judge_of(plain).result(60).template.source == "the built-in judging prompt"
+        case = RERANK_SET[0]
+        result = judge.rerank(case.query, list(case.documents), top_n=2, timeout=120)
+        assert len(result.results) == 2 and result.model == "judge"
+        assert all(0.0 <= r.relevance_score <= 1.0 for r in result.results)
