@@ -66,6 +66,20 @@ def forward(source: Future[T], out: Future[T]) -> None:
     source.add_done_callback(done)
 
 
+def shielded(source: Future[T]) -> Future[T]:
+    """A future that resolves as ``source`` does, but whose cancelling leaves ``source`` alone (a
+    future shared by several callers)."""
+    out: Future[T] = concurrent.futures.Future()
+
+    def done(f: Future[T]) -> None:
+        if f.cancelled():
+            out.cancel()
+        else:
+            resolve(out, None if f.exception() else f.result(), f.exception())
+    source.add_done_callback(done)
+    return out
+
+
 def then(source: Future[T], fn: Callable[[T], U | Future[U]]) -> Future[U]:
     """A future of ``fn(result)`` (flattened when ``fn`` answers a future); a failure or
     cancellation passes through, and cancelling it cancels ``source``."""

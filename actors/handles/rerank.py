@@ -37,7 +37,7 @@ from llamactor.base.request import MAX_CHOICES, GenerationRequest, new_request_i
 from llamactor.base.rerank import RerankArgs, Reranking, ranked
 from llamactor.base.sampling import SamplingParams
 from llamactor.base.tenants import Tenant
-from llamactor.handles.batcher_tokens import Future, TokensKey, resolve, then, tokenized
+from llamactor.handles.batcher_tokens import Future, TokensKey, resolve, shielded, then, tokenized
 from llamactor.handles.rerank_prompt import (DEFAULT_INSTRUCTION, JudgeTemplate, TextTokenizer, answer_ids,
                                              fitted_document, judge_messages, placeholder_template)
 
@@ -82,9 +82,9 @@ def judge_of(client: Client) -> Future[Judge]:
     """The handle's ``Judge``, prepared on first use (a failed preparation is tried again next time)."""
     with _judges_lock:
         future = _judges.get(client)
-        if future is None or (future.done() and future.exception() is not None):
+        if future is None or future.cancelled() or (future.done() and future.exception() is not None):
             future = _judges[client] = _prepare_judge(client)
-    return future
+    return shielded(future)  # a caller that cancels its rerank leaves the judge to the others
 
 
 def _prepare_judge(client: Client) -> Future[Judge]:

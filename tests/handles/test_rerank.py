@@ -215,3 +215,12 @@ def test_a_served_model_reranks_across_replicas_with_its_own_template(instruct_p
         result = judge.rerank(case.query, list(case.documents), top_n=2, timeout=120)
         assert len(result.results) == 2 and result.model == "judge"
         assert all(0.0 <= r.relevance_score <= 1.0 for r in result.results)
+
+
+def test_a_cancelled_rerank_leaves_the_handle_able_to_rerank(start_llm, instruct_path: str) -> None:
+    llm = start_llm(instruct_path, n_parallel=2)
+    case = RERANK_SET[2]
+    first = llm.submit_rerank(case.query, list(case.documents) * 4)  # cancelled while its judging prompt is prepared
+    assert first.cancel() and first.cancelled()
+    result = llm.rerank(case.query, list(case.documents), timeout=120)
+    assert sorted(r.index for r in result.results) == list(range(len(case.documents)))
