@@ -2,7 +2,8 @@
 
 * ``sequential``: requests one at a time through ``llama_cpp.Llama.create_completion`` — what a
   llama-cpp-python user has today.
-* ``score_one_at_a_time``: prompt log-likelihoods through ``Llama(logits_all=True)``, one at a time.
+* ``score_one_at_a_time``: prompt log-likelihoods through ``Llama(logits_all=True)``, one at a time;
+  ``label_scores_one_at_a_time``: a rerank's judging prompts, the same way, read as P(yes) / (P(yes) + P(no)).
 * ``ceiling``: the engine's raw batched decode — prefill B prompts, then one token for each of the
   B sequences per ``llama_decode``, argmax, no scheduler, no actors: the most llama.cpp gives on
   this machine at that batch size.
@@ -130,3 +131,32 @@ def score_one_at_a_time(model_path: str, requests: list[list[int]], n_threads: i
         return time.perf_counter() - start
     finally:
         llm.close()
+
+
+def label_scores_one_at_a_time(model_path: str, prompts: list[list[int]], labels: tuple[tuple[int, ...], ...],
+                               n_threads: int, *, flash_attn: bool = False) -> tuple[float, list[float]]:
+    """Each judging prompt alone through ``Llama(logits_all=True)``: its last row's share of the
+    first label group, mass(group 0) / sum of masses (a rerank's P(yes) / (P(yes) + P(no)));
+    the seconds it takes and the scores, in order."""
+    n_ctx = -(-max(len(p) for p in prompts) // 64) * 64  # the scores buffer is n_ctx rows of the vocabulary
+    llm = llama_cpp.Llama(model_path, logits_all=True, n_ctx=n_ctx, n_batch=512, n_threads=n_threads,
+                          n_threads_batch=n_threads, flash_attn=flash_attn, verbose=False)
+    try:
+        llm.eval(prompts[0][:4])  # warm up
+        scores = []
+        start = time.perf_counter()
+        for ids in prompts:
+            llm.reset()
+            llm.eval(ids)
+            scores.append(group_share(llm.scores[len(ids) - 1], labels))
+        return time.perf_counter() - start, scores
+    finally:
+        llm.close()
+
+
+def group_share(row: np.ndarray, labels: tuple[tuple[int, ...], ...]) -> float:
+    """A logits row's probability mass on ``labels[0]`` over the mass on all the groups (float64)."""
+    logits = np.asarray(row, dtype=np.float64)
+    top = max(logits[list(g)].max() for g in labels)
+    masses = [np.exp(logits[list(g)] - top).sum() for g in labels]
+    return float(masses[0] / sum(masses))

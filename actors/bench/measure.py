@@ -46,8 +46,8 @@ def llamactor_burst(llm: llamactor.Client, prompts: list[str], max_tokens: int, 
 
 
 def burst_beside_load(llm: llamactor.Client, max_tokens: int, load: Callable[[int], object],
-                      n_loaders: int) -> tuple[float, int]:
-    """A 16-prompt generation burst (tokens/s) while ``n_loaders`` threads call ``load(i)`` over and
+                      n_loaders: int, n_streams: int = 16) -> tuple[float, int]:
+    """An ``n_streams``-prompt generation burst (tokens/s) while ``n_loaders`` threads call ``load(i)`` over and
     over (``i``: how many calls so far plus a per-thread offset); also how many calls they made."""
     stop = threading.Event()
 
@@ -60,7 +60,7 @@ def burst_beside_load(llm: llamactor.Client, max_tokens: int, load: Callable[[in
     with concurrent.futures.ThreadPoolExecutor(n_loaders) as pool:
         loaders = [pool.submit(keep_loading, i) for i in range(n_loaders)]
         try:
-            tokens_per_s = llamactor_burst(llm, uniform_prompts(16), max_tokens)["tokens_per_s"]
+            tokens_per_s = llamactor_burst(llm, uniform_prompts(n_streams), max_tokens)["tokens_per_s"]
         finally:
             stop.set()
         return tokens_per_s, sum(f.result() for f in loaders)

@@ -24,6 +24,7 @@ from llamactor.bench import (
     peer,
     prefix,
     replicas,
+    rerank,
     scheduling,
     streams,
     structured,
@@ -36,7 +37,7 @@ Section = Callable[[dict[str, Any]], list[str]]
 # The report's order; workloads with only goals (sampled, batch, the memory legs...) have no section.
 SECTIONS: tuple[Section, ...] = (
     generation.report_lines, daemon.report_lines, prefix.report_lines, tiers.report_lines, peer.report_lines,
-    scheduling.report_lines, structured.report_lines, embeddings.report_lines, replicas.report_lines,
+    scheduling.report_lines, structured.report_lines, embeddings.report_lines, rerank.report_lines, replicas.report_lines,
     host.report_lines, streams.report_lines, two_models.report_lines)
 
 # (name, how to read it from the results, comparison, target)
@@ -75,6 +76,13 @@ TARGETS: list[tuple[str, str, str, float]] = [
      ">=", 3.0),
     ("scoring: peak RSS while scoring / while generating", "scoring.memory_ratio", "<=", 1.3),
     ("scoring: generation tok/s beside a scoring load / alone", "scoring.generation_ratio", ">=", 0.8),
+    ("rerank: documents/s, one request / Llama(logits_all=True) one judging prompt at a time", "rerank.throughput_ratio",
+     ">=", 4.0),
+    ("rerank: one request's seconds, prefix sharing off / on", "rerank.prefix_sharing_speedup", ">", 1.0),
+    ("rerank: chat tok/s beside 8 rerank callers / 8 chat streams alone", "rerank.chat_ratio", ">=", 0.8),
+    ("rerank quality: top-1 on the labelled set, lower of both models", "rerank.quality_top1_min", ">=", 0.5),
+    ("rerank quality: max |score - llama-cpp-python's P(yes) / (P(yes) + P(no))|, both models",
+     "rerank.quality_max_score_diff", "<=", 1e-3),
     ("many users 64×4 on 8: history tokens from cache, RAM tier", "many_users.ram_on.history_from_cache", ">=", 0.95),
     ("many users 64×4 on 8: later-turn TTFT p50, RAM tier / none", "many_users.ttft_later_p50_ratio", "<=", 0.3),
     ("warm restart: next-turn TTFT p50, restarted on --cache-dir / cold", "warm_restart.ttft_p50_ratio", "<=", 0.25),

@@ -6,7 +6,8 @@ ratios compare like with like. Workloads, by their results key: *uniform*,
 batched-decode ceiling, and the idle CPU use of a started tree), the daemon (``daemon``), the
 prefix cache's *multiturn* and *few_shot* (``prefix``), the scheduler's *priorities* and
 *overcommit* (``scheduling``), JSON-Schema-constrained vs unconstrained requests (``structured``),
-packed embeddings (``embeddings``), lm-eval-style prompt scoring (``scoring``), two replicas behind the
+packed embeddings (``embeddings``), lm-eval-style prompt scoring (``scoring``), one rerank request's documents on a
+shared judging prompt and their quality on both models (``rerank``), two replicas behind the
 router (``replicas``), durable batch jobs (``batch``: ``batch_jobs``), 16 streams across 3 batcher
 crashes (``resilience``), a q8_0 KV cache and the daemon's resident memory (``memory``), the cache
 tiers' *many_users* and *warm_restart* (``tiers``), fair shares between tenants (``tenants``), the
@@ -39,6 +40,7 @@ from llamactor.bench import (
     peer,
     prefix,
     replicas,
+    rerank,
     resilience,
     scheduling,
     scoring,
@@ -57,7 +59,7 @@ Workload = Callable[[BenchSettings, Callable[[], None]], Any]
 # The smoke run (``--quick`` without ``--only``: docs/performance.md, "Quick, default and full runs"):
 # a few workloads, one per part of the system, whose goals are ratios against a baseline measured
 # in the same run; the rest run in the default and full runs (and at their quick sizes with --only).
-QUICK = ("uniform", "single", "multiturn", "structured")
+QUICK = ("uniform", "single", "multiturn", "structured", "rerank")
 
 
 def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
@@ -72,6 +74,7 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "priorities": (2, scheduling.bench_priorities), "overcommit": (2, scheduling.bench_overcommit),
         "structured": (1, structured.bench_structured), "embeddings": (3, embeddings.bench_embeddings),
         "replicas": (3, replicas.bench_replicas), "scoring": (3, scoring.bench_scoring),
+        "rerank": (3, rerank.bench_rerank),
         "batch": (3, batch_jobs.bench_batch),
         "crash_streams": (2, resilience.bench_crash_streams), "kv_q8": (2, memory.bench_kv_q8),
         "memory": (3, memory.bench_memory),
