@@ -80,6 +80,8 @@ def load_model(model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_se
     either); decodes stop when ``abort_flag`` is set."""
     model, cparams, n_gpu_layers = _open_model(model_path, n_seq_max=n_seq_max, n_threads=n_threads,
                                                n_gpu_layers=n_gpu_layers, batch_invariant=batch_invariant)
+    if is_ranking(model):  # it never generates: KV past the longest input it reads would be memory for nothing
+        n_ctx = min(n_ctx, llama_cpp.llama_model_n_ctx_train(model))
     _set_context_params(cparams, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
                         n_threads=n_threads, kv_type=kv_type, flash_attn=flash_attn, batch_invariant=batch_invariant)
     cparams.abort_callback = abort_flag.callback

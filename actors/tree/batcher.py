@@ -94,7 +94,9 @@ class BatcherActor(pykka.ThreadingActor):
                 self.engine.tokenizer,
                 lambda inputs, pooling: self.engine.embedder(cfg.embedding_n_batch, cfg.embedding_n_seq_max).embed(
                     inputs, pooling), info.n_embd, info.embedding_pooling, info.ranking, info.rerank_template)
-            self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template, cfg.system_prompt)
+            # (a ranking model never generates: no system prompt to prefill, past an encoder's positions maybe)
+            self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template,
+                                         None if info.ranking else cfg.system_prompt)
             self.prep = PromptPrep(self.prompts, self.actor_ref, self.engine.info.n_ctx_seq)
             if self.tiers is not None and not self.engine.seq_state_supported:
                 self.tiers = None

@@ -37,9 +37,10 @@ def _pairs(ranker: llamactor.LLM) -> list[list[int]]:
     return [rank_pair_tokens(tokenizer, None, QUERY, d, None, True) for d in DOCUMENTS]
 
 
-def test_the_model_is_known_as_a_ranking_model(ranker: llamactor.LLM) -> None:
+def test_the_model_is_known_as_a_ranking_model_and_gets_no_generation_kv(ranker: llamactor.LLM) -> None:
     assert ranker.info.ranking
     assert ranker.info.rerank_template is None
+    assert ranker.info.n_ctx < 512  # asked for 512 cells; it reads at most its 128 positions and never generates
 
 
 def test_scores_equal_llama_cpp_pythons_for_the_same_file_and_tokens(ranker: llamactor.LLM, rank_path: Path) -> None:
