@@ -1,0 +1,187 @@
+"""Rerank and score through the real daemon, as each client library sends and reads them: Cohere's
+SDK (``Client``: v1, ``ClientV2``: v2), LlamaIndex's ``JinaRerank`` and ``CohereRerank``,
+LangChain's ``CohereRerank`` and community ``JinaRerank``, Open WebUI's external reranker (its
+request replayed), TEI's and vLLM's bodies and Ollama's ``/api/rerank`` with httpx. Each client
+gets every document it asked for, best first, with probabilities in [0, 1] that agree across the
+routes; and each refusal as that client's own exception: a 400 for a bad body, a 404 for an
+unknown model -- never a 5xx, which LlamaIndex's ``CohereRerank`` would retry for minutes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import cohere
+import httpx
+import pytest
+import requests
+from langchain_cohere import CohereRerank as LangChainCohereRerank
+from langchain_community.document_compressors import jina_rerank
+from langchain_core.documents import Document
+from llama_index.core.schema import NodeWithScore, TextNode
+from llama_index.postprocessor.cohere_rerank import CohereRerank
+from llama_index.postprocessor.jinaai_rerank import JinaRerank
+
+from tests.support.daemon import API_KEY, Daemon, start_daemon
+
+MODEL = "ranker"
+MAX_DOCUMENTS = 8
+QUERY = "What is the capital of France?"
+DOCS = ["Paris is the capital and largest city of France.", "Bananas are a yellow fruit rich in potassium.",
+        "The Eiffel Tower stands in Paris.", "Berlin is the capital of Germany."]
+SAME = 2e-3  # one document's probability in two batches of other shapes (llama.cpp's kernels differ by shape)
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Iterator[Daemon]:
+    where = tmp_path_factory.mktemp("rerank")
+    (where / "models.toml").write_text(f'[[models]]\nname = "{MODEL}"\npath = "{model_path}"\n'
+                                       f"max_rerank_documents = {MAX_DOCUMENTS}\n")
+    d = start_daemon("--config", str(where / "models.toml"), "--api-key", API_KEY, "--n-parallel", "4")
+    yield d
+    assert d.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def reference(daemon: Daemon) -> dict[int, float]:
+    """Every document's score by index, from one plain Jina-shaped request."""
+    r = httpx.post(f"{daemon.url}/v1/rerank", json={"model": MODEL, "query": QUERY, "documents": DOCS},
+                   headers=HEADERS, timeout=120)
+    assert r.status_code == 200, r.text
+    return {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+
+
+def assert_ranked(pairs: list[tuple[int, float]], reference: dict[int, float], n: int) -> None:
+    """``n`` results, best first, each index's score the reference's (within ``SAME``), the best ``n``."""
+    assert len(pairs) == n and all(0.0 <= s <= 1.0 for _, s in pairs)
+    assert [s for _, s in pairs] == sorted((s for _, s in pairs), reverse=True)
+    for index, score in pairs:
+        assert math.isclose(score, reference[index], abs_tol=SAME), (index, score, reference[index])
+    best = sorted(reference.values(), reverse=True)[:n]
+    assert all(math.isclose(s, b, abs_tol=SAME) for (_, s), b in zip(pairs, best))
+
+
+def test_the_reference_scores_every_document_with_a_probability(reference: dict[int, float]) -> None:
+    assert sorted(reference) == list(range(len(DOCS))) and all(0.0 <= s <= 1.0 for s in reference.values())
+
+
+def test_cohere_v1_ranks_objects_by_their_rank_fields_and_returns_them(daemon: Daemon,
+                                                                       reference: dict[int, float]) -> None:
+    co = cohere.Client(api_key=API_KEY, base_url=daemon.url, timeout=120)
+    docs: list[Any] = [DOCS[0], {"text": DOCS[1], "source": "fruit"}, DOCS[2], DOCS[3]]
+    answer = co.rerank(model=MODEL, query=QUERY, documents=docs, top_n=2, return_documents=True)
+    assert_ranked([(r.index, r.relevance_score) for r in answer.results], reference, 2)
+    assert all(r.document is not None and r.document.text == DOCS[r.index] for r in answer.results)
+    titled = co.rerank(model=MODEL, query=QUERY, documents=[{"title": "t", "text": d} for d in DOCS],
+                       rank_fields=["title", "text"], max_chunks_per_doc=10)
+    assert sorted(r.index for r in titled.results) == list(range(len(DOCS)))
+
+
+def test_cohere_v2_gets_every_document_by_default_and_its_meta(daemon: Daemon, reference: dict[int, float]) -> None:
+    co = cohere.ClientV2(api_key=API_KEY, base_url=daemon.url, timeout=120)
+    answer = co.rerank(model=MODEL, query=QUERY, documents=DOCS, max_tokens_per_doc=512)
+    assert_ranked([(r.index, r.relevance_score) for r in answer.results], reference, len(DOCS))
+    assert answer.meta is not None and answer.meta.api_version.version == "2"
+    assert answer.meta.billed_units.search_units == 1
+
+
+def test_cohere_clients_see_a_bad_body_as_400_and_an_unknown_model_as_404(daemon: Daemon) -> None:
+    co = cohere.ClientV2(api_key=API_KEY, base_url=daemon.url, timeout=120)
+    with pytest.raises(cohere.BadRequestError):
+        co.rerank(model=MODEL, query=QUERY, documents=[])
+    with pytest.raises(cohere.BadRequestError, match="max_rerank_documents"):
+        co.rerank(model=MODEL, query=QUERY, documents=["x"] * (MAX_DOCUMENTS + 1))
+    with pytest.raises(cohere.BadRequestError, match="top_n"):
+        co.rerank(model=MODEL, query=QUERY, documents=DOCS, top_n=-2)
+    with pytest.raises(cohere.NotFoundError):
+        co.rerank(model="no-such-model", query=QUERY, documents=DOCS)
+    with pytest.raises(cohere.BadRequestError):  # v1: a string query is required
+        cohere.Client(api_key=API_KEY, base_url=daemon.url).rerank(query="", documents=DOCS)
+
+
+def test_llama_index_jina_and_cohere_postprocessors_keep_the_best_nodes(daemon: Daemon,
+                                                                        reference: dict[int, float]) -> None:
+    nodes = [NodeWithScore(node=TextNode(text=d, id_=str(i))) for i, d in enumerate(DOCS)]
+    best_two = sorted(reference, key=lambda i: -reference[i])[:2]
+    for post in (JinaRerank(top_n=2, model=MODEL, base_url=f"{daemon.url}/v1", api_key=API_KEY),
+                 CohereRerank(top_n=2, model=MODEL, api_key=API_KEY, base_url=daemon.url, max_retries=1)):
+        kept = post.postprocess_nodes(nodes, query_str=QUERY)
+        assert_ranked([(int(n.node.node_id), n.score or 0.0) for n in kept], reference, 2)
+        assert {int(n.node.node_id) for n in kept} <= set(reference) and len(best_two) == 2
+
+
+def test_llama_index_jina_reads_the_detail_of_a_refusal(daemon: Daemon) -> None:
+    post = JinaRerank(top_n=2, model="no-such-model", base_url=f"{daemon.url}/v1", api_key=API_KEY)
+    with pytest.raises(RuntimeError, match="no-such-model"):
+        post.postprocess_nodes([NodeWithScore(node=TextNode(text="a"))], query_str=QUERY)
+
+
+def test_langchain_cohere_and_jina_compressors_score_the_documents(daemon: Daemon, reference: dict[int, float],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = [Document(page_content=d, metadata={"i": i}) for i, d in enumerate(DOCS)]
+    lc = LangChainCohereRerank(model=MODEL, cohere_api_key=API_KEY, base_url=daemon.url, top_n=3)
+    assert_ranked([(x["index"], x["relevance_score"]) for x in lc.rerank(DOCS, QUERY)], reference, 3)
+    kept = lc.compress_documents(docs, QUERY)
+    assert_ranked([(d.metadata["i"], d.metadata["relevance_score"]) for d in kept], reference, 3)
+    monkeypatch.setattr(jina_rerank, "JINA_API_URL", f"{daemon.url}/v1/rerank")
+    jina = jina_rerank.JinaRerank(jina_api_key=API_KEY, model=MODEL, top_n=3)
+    kept = jina.compress_documents(docs, QUERY)
+    assert_ranked([(d.metadata["i"], d.metadata["relevance_score"]) for d in kept], reference, 3)
+    with pytest.raises(RuntimeError, match="documents"):
+        jina_rerank.JinaRerank(jina_api_key=API_KEY, model=MODEL).rerank([], QUERY)
+
+
+def test_open_webui_external_reranker_gets_a_score_for_every_document(daemon: Daemon,
+                                                                      reference: dict[int, float]) -> None:
+    """Open WebUI's ``ExternalReranker.predict``, replayed: sorted by index, one score per document."""
+    payload = {"model": MODEL, "query": QUERY, "documents": DOCS, "top_n": len(DOCS)}
+    r = requests.post(f"{daemon.url}/v1/rerank", json=payload, timeout=120,
+                      headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+    r.raise_for_status()
+    scores = [x["relevance_score"] for x in sorted(r.json()["results"], key=lambda x: x["index"])]
+    assert len(scores) == len(DOCS)
+    assert all(math.isclose(s, reference[i], abs_tol=SAME) for i, s in enumerate(scores))
+
+
+def test_vllm_score_answers_pairs_in_order_and_refuses_a_mismatch(daemon: Daemon,
+                                                                  reference: dict[int, float]) -> None:
+    one_to_many = httpx.post(f"{daemon.url}/v1/score", json={"model": MODEL, "text_1": QUERY, "text_2": DOCS},
+                             headers=HEADERS, timeout=120).json()
+    assert [d["index"] for d in one_to_many["data"]] == list(range(len(DOCS)))
+    assert all(math.isclose(d["score"], reference[d["index"]], abs_tol=SAME) for d in one_to_many["data"])
+    pairwise = httpx.post(f"{daemon.url}/score", json={"model": MODEL, "text_1": [QUERY, QUERY],
+                                                       "text_2": DOCS[:2]}, headers=HEADERS, timeout=120).json()
+    assert all(math.isclose(d["score"], reference[d["index"]], abs_tol=SAME) for d in pairwise["data"])
+    assert pairwise["usage"]["prompt_tokens"] > 0 and pairwise["object"] == "list"
+    bad = httpx.post(f"{daemon.url}/v1/score", json={"model": MODEL, "text_1": [QUERY, QUERY], "text_2": DOCS},
+                     headers=HEADERS, timeout=120)
+    assert bad.status_code == 400 and "1:N" in bad.json()["detail"]
+
+
+def test_tei_texts_get_teis_list_and_ollama_gets_its_shape(daemon: Daemon, reference: dict[int, float]) -> None:
+    tei = httpx.post(f"{daemon.url}/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True},
+                     headers=HEADERS, timeout=120).json()
+    assert isinstance(tei, list) and [set(x) for x in tei] == [{"index", "score", "text"}] * len(DOCS)
+    assert all(math.isclose(x["score"], reference[x["index"]], abs_tol=SAME) and x["text"] == DOCS[x["index"]]
+               for x in tei)
+    ollama = httpx.post(f"{daemon.url}/api/rerank", json={"model": MODEL, "query": QUERY, "documents": DOCS,
+                                                          "top_n": 1}, headers=HEADERS, timeout=120).json()
+    assert ollama["model"] == MODEL
+    assert_ranked([(x["index"], x["relevance_score"]) for x in ollama["results"]], reference, 1)
+    missing = httpx.post(f"{daemon.url}/api/rerank", json={"query": QUERY, "documents": DOCS}, headers=HEADERS)
+    assert missing.status_code == 400 and missing.json() == {"error": "model is required",
+                                                             "detail": "model is required"}
+
+
+def test_a_document_too_long_without_truncation_is_a_400_and_cut_with_it(daemon: Daemon) -> None:
+    long_doc = "Paris is the capital of France. " * 40
+    body = {"model": MODEL, "query": QUERY, "documents": [long_doc], "max_tokens_per_doc": 16}
+    refused = httpx.post(f"{daemon.url}/v1/rerank", json={**body, "truncation": False}, headers=HEADERS, timeout=120)
+    assert refused.status_code == 400 and refused.json()["detail"]
+    cut = httpx.post(f"{daemon.url}/v1/rerank", json=body, headers=HEADERS, timeout=120)
+    full = httpx.post(f"{daemon.url}/v1/rerank", json={**body, "max_tokens_per_doc": 4096}, headers=HEADERS,
+                      timeout=120)
+    assert cut.status_code == 200 and full.status_code == 200
+    assert cut.json()["usage"]["prompt_tokens"] < full.json()["usage"]["prompt_tokens"]
