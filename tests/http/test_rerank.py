@@ -37,8 +37,10 @@ HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Iterator[Daemon]:
     where = tmp_path_factory.mktemp("rerank")
+    # a second model (never loaded): with one, any name finds it, as llama-server's does; with two, an unknown one is a 404
     (where / "models.toml").write_text(f'[[models]]\nname = "{MODEL}"\npath = "{model_path}"\n'
-                                       f"max_rerank_documents = {MAX_DOCUMENTS}\n")
+                                       f"max_rerank_documents = {MAX_DOCUMENTS}\n"
+                                       f'[[models]]\nname = "cold"\npath = "{model_path}"\npreload = false\n')
     d = start_daemon("--config", str(where / "models.toml"), "--api-key", API_KEY, "--n-parallel", "4")
     yield d
     assert d.stop() == 0

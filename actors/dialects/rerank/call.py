@@ -96,10 +96,11 @@ def score_calls(body: ScoreBody, max_documents: int) -> list[RerankCall]:
 def _score_sides(body: ScoreBody) -> tuple[list[str], list[str]]:
     pairs = [(a, b) for a, b in ((body.text_1, body.text_2), (body.data_1, body.data_2),
                                  (body.queries, body.documents)) if a is not None or b is not None]
-    if len(pairs) != 1 or pairs[0][0] is None or pairs[0][1] is None:
+    a, b = pairs[0] if len(pairs) == 1 else (None, None)
+    if a is None or b is None:
         raise InvalidRequestError("give text_1 and text_2 (or data_1 and data_2, or queries and documents)",
                                   param="text_1")
-    first, second = ([x] if isinstance(x, str) else list(x) for x in pairs[0])
+    first, second = ([a] if isinstance(a, str) else a), ([b] if isinstance(b, str) else b)
     if not first or not second:
         raise InvalidRequestError("at least one text element must be given on each side", param="text_1")
     return first, second
