@@ -80,7 +80,9 @@ class Engine:
         self.graph = GraphSamplers(self.ctx, self.memory, self._shadow, self.n_swa)
         if graph_sampling is None:  # where it pays: a GPU (docs/operations.md, "Sampling inside the graph")
             graph_sampling = self.info.n_gpu_layers != 0 and devices.gpu_offload()
-        self.graph_sampling = graph_sampling and not batch_invariant and self._probe_graph_sampling()
+        # (a ranking model never samples: no probe decode on its context, which has no output head)
+        self.graph_sampling = (graph_sampling and not batch_invariant and not self.info.ranking
+                               and self._probe_graph_sampling())
         self.release_logits_rows(keep=0)
 
     # -- decoding ---------------------------------------------------------------------------

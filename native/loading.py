@@ -28,7 +28,7 @@ from llamactor.base.sampling_defaults import gguf_sampling
 from llamactor.native import amx_guard, devices, invariance
 from llamactor.native.abort import AbortFlag, TestHang
 from llamactor.native.adapters import Adapters
-from llamactor.native.embedding import default_pooling
+from llamactor.native.embedding import default_pooling, is_ranking
 from llamactor.native.tokenizer import Tokenizer
 
 _backend_lock = threading.Lock()
@@ -196,4 +196,11 @@ def _engine_info(model: Any, ctx: Any, model_path: str, metadata: dict[str, str]
         devices=devices.devices(), gpu_offload=devices.gpu_offload(), n_gpu_layers=n_gpu_layers,
         tool_format=template.tool_format, batch_invariant=batch_invariant,
         gguf_sampling=sampling, gguf_sampling_unused=sampling_unused,
+        ranking=is_ranking(model), rerank_template=_named_template(model, b"rerank"),
     )
+
+
+def _named_template(model: Any, name: bytes) -> str | None:
+    """The GGUF's ``tokenizer.chat_template.<name>``, or None."""
+    text = llama_cpp.llama_model_chat_template(model, name)
+    return text.decode(errors="replace") if text else None

@@ -152,6 +152,8 @@ class Tokenizer:
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
         self.bos_id = llama_cpp.llama_vocab_bos(vocab)
         self.eos_id = llama_cpp.llama_vocab_eos(vocab)
+        self.sep_id = llama_cpp.llama_vocab_sep(vocab)  # BERT's [SEP] between a pair's texts; -1: none
+        self.adds_sep = bool(llama_cpp.llama_vocab_get_add_sep(vocab))  # a pair gets SEP between its texts
         self._piece_cache: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
         self.bos_text = self.special_text(self.bos_id)
@@ -173,6 +175,11 @@ class Tokenizer:
     def adds_bos(self) -> bool:
         """Whether ``tokenize(..., add_special=True)`` puts BOS first (the GGUF's ``add_bos_token``)."""
         return self._add_bos
+
+    @property
+    def adds_eos(self) -> bool:
+        """Whether ``tokenize(..., add_special=True)`` puts EOS last (the GGUF's ``add_eos_token``)."""
+        return self._add_eos
 
     def min_tokens(self, n_bytes: int) -> int:
         """A lower bound on the tokens of any text of ``n_bytes`` UTF-8 bytes (0 if unknown): no

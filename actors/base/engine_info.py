@@ -70,3 +70,9 @@ class EngineInfo:
     # keys not followed, each with why.
     gguf_sampling: dict[str, float | int] = field(default_factory=dict)
     gguf_sampling_unused: dict[str, str] = field(default_factory=dict)
+    # A ranking-head GGUF (pooling type rank, e.g. a converted bge-reranker): it scores (query,
+    # document) inputs (``Client.submit_rank_scores``) and embeds, but does not generate.
+    ranking: bool = False
+    # The GGUF's ``tokenizer.chat_template.rerank``: how llama-server lays out a (query, document)
+    # pair, ``{query}`` and ``{document}`` replaced literally (``llamactor.base.rank_pairs``).
+    rerank_template: str | None = None

@@ -179,7 +179,7 @@ def embedding_span(msg: Embed, noted: Submitted, outcome: Embeddings | BaseExcep
     attributes: dict[str, AttributeValue] = {
         "gen_ai.operation.name": "embeddings", "gen_ai.provider.name": SERVICE_NAME,
         "gen_ai.request.model": noted.model, **_common(msg.tenant.name, noted.dialect, msg.request_id),
-        "llamactor.inputs": len(msg.inputs)}
+        "llamactor.inputs": len(msg.pairs.documents) if msg.pairs is not None else len(msg.inputs)}
     if isinstance(outcome, Embeddings):
         attributes |= {"gen_ai.response.model": noted.model, "gen_ai.usage.input_tokens": outcome.prompt_tokens,
                        "gen_ai.embeddings.dimension.count": int(outcome.vectors.shape[-1]),

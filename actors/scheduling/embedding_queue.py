@@ -67,6 +67,9 @@ class EmbeddingQueue:
     n_batch: int  # tokens per step, and the longest input
     n_seq_max: int  # inputs per step
     share: float = 0.10  # of the decode time while both kinds of work wait
+    # The longest input when shorter than n_batch: a model with learned absolute positions (BERT)
+    # has no position past its training context (llama.cpp would abort the process on one).
+    max_input_tokens: int | None = None
     waiting: list[EmbeddingInput] = field(default_factory=list)
     contended_ms: list[float] = field(default_factory=lambda: [0.0, 0.0])  # [embedding, generation]
     # counters for stats()
@@ -74,17 +77,26 @@ class EmbeddingQueue:
     n_tokens: int = 0
     n_steps: int = 0
 
+    @property
+    def longest(self) -> int:
+        """The most tokens one input may have: it is computed whole in one physical batch."""
+        return self.n_batch if self.max_input_tokens is None else min(self.n_batch, self.max_input_tokens)
+
     def add(self, job: EmbeddingJob, inputs: list[list[int]]) -> None:
         """Queue every input of ``job``; ``InvalidRequestError`` (nothing queued) if one is empty
-        or longer than one physical batch, since an embedding input cannot be split."""
+        or longer than ``longest``, since an embedding input cannot be split."""
         for i, tokens in enumerate(inputs):
             if not tokens:
                 raise InvalidRequestError(f"input {i} is empty")
-            if len(tokens) > self.n_batch:
-                raise InvalidRequestError(
-                    f"input {i} has {len(tokens)} tokens; an embedding input must fit one physical batch "
-                    f"(n_ubatch = {self.n_batch} tokens, Config.embedding_n_batch)")
+            if len(tokens) > self.longest:
+                raise InvalidRequestError(f"input {i} has {len(tokens)} tokens; {self._limit_reason()}")
         self.waiting.extend(EmbeddingInput(job, i, tokens) for i, tokens in enumerate(inputs))
+
+    def _limit_reason(self) -> str:
+        if self.longest < self.n_batch:
+            return f"the model has positions for {self.longest} tokens (its training context)"
+        return (f"an embedding input must fit one physical batch (n_ubatch = {self.n_batch} tokens, "
+                f"Config.embedding_n_batch)")
 
     def turn(self, generation_waiting: bool) -> bool:
         """Whether the next step is an embedding step (the rule in the module docstring)."""

@@ -36,7 +36,7 @@ from llamactor.native.engine import Engine
 from llamactor.scheduling.embedding_queue import EmbeddingQueue
 from llamactor.tree.board import BATCHER_PUBLISH_S, StatsBoard
 from llamactor.tree.counters import StepCounters, audit_kv, batcher_stats
-from llamactor.tree.embedding_steps import EmbeddingSteps
+from llamactor.tree.embedding_steps import EmbeddingSteps, encoder_positions, refuse_generation
 from llamactor.tree.flush_timer import FlushTimer
 from llamactor.tree.generation_steps import GenerationSteps
 from llamactor.tree.prompt_prep import PromptPrep
@@ -87,11 +87,13 @@ class BatcherActor(pykka.ThreadingActor):
                                  test_hang=cfg.watchdog_test_hang and self.generation == 1,
                                  graph_sampling=cfg.sample_in_graph, loras=cfg.loras,
                                  batch_invariant=cfg.batch_invariant)
+            info = self.engine.info
             self.embeddings = EmbeddingSteps(
-                EmbeddingQueue(cfg.embedding_n_batch, cfg.embedding_n_seq_max, cfg.embedding_time_share),
+                EmbeddingQueue(cfg.embedding_n_batch, cfg.embedding_n_seq_max, cfg.embedding_time_share,
+                               encoder_positions(info)),
                 self.engine.tokenizer,
                 lambda inputs, pooling: self.engine.embedder(cfg.embedding_n_batch, cfg.embedding_n_seq_max).embed(
-                    inputs, pooling), self.engine.info.n_embd, self.engine.info.embedding_pooling)
+                    inputs, pooling), info.n_embd, info.embedding_pooling, info.ranking, info.rerank_template)
             self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template, cfg.system_prompt)
             self.prep = PromptPrep(self.prompts, self.actor_ref, self.engine.info.n_ctx_seq)
             if self.tiers is not None and not self.engine.seq_state_supported:
@@ -201,6 +203,7 @@ class BatcherActor(pykka.ThreadingActor):
                 if isinstance(message, PromptPrepared):
                     self._on_prepared(message)
                 elif isinstance(message, Generate):
+                    refuse_generation(self.engine.info)
                     self.generation_steps.add(message)
                 elif isinstance(message, Embed):
                     self.embeddings.add(message)

@@ -11,22 +11,25 @@ from collections.abc import Callable
 
 import numpy as np
 
+from llamactor.base.engine_info import EngineInfo
 from llamactor.base.logging import get_logger
 from llamactor.scheduling.embedding_queue import EmbeddingInput, EmbeddingJob, EmbeddingQueue
-from llamactor.base.errors import CancelledError, ContextFullError, LlamactorError
+from llamactor.base.errors import CancelledError, ContextFullError, InvalidRequestError, LlamactorError
 from llamactor.base.messages import Embed
-from llamactor.native.embedding import EmbeddingNoRoomError
+from llamactor.native.embedding import RANK, EmbeddingNoRoomError
 from llamactor.native.tokenizer import Tokenizer
 
 log = get_logger("llamactor.batcher")
 
-EmbedFn = Callable[[list[list[int]], str], np.ndarray]  # (inputs, pooling) -> [n, n_embd]
+EmbedFn = Callable[[list[list[int]], str], np.ndarray]  # (inputs, pooling) -> [n, n_embd] ([n, 1]: rank)
 
 
 class EmbeddingSteps:
     def __init__(self, queue: EmbeddingQueue, tokenizer: Tokenizer, embed: EmbedFn, n_embd: int,
-                 default_pooling: str) -> None:
+                 default_pooling: str, ranking: bool = False, rerank_template: str | None = None) -> None:
         self.queue = queue
+        self._ranking = ranking  # the model has a ranking head: rank pooling gives its scores
+        self._rerank_template = rerank_template  # the GGUF's: how a (query, document) pair is laid out
         self._tokenizer = tokenizer
         self._embed = embed
         self._n_embd = n_embd
@@ -39,19 +42,34 @@ class EmbeddingSteps:
         if msg.reply.future.done():
             return
         try:
-            inputs = [list(x) if isinstance(x, tuple) else self._tokenizer.tokenize(x, add_special=True)
-                      for x in msg.inputs]
+            inputs = self._inputs(msg)
             if msg.truncate:  # Ollama's default: an input longer than one step keeps its head
-                inputs = [ids[:self.queue.n_batch] for ids in inputs]
+                inputs = [ids[:self.queue.longest] for ids in inputs]
             self._tokenizer.check_ids(t for ids in inputs for t in ids)
-            job = EmbeddingJob(msg, msg.pooling or self._default_pooling, [len(t) for t in inputs],
-                               np.zeros((len(inputs), self._n_embd), dtype=np.float32))
+            pooling = self._pooling(msg)
+            width = 1 if pooling == RANK else self._n_embd  # rank pooling: one score per input
+            job = EmbeddingJob(msg, pooling, [len(t) for t in inputs], np.zeros((len(inputs), width), dtype=np.float32))
             self.queue.add(job, inputs)
         except LlamactorError as e:
             log.info("request_rejected", request_id=msg.request_id, error=type(e).__name__, reason=str(e))
             msg.reply.fail(e)
             return
         msg.reply.mark_queued()
+
+    def _inputs(self, msg: Embed) -> list[list[int]]:
+        """``msg``'s inputs as token ids: texts tokenized (BOS as the model adds it), ids as they
+        are, (query, document) pairs laid out as llama-server does (``llamactor.base.rank_pairs``)."""
+        if msg.pairs is not None:
+            return msg.pairs.tokens(self._tokenizer, self._rerank_template)
+        return [list(x) if isinstance(x, tuple) else self._tokenizer.tokenize(x, add_special=True) for x in msg.inputs]
+
+    def _pooling(self, msg: Embed) -> str:
+        """The pooling ``msg`` gets; ``InvalidRequestError`` for rank pooling on a model without a
+        ranking head (its scores would be a generator's hidden state projected by nothing)."""
+        if msg.pooling == RANK and not self._ranking:
+            raise InvalidRequestError("this model has no ranking head (its GGUF's pooling type is not rank): "
+                                      "it cannot give rank scores")
+        return msg.pooling or self._default_pooling
 
     def cancel(self, request_id: str) -> None:
         for job in self.queue.drop(request_id):
@@ -105,3 +123,19 @@ class EmbeddingSteps:
             req.reply.fail(error)
         else:
             req.reply.resolve(job.result())  # type: ignore[arg-type]
+
+
+def encoder_positions(info: EngineInfo) -> int | None:
+    """The most positions an input may use on a non-causal encoder (BERT and its kin, ranking heads
+    among them: learned absolute positions end at the training context), else None: no limit but
+    the step's."""
+    causal = info.metadata.get(f"{info.metadata.get('general.architecture', '')}.attention.causal")
+    return info.n_ctx_train if causal == "false" else None
+
+
+def refuse_generation(info: EngineInfo) -> None:
+    """``InvalidRequestError`` if the model cannot generate: a ranking head scores, it has no
+    language-model output (its generation context's logits would all be zero)."""
+    if info.ranking:
+        raise InvalidRequestError("this model is a ranking model (its GGUF's pooling type is rank): it scores "
+                                  "(query, document) pairs for rerank and embeds, but cannot generate text")

@@ -6,6 +6,7 @@ import base64
 import concurrent.futures
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import openai
@@ -13,13 +14,14 @@ import pytest
 
 import llamactor
 from llamactor import InvalidRequestError
-from llamactor.tree.embedding_steps import EmbeddingSteps
+from llamactor.tree.embedding_steps import EmbeddingSteps, encoder_positions
 from llamactor.scheduling.embedding_queue import EmbeddingJob, EmbeddingQueue
 from llamactor.base.messages import Embed, ReplyChannel
 from llamactor.native.embedding import EmbeddingNoRoomError
 from llamactor.native.tokenizer import Tokenizer
 
 from tests.conftest import NotAMessage, batcher_ref
+from tests.support.stub_tree import INFO
 from tests.support.daemon import MODEL_ID, Daemon, start_daemon
 
 TEXTS = ["The cat sat on the mat.", "Quantum computers use qubits.", "Paris is the capital of France.",
@@ -77,6 +79,17 @@ def test_while_generation_waits_an_embedding_step_is_a_quarter_of_the_budget() -
     assert len(queue.pack(contended=True)) == 1  # 25 tokens: one input of 20
     assert len(queue.pack(contended=False)) == 3  # the rest of "a" (60); "big" does not fit
     assert [len(i.token_ids) for i in queue.pack(contended=True)] == [90]  # alone, however long
+
+
+@pytest.mark.pure
+def test_an_encoders_inputs_end_at_its_training_context_a_decoders_at_the_step() -> None:
+    queue = EmbeddingQueue(n_batch=512, n_seq_max=8, max_input_tokens=128)
+    with pytest.raises(InvalidRequestError, match="positions for 128 tokens"):
+        queue.add(_job("long", 1), [[1] * 129])
+    queue.add(_job("fits", 1), [[1] * 128])
+    encoder = {"general.architecture": "bert", "bert.attention.causal": "false"}
+    assert encoder_positions(replace(INFO, n_ctx_train=128, metadata=encoder)) == 128
+    assert encoder_positions(replace(INFO, n_ctx_train=128, metadata={"general.architecture": "llama"})) is None
 
 
 @pytest.mark.pure
