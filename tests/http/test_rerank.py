@@ -209,3 +209,19 @@ def test_a_tenants_rerank_is_charged_the_tokens_it_computed(daemon: Daemon) -> N
     used = r.json()["usage"]["prompt_tokens"]
     assert used > 0 and daemon.wait_for_log(lambda line: line.get("event") == "rate_limit_settled"
                                             and line.get("tenant") == "metered" and line.get("used") == used)
+
+
+def test_a_client_that_disconnects_cancels_its_rerank(daemon: Daemon) -> None:
+    long_docs = [f"Document {i}. " + "Paris is the capital of France and its largest city. " * 90
+                 for i in range(MAX_DOCUMENTS)]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{daemon.url}/v1/rerank", json={"model": MODEL, "query": QUERY, "documents": long_docs},
+                   headers={**HEADERS, "X-Request-Id": "abandoned-rerank"}, timeout=httpx.Timeout(60, read=0.5))
+    assert daemon.wait_for_log(lambda e: e.get("client_request_id") == "abandoned-rerank")  # logged once it ended
+    line = next(e for e in daemon.events("http_request") if e.get("client_request_id") == "abandoned-rerank")
+    assert line["status"] == 499
+    # the batcher ends its work: a group being prepared (nothing else in this module is ever cancelled)
+    # or one already running
+    assert daemon.wait_for_log(lambda e: e.get("event") == "request_cancelled_in_preparation" or (
+        e.get("event") == "request_finished" and str(e.get("request_id", "")).startswith(f"rerank-{line['request_id']}")
+        and e.get("finish_reason") == "cancelled"))
