@@ -1,5 +1,6 @@
 """The Ollama dialect's generating routes: ``/api/chat``, ``/api/generate``, ``/api/embed``,
-``/api/embeddings`` and ``/api/rerank`` (the Jina-shaped rerank proposed for Ollama) (uvicorn's event loop). What a body means is ``llamactor.dialects.ollama``.
+``/api/embeddings`` and ``/api/rerank`` (the Jina-shaped rerank proposed for Ollama) (uvicorn's
+event loop). What a body means is ``llamactor.dialects.ollama`` (``/api/rerank``'s: ``dialects.rerank``).
 
 Ollama's model lifecycle comes with them: an empty request loads the model (or, with
 ``keep_alive`` 0, unloads it) and answers one object; ``keep_alive`` 0 on a request unloads the

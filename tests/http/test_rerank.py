@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import cohere
 import httpx
+import numpy as np
 import pytest
 import requests
 from langchain_cohere import CohereRerank as LangChainCohereRerank
@@ -23,9 +25,12 @@ from llama_index.core.schema import NodeWithScore, TextNode
 from llama_index.postprocessor.cohere_rerank import CohereRerank
 from llama_index.postprocessor.jinaai_rerank import JinaRerank
 
+from llamactor.handles.rank_pairs import rank_pair_tokens
+
 from tests.conftest import NEAR_TIE
 from tests.support.daemon import API_KEY, Daemon, start_daemon
 from tests.support.keys import write_keys_file
+from tests.support.rank_gguf import reference_scores, vocab_tokenizer, write_rank_gguf
 
 MODEL = "ranker"
 MAX_DOCUMENTS = 8
@@ -39,7 +44,8 @@ METERED_KEY, TOKENS_PER_MINUTE = "sk-rerank-metered-01", 100_000
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Iterator[Daemon]:
     where = tmp_path_factory.mktemp("rerank")
-    # a second model (never loaded): with one, any name finds it, as llama-server's does; with two, an unknown one is a 404
+    # a second model (never loaded): with one, any name finds it (as llama-server's does); with two,
+    # an unknown one is a 404
     (where / "models.toml").write_text(f'[[models]]\nname = "{MODEL}"\npath = "{model_path}"\n'
                                        f"max_rerank_documents = {MAX_DOCUMENTS}\n"
                                        f'[[models]]\nname = "cold"\npath = "{model_path}"\npreload = false\n')
@@ -74,7 +80,8 @@ def assert_ranked(pairs: list[tuple[int, float]], reference: dict[int, float], n
     none kept that scored clearly below one left out."""
     indices = [i for i, _ in pairs]
     assert len(pairs) == n and len(set(indices)) == n and set(indices) <= set(reference)
-    assert all(0.0 <= s <= 1.0 for _, s in pairs) and [s for _, s in pairs] == sorted((s for _, s in pairs), reverse=True)
+    scores = [s for _, s in pairs]
+    assert all(0.0 <= s <= 1.0 for s in scores) and scores == sorted(scores, reverse=True)
     assert all(same_score(score, reference[index]) for index, score in pairs), (pairs, reference)
     dropped = [reference[i] for i in reference if i not in indices]
     assert all(same_score(reference[i], min(reference[i], d)) for i in indices for d in dropped)
@@ -225,3 +232,29 @@ def test_a_client_that_disconnects_cancels_its_rerank(daemon: Daemon) -> None:
     assert daemon.wait_for_log(lambda e: e.get("event") == "request_cancelled_in_preparation" or (
         e.get("event") == "request_finished" and str(e.get("request_id", "")).startswith(f"rerank-{line['request_id']}")
         and e.get("finish_reason") == "cancelled"))
+
+
+@pytest.fixture(scope="module")
+def ranking_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Path]]:
+    path = write_rank_gguf(tmp_path_factory.mktemp("rank") / "tiny-rank.gguf")
+    d = start_daemon("--model", str(path), "--n-parallel", "2")
+    yield d, path
+    assert d.stop() == 0
+
+
+def test_a_ranking_head_gguf_answers_llama_server_clients_with_llama_cpp_pythons_scores(
+        ranking_daemon: tuple[Daemon, Path]) -> None:
+    """llama-server's own clients (a converted bge-reranker behind ``/rerank``): its Jina and TEI shapes."""
+    daemon, path = ranking_daemon
+    query, docs = "what is the capital of france?", ["the cat sat on the mat.", "paris is the capital of france.",
+                                                     "a dog in paris."]
+    tokenizer = vocab_tokenizer(path)
+    expected = reference_scores(path, [rank_pair_tokens(tokenizer, None, query, d, None, True) for d in docs])
+    tei = httpx.post(f"{daemon.url}/rerank", json={"query": query, "texts": docs}, timeout=60).json()
+    assert [x["index"] for x in tei] == sorted(range(len(docs)), key=lambda i: -expected[i])
+    np.testing.assert_allclose([x["score"] for x in sorted(tei, key=lambda x: x["index"])], expected, atol=1e-5)
+    jina = httpx.post(f"{daemon.url}/v1/reranking", json={"model": "bge", "query": query, "documents": docs,
+                                                         "top_n": 1}, timeout=60).json()
+    assert [r["index"] for r in jina["results"]] == [int(np.argmax(expected))]
+    [best] = jina["results"]
+    assert jina["usage"]["prompt_tokens"] > 0 and best["document"]["text"] == docs[best["index"]]
