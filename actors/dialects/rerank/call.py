@@ -57,16 +57,15 @@ def rerank_call(body: RerankBody, max_documents: int) -> RerankCall:
     """The rerank a body asks for; ``InvalidRequestError`` naming the field at fault."""
     if body.documents is not None and body.texts is not None:
         raise InvalidRequestError("give documents or texts (TEI's name), not both", param="documents")
-    given = body.documents if body.documents is not None else body.texts
-    name = "documents" if body.texts is None else "texts"
-    ranked, echoed = _documents(given, name, body.rank_fields, max_documents)
-    top_n = _top_n(body.top_n, len(ranked))
+    tei = body.texts is not None  # TEI's body: its answer's shape, and its return_text
+    given = body.texts if tei else body.documents
+    ranked, echoed = _documents(given, "texts" if tei else "documents", body.rank_fields, max_documents)
     truncation, cap = _truncation(body)
-    return RerankCall(_query(body.query), ranked, echoed, top_n=top_n,
-                      return_documents=body.return_documents is not False if body.texts is None else bool(
-                          body.return_text), max_tokens_per_doc=cap, truncation=truncation,
+    return RerankCall(_query(body.query), ranked, echoed, top_n=_top_n(body.top_n, len(ranked)),
+                      return_documents=bool(body.return_text) if tei else body.return_documents is not False,
+                      max_tokens_per_doc=cap, truncation=truncation,
                       instruction=_instruction(body.instruct, body.instruction), priority=_priority(body.priority),
-                      shape="tei" if body.texts is not None else "rerank", ignored=_ignored(body, IGNORED))
+                      shape="tei" if tei else "rerank", ignored=_ignored(body, IGNORED))
 
 
 def score_calls(body: ScoreBody, max_documents: int) -> list[RerankCall]:
