@@ -1,5 +1,5 @@
 """Prompt scoring's reductions: for each prompt row llama.cpp returned, the next prompt token's
-log-probability, its rank and the most likely tokens.
+log-probability, its rank and the most likely tokens; for a label row, its groups' probabilities.
 
 A step can carry 64 such rows of 262k logits. Each row is reduced on its own, in numpy: one
 log-sum-exp pass, one ``count_nonzero`` for the rank and ``sampling.top_candidates`` for the top
@@ -10,6 +10,7 @@ torch costs ~185 MiB of resident memory and 1.4 s to import, which a scoring dae
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,3 +46,16 @@ def score_rows(logits: np.ndarray, chosen: list[int], n_top: int) -> ScoredRows:
         out.top_ids.append(ids.tolist())
         out.top_logprobs.append([float(v) - lse for v in vals])
     return out
+
+
+def label_probs(row: np.ndarray, groups: Sequence[Sequence[int]]) -> tuple[float, ...]:
+    """Each group's share of the probability its token ids hold in ``row`` (raw logits): with
+    mass_g = sum of exp(logit) over the group's ids, mass_g / sum of the masses -- a softmax over
+    groups, so the vocabulary's normalizer cancels and only the groups' logits are read (fancy
+    indexing gathers those few floats of the row, a view of llama.cpp's buffer; no log-sum-exp over
+    the vocabulary). Exponents are taken from the largest of those logits, in float64."""
+    picked = [row[list(ids)].astype(np.float64) for ids in groups]
+    top = max(float(p.max()) for p in picked)
+    masses = [float(np.exp(p - top).sum()) for p in picked]
+    total = sum(masses)  # >= 1: the largest logit's own term
+    return tuple(m / total for m in masses)

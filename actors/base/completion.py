@@ -122,6 +122,9 @@ class Completion:
     prompt_token_ids: tuple[int, ...] | None = None
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     prompt_pieces: tuple[str, ...] | None = None  # each prompt token's text (echo), with the above
+    # With ``label_token_ids``: each group's share of the probability at the prompt's last position
+    # (the groups' summed probabilities, normalized over the groups; rerank's P(yes) is [0]).
+    label_probs: tuple[float, ...] | None = None
     # json_schema given as a pydantic model: the validated object (None if the output was cut
     # short by max_tokens or failed validation; see ``parse_error``).
     parsed: Any = None

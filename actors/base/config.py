@@ -52,6 +52,16 @@ def _check_batch_invariant(c: Config) -> None:
     _require(not c.loras, "batch_invariant is not verified with LoRA adapters (their matmuls pick kernels by rows)")
 
 
+def _check_rerank(c: Config) -> None:
+    for name in ("max_rerank_documents", "rerank_max_tokens_per_doc"):
+        value = getattr(c, name)
+        _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                 f"{name} must be an integer >= 1, got {value!r}")
+    _require(c.rerank_template is None or (isinstance(c.rerank_template, str) and all(
+        c.rerank_template.count(p) == 1 for p in ("{query}", "{document}"))),
+        "rerank_template must hold {query} and {document} once each (or be None: the GGUF's, else the built-in)")
+
+
 def _check_transport(c: Config) -> None:
     """The daemon's HTTP edge (docs/operations.md, *Threat model*, "The transport"): positive limits,
     host and origin names without spaces."""
@@ -153,6 +163,13 @@ class Config:
     # Who may load an unloaded model by sending it a request: "admins" (default: a tenant's request
     # for it is a 503 saying it is not loaded; /models/load is an admin's) or "tenants" (anyone).
     load_on_request: str = "admins"
+    # -- rerank (README.md, *Rerank*)
+    max_rerank_documents: int = 1000  # documents one rerank may have; beyond: a 400
+    rerank_max_tokens_per_doc: int = 4096  # a document's tokens when a rerank does not say (max_tokens_per_doc)
+    # The judging prompt, with literal {query} and {document} (and {instruction}) placeholders, as
+    # llama.cpp's GGUF ``tokenizer.chat_template.rerank``; None: the GGUF's, else the built-in one in
+    # the model's chat format. Its text reads special tokens; no BOS is added (write it where needed).
+    rerank_template: str | None = None
     # An OTLP/HTTP collector (``http://host:4318``) that gets a span per request (docs/operations.md,
     # *Traces*); None: the standard OTEL_EXPORTER_OTLP_* variables decide, else tracing is off.
     otlp_endpoint: str | None = None
@@ -222,6 +239,7 @@ class Config:
         # -- tenant limits (docs/operations.md, *Tenants*)
         _require(isinstance(self.max_sequences_per_request, int) and self.max_sequences_per_request >= 1,
                  f"max_sequences_per_request must be an integer >= 1, got {self.max_sequences_per_request!r}")
+        _check_rerank(self)
         _require(self.load_on_request in LOAD_ON_REQUEST,
                  f"load_on_request must be one of {', '.join(LOAD_ON_REQUEST)}, got {self.load_on_request!r}")
 

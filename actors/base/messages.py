@@ -122,6 +122,9 @@ class Generate:
     # Scoring (``Client.score``): appended to the prompt, tokenized on its own (no BOS), and only its
     # tokens' log-probabilities are computed (``params.prompt_logprobs`` is set).
     continuation: str | tuple[int, ...] | None = None
+    # Label scoring: no token sampled; the prompt's last row gives each group's share of
+    # probability (``Completion.label_probs``; checked by ``GenerationRequest``, ids by the batcher).
+    label_token_ids: tuple[tuple[int, ...], ...] = ()
     echo_prompt: bool = False  # the Completion carries the prompt as text (``prompt_text``)
     clamp_max_tokens: bool = False  # max_tokens beyond the context's room is cut to it, not refused
     tenant: Tenant = DEFAULT  # whose: the caches it may hit (its scope), its fair share
@@ -169,6 +172,7 @@ class Tokenize:
     parts: tuple[str | int, ...] | None = None
     tools: Tools | None = None
     add_special: bool = True  # text: add BOS as the model's tokenizer does (parts: before the first)
+    parse_special: bool = True  # text: special-token text read as those tokens (off: as plain text)
     with_pieces: bool = False  # also each token's text
     chat_template_kwargs: dict[str, Any] | None = None
 

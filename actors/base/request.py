@@ -28,7 +28,7 @@ from llamactor.base.grammar import Grammar
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import MAX_EMBEDDING_INPUTS, POOLINGS, Generate, ReplyChannel
 from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
-from llamactor.base.request_checks import check_message_count, check_messages, check_text
+from llamactor.base.request_checks import check_message_count, check_messages, check_text, label_groups
 from llamactor.base.tenants import DEFAULT, Tenant
 from llamactor.base.tool_format import ToolCallFormat
 from llamactor.base.tools import Tools
@@ -67,6 +67,9 @@ class GenerationRequest:
     chat_template_kwargs: Mapping[str, Any] | None = None  # a chat's extra template variables
     # Scoring (lm-eval's loglikelihood): choice i scores continuations[i] after the prompt.
     continuations: tuple[Continuation, ...] = ()
+    # Label scoring (rerank): nothing sampled; the prompt's last row read as these groups' share
+    # of probability (``Completion.label_probs``), with or without ``continuations``.
+    label_token_ids: tuple[tuple[int, ...], ...] = ()
     request_id: str | None = None  # None: a fresh one per submission
     echo_prompt: bool = False  # the answer carries the prompt as text (``Completion.prompt_text``)
     # A max_tokens the context cannot hold after the prompt is cut to the room left (Anthropic's
@@ -94,13 +97,23 @@ class GenerationRequest:
             raise InvalidRequestError(f"n must be an integer in [1, {MAX_CHOICES}], got {self.n!r}")
         if self.messages is None and (self.tools is not None or self.chat_template_kwargs is not None):
             raise InvalidRequestError("tools and chat_template_kwargs need a chat (messages), not a raw prompt")
-        if self.continuations and (self.messages is not None or self.params.prompt_logprobs is None
-                                   or len(self.continuations) != self.n):
-            raise InvalidRequestError("scored continuations need a raw prompt, prompt_logprobs, and one choice each")
+        if self.label_token_ids:
+            self._check_labels()
+        if self.continuations and (self.messages is not None or len(self.continuations) != self.n
+                                   or (self.params.prompt_logprobs is None and not self.label_token_ids)):
+            raise InvalidRequestError("scored continuations need a raw prompt, prompt_logprobs or label_token_ids, "
+                                      "and one choice each")
         if not isinstance(self.parse_special, bool):
             raise InvalidRequestError(f"parse_special must be true or false, got {self.parse_special!r}",
                                       param="parse_special")
         self._check_text()
+
+    def _check_labels(self) -> None:
+        """A label request's groups normalized (``label_groups``); it samples nothing."""
+        object.__setattr__(self, "label_token_ids", label_groups(self.label_token_ids))
+        if self.params.max_tokens != 0:
+            raise InvalidRequestError("a request with label_token_ids samples nothing: max_tokens must be 0 "
+                                      f"(or unset), got {self.params.max_tokens}", param="max_tokens")
 
     def _check_text(self) -> None:
         """What the batcher will render and tokenize, checked here: valid Unicode everywhere,
@@ -123,15 +136,16 @@ class GenerationRequest:
               echo_prompt: bool = False, clamp_max_tokens: bool = False, tenant: Tenant = DEFAULT,
               lora: Mapping[str, float] | None = None, adapters: Sequence[str] | None = None,
               tool_format: ToolCallFormat | None = None, split_reasoning: bool | None = None,
-              parse_special: bool = True, **sampling: Any) -> GenerationRequest:
+              parse_special: bool = True, label_token_ids: Sequence[Sequence[int]] = (),
+              **sampling: Any) -> GenerationRequest:
         """The one place loose arguments become a request: ``prompt`` (text or token ids) or
         ``messages``; ``json_schema`` / ``grammar`` compiled; OpenAI-style ``tools`` /
         ``tool_choice`` (or a ``Tools``) checked and, for a required or named choice, turned into
         the grammar, in ``tool_format`` (the model's: ``EngineInfo.tool_format``; None: the
         Hermes fallback, or a given ``Tools``' own); ``echo`` (OpenAI's legacy name) into
         ``prompt_logprobs``; ``lora`` (``{adapter name: scale}``) checked against ``adapters``, the
-        model's adapter names, when given; ``split_reasoning`` and ``parse_special`` as the fields
-        say; every other name
+        model's adapter names, when given; ``split_reasoning``, ``parse_special`` and
+        ``label_token_ids`` (``max_tokens`` then defaults to 0) as the fields say; every other name
         a ``SamplingParams`` field applied over ``defaults``."""
         chat = messages is not None
         fields = {"messages": messages_tuple(messages)} if chat else prompt_fields(prompt)
@@ -148,12 +162,15 @@ class GenerationRequest:
                 raise InvalidRequestError("a required or named tool_choice cannot be combined with json_schema or grammar")
             constraint = tool_grammar
         sampling = _echo_options(sampling) if echo else sampling
+        if label_token_ids:
+            sampling.setdefault("max_tokens", 0)
         params = defaults.replace(**sampling, **({"grammar": constraint} if constraint is not None else {}))
         return cls(params=params, n=n, tools=parsed_tools, priority=tenant.priority(parse_priority(priority)),
                    chat_template_kwargs=dict(chat_template_kwargs) if chat_template_kwargs else None,
                    continuations=tuple(continuation_field(c) for c in continuations), request_id=request_id,
                    echo_prompt=echo_prompt, clamp_max_tokens=clamp_max_tokens, lora=adapter_set(lora, adapters),
                    split_reasoning=split_reasoning, parse_special=parse_special,
+                   label_token_ids=label_groups(label_token_ids) if label_token_ids else (),
                    tenant=tenant, **fields)  # as for_tenant makes it, without checking it all twice
 
     def for_tenant(self, tenant: Tenant) -> GenerationRequest:
@@ -180,7 +197,8 @@ class GenerationRequest:
                          chat_template_kwargs=dict(self.chat_template_kwargs) if self.chat_template_kwargs else None,
                          continuation=self.continuations[i] if self.continuations else None,
                          echo_prompt=self.echo_prompt, clamp_max_tokens=self.clamp_max_tokens, tenant=self.tenant,
-                         lora=self.lora, split_reasoning=self.splits_reasoning, parse_special=self.parse_special)
+                         lora=self.lora, split_reasoning=self.splits_reasoning, parse_special=self.parse_special,
+                         label_token_ids=self.label_token_ids)
                 for i, reply in enumerate(replies)]
 
 

@@ -178,3 +178,38 @@ def check_tool_calls(calls: Any, where: str) -> None:
         if not isinstance(function.get("arguments"), (str, Mapping, type(None))):
             raise InvalidRequestError(f"{at}.function.arguments must be JSON text or an object",
                                       param=f"{at}.function.arguments")
+
+
+# Token ids one label request may name across its groups: the reduction reads only these logits
+# of a row (``llamactor.native.scoring.label_probs``), so it stays narrow next to the vocabulary.
+MAX_LABEL_IDS = 1024
+
+
+def label_groups(value: Any, where: str = "label_token_ids") -> tuple[tuple[int, ...], ...]:
+    """A label request's groups of token ids, checked and normalized: at least two groups, each a
+    non-empty list of non-negative ints (repeats within a group counted once, an id in two groups
+    refused: its mass would count for both), at most ``MAX_LABEL_IDS`` ids in all. That the ids
+    are the model's is checked where the vocabulary is known (the batcher, ``start_sequence``)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) < 2:
+        raise InvalidRequestError(f"{where} must be a list of at least two groups of token ids", param=where)
+    groups: list[tuple[int, ...]] = []
+    owner: dict[int, int] = {}
+    for g, group in enumerate(value):
+        at = f"{where}[{g}]"
+        if isinstance(group, (str, bytes)) or not isinstance(group, Sequence) or not group:
+            raise InvalidRequestError(f"{at} must be a non-empty list of token ids", param=where)
+        ids: list[int] = []
+        for t in group:
+            if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+                raise InvalidRequestError(f"{at} holds {t!r}: token ids are non-negative integers", param=where)
+            if t in owner:
+                if owner[t] != g:
+                    raise InvalidRequestError(f"token id {t} is in {where}[{owner[t]}] and {at}: a token belongs "
+                                              "to one group", param=where)
+                continue
+            if len(owner) == MAX_LABEL_IDS:
+                raise InvalidRequestError(f"{where} names more than {MAX_LABEL_IDS} token ids", param=where)
+            owner[t] = g
+            ids.append(t)
+        groups.append(tuple(ids))
+    return tuple(groups)

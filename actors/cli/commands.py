@@ -1,4 +1,4 @@
-"""The ``llamactor`` command: ``chat`` (REPL), ``ask``, ``serve``, ``batch``, ``models``, ``info``, ``bench``.
+"""The ``llamactor`` command: ``chat`` (REPL), ``ask``, ``serve``, ``batch``, ``models``, ``rerank``, ``info``, ``bench``.
 
 The engine and sampling options are generated from ``Config`` and ``SamplingParams``
 (``llamactor.cli.options``), so ``--help`` shows the library's own defaults. Every option can
@@ -28,6 +28,7 @@ from llamactor.base.sampling_defaults import described, sources
 from llamactor.cli.options import engine_options, sampling_options, tree_options
 from llamactor.cli.batch import batch
 from llamactor.cli.models import models
+from llamactor.cli.rerank import rerank
 from llamactor.cli.serve import serve
 from llamactor.cli.top import top
 from llamactor.base.errors import LlamactorError
@@ -187,6 +188,7 @@ main.add_command(serve)
 main.add_command(batch)
 main.add_command(models)
 main.add_command(top)
+main.add_command(rerank)
 
 if __name__ == "__main__":
     main()

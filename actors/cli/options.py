@@ -113,6 +113,12 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
     "max_sequences_per_request": Tweak("Most sequences (choices n x prompts) one request may ask for."),
     "load_on_request": Tweak("Who may load an unloaded model by sending it a request: admins or tenants.",
                              type=click.Choice(["admins", "tenants"])),
+    # -- rerank (README.md, *Rerank*)
+    "max_rerank_documents": Tweak("Most documents one rerank may have."),
+    "rerank_max_tokens_per_doc": Tweak("A rerank document's tokens at most when the request does not say; a longer "
+                                       "one is cut (or refused without truncation)."),
+    "rerank_template": Tweak("The rerank judging prompt, with literal {query} and {document} (and {instruction}); "
+                             "default: the GGUF's tokenizer.chat_template.rerank, else the built-in one."),
     "otlp_endpoint": Tweak("An OTLP/HTTP collector (http://host:4318) that gets a span per request; without it the "
                            "OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT variables decide (pip install 'llamactor[otel]')."),
 }

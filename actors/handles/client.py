@@ -28,14 +28,16 @@ from llamactor.base.config import Config
 from llamactor.base.sampling import SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.messages import CallerMessage, Embed, Generate, ReplyChannel
-from llamactor.base.priority import DEFAULT_PRIORITY
+from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
 from llamactor.base.rank_pairs import RankPairs, RankScores
 from llamactor.base.request import (EmbedInputs, EmbeddingRequest, GenerationRequest, Messages, Prompt,
                                     choice_request_id, new_request_id)
+from llamactor.base.rerank import RerankArgs, Reranking
 from llamactor.base.tenants import Tenant, tenant_named
 from llamactor.base.trace_spans import SERVICE_NAME
-from llamactor.handles import rank_pairs, tracing
-from llamactor.handles.limits import Limiter, WaitForLimits, embedding_estimate, generation_estimate
+from llamactor.handles import rank_pairs, rerank, tracing
+from llamactor.handles.limits import (Limiter, WaitForLimits, embedding_estimate, generation_estimate,
+                                      rerank_estimate)
 from llamactor.handles.streams import AsyncTextStream, TextStream, mapped_future
 from llamactor.handles.tokenize_call import TokenizerPrompt, tokenize_message
 
@@ -240,6 +242,35 @@ class Client:
 
     async def score_async(self, context: Prompt, continuations: Sequence[Prompt], **options: Any) -> list[Score]:
         return list(await asyncio.gather(*(self._await(f) for f in self.submit_score(context, continuations, **options))))
+
+    # -- rerank ------------------------------------------------------------------------------
+    # Each document's relevance to ``query`` as P("yes") / (P("yes") + P("no")) after a judging
+    # prompt (``llamactor.handles.rerank``): the documents of one call share the prompt and the
+    # query as one prefix, computed once. ``top_n``: keep the best n (None: all);
+    # ``max_tokens_per_doc``: a document's tokens (None: ``Config.rerank_max_tokens_per_doc``), a
+    # longer one cut (``truncation``) or refused; ``instruction``: the task the judge is told.
+
+    def submit_rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,
+                      max_tokens_per_doc: int | None = None, truncation: bool = True, instruction: str | None = None,
+                      tenant: str | Tenant | None = None, request_id: str | None = None,
+                      priority: Any = DEFAULT_PRIORITY) -> Future[Reranking]:
+        args = RerankArgs.check(query, documents, top_n=top_n, truncation=truncation, instruction=instruction,
+                                max_tokens_per_doc=self.config.rerank_max_tokens_per_doc if max_tokens_per_doc is None
+                                else max_tokens_per_doc, max_documents=self.config.max_rerank_documents)
+        who = tenant_named(tenant, self.config.tenants)
+        if rerank.has_ranking_head(self):
+            return rerank.submit_ranked(self, args, tenant=who, request_id=request_id)
+        level = who.priority(parse_priority(priority))
+        return self._limited(who, rerank_estimate(args), lambda: [rerank.submit_rerank(
+            self, args, tenant=who, request_id=request_id, priority=level)])[0]
+
+    def rerank(self, query: str, documents: Sequence[str], *, timeout: float | None = None,
+               **options: Any) -> Reranking:
+        """``Reranking``: the documents by relevance, best first, each with its score in [0, 1]."""
+        return self._wait(self.submit_rerank(query, documents, **options), timeout)
+
+    async def rerank_async(self, query: str, documents: Sequence[str], **options: Any) -> Reranking:
+        return await self._await(self.submit_rerank(query, documents, **options))
 
     # -- embeddings --------------------------------------------------------------------------
     # ``inputs``: a string, a list of strings, a list of token ids, or a list of such lists (or an

@@ -18,6 +18,7 @@ from llamactor.base.completion import Completion, Embeddings, Tokenized
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, RateLimitError
 from llamactor.base.logging import get_logger
 from llamactor.base.request import EmbeddingRequest, GenerationRequest
+from llamactor.base.rerank import RerankArgs, Reranking
 from llamactor.base.tenants import Tenant
 from llamactor.scheduling.rate_limits import Limits, RateLimits, estimate_tokens
 
@@ -56,6 +57,13 @@ def generation_estimate(request: GenerationRequest) -> int:
 
 def embedding_estimate(request: EmbeddingRequest) -> int:
     return sum(len(x) // 4 + 1 if isinstance(x, str) else len(x) for x in request.inputs)
+
+
+def rerank_estimate(args: RerankArgs) -> int:
+    """A rerank's prompt tokens: the query (and instruction) once, each document with its
+    judging prompt's end (~16 tokens), before anything is tokenized."""
+    chars = len(args.query) + len(args.instruction or "") + sum(len(d) for d in args.documents)
+    return estimate_tokens(chars, 16 * (len(args.documents) + 1), 0, 0)
 
 
 def tokenize_estimate(prompt: Any) -> int:
@@ -148,7 +156,7 @@ def used_tokens(futures: Sequence[concurrent.futures.Future[Any]]) -> int:
     holds it); one failed, or cancelled without a trace of its work, counts none."""
     results = [r for r in (_outcome(f) for f in futures) if r is not None]
     completions = [r for r in results if isinstance(r, Completion)]
-    embedded = sum(r.prompt_tokens for r in results if isinstance(r, Embeddings))
+    embedded = sum(r.prompt_tokens for r in results if isinstance(r, (Embeddings, Reranking)))
     tokenized = sum(len(r.token_ids) for r in results if isinstance(r, Tokenized))
     prompt = max((c.usage.prompt_tokens for c in completions), default=0)
     return embedded + tokenized + prompt + sum(c.usage.completion_tokens for c in completions)

@@ -17,14 +17,19 @@ SCORE_SHARE_MIN_ROWS = 4  # a scoring prompt waits for another's rows when it wo
 def waits_for_prefix(seq: Sequence, reusable: list[int], n_matched: int, running: list[Sequence],
                      share_min_tokens: int) -> bool:
     """A running sequence of ``seq``'s scope still prefilling will soon hold more of ``reusable``
-    than the cache's ``n_matched`` tokens: at least ``share_min_tokens`` more, or all of it."""
+    than the cache's ``n_matched`` tokens: at least ``share_min_tokens`` more, or all of it -- or,
+    for a label sequence (throughput work: a step's wait costs it little), most of what it would
+    compute, as a rerank's documents share a short judging prompt and query."""
     if n_matched >= len(reusable):
         return False
+    enough = share_min_tokens
+    if seq.labels:
+        enough = min(enough, (len(seq.token_ids) - n_matched) // 2 + 1)
     for other in running:
         if other.n_past < other.n_prompt and other.scope == seq.scope:
             shared = min(common_prefix_len(reusable, other.token_ids), other.n_prompt)
             gain = shared - n_matched
-            if gain > 0 and (gain >= share_min_tokens or shared == len(reusable)):
+            if gain > 0 and (gain >= enough or shared == len(reusable)):
                 return True
     return False
 

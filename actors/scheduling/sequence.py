@@ -31,12 +31,18 @@ class Sequence:
     state: Any = None  # the batcher's per-request decode state; opaque here
     scoring: ScoreState | None = None  # prompt log-probabilities wanted: which rows, what they said
     prompt_only: bool = False  # max_tokens 0: done once the prompt is in KV, nothing sampled
+    # Label scoring (``Generate.label_token_ids``): the groups whose share of probability its last
+    # prompt row gives, and that share once read (it is prompt-only: nothing is sampled).
+    labels: tuple[tuple[int, ...], ...] = ()
+    label_probs: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.n_prompt <= len(self.token_ids):
             raise ValueError(f"n_prompt {self.n_prompt} out of range for {len(self.token_ids)} tokens")
         if self.scoring is not None and self.scoring.n_prompt != self.n_prompt:
             raise ValueError("the scoring state must cover this sequence's prompt")
+        if self.labels and not self.prompt_only:
+            raise ValueError("a label sequence is prompt-only")
 
     @property
     def request_id(self) -> str:
@@ -75,8 +81,8 @@ class Sequence:
 
     @property
     def work_class(self) -> str:
-        """Which class of its tenant's work it is, for fairness: prompt scoring or generation."""
-        return SCORE if self.scoring is not None else GENERATE
+        """Which class of its tenant's work it is, for fairness: prompt or label scoring, or generation."""
+        return SCORE if self.scoring is not None or self.labels else GENERATE
 
     @property
     def n_generated(self) -> int:
@@ -91,7 +97,8 @@ class Sequence:
 @dataclass(frozen=True, slots=True)
 class Chunk:
     """``n_tokens`` of ``seq``'s unprocessed tokens, from position ``seq.n_past``, in this step;
-    positions ``[score_lo, score_hi)`` among them are prompt rows whose logits scoring needs."""
+    positions ``[score_lo, score_hi)`` among them are prompt rows whose logits scoring needs, and
+    its last row is an output row when it samples or reads labels."""
 
     seq: Sequence
     n_tokens: int
@@ -107,6 +114,16 @@ class Chunk:
     def samples(self) -> bool:
         """True when the chunk reaches the last known token, so its logits are sampled."""
         return self.seq.n_past + self.n_tokens == len(self.seq.token_ids) and not self.seq.prompt_only
+
+    @property
+    def reads_labels(self) -> bool:
+        """True when the chunk reaches the end of a label sequence's prompt: its last row is read."""
+        return bool(self.seq.labels) and self.seq.n_past + self.n_tokens == self.seq.n_prompt
+
+    @property
+    def output_last(self) -> bool:
+        """Whether the chunk's last row leaves llama.cpp after its scoring rows (to sample or read labels)."""
+        return self.samples or self.reads_labels
 
     @property
     def n_score_rows(self) -> int:
@@ -125,7 +142,8 @@ class StepPlan:
 
     def rows(self) -> tuple[list[int], list[int], list[int], list[int]]:
         """The step's batch as (tokens, positions, seq_ids, wants_logits): each chunk's tokens
-        from its ``n_past``, logits only on the last row of a chunk that samples."""
+        from its ``n_past``, logits on its scoring rows and on the last row of a chunk that
+        samples or reads labels (``Chunk.output_last``; ``OutputRows.of`` reads the same layout)."""
         tokens: list[int] = []
         positions: list[int] = []
         seq_ids: list[int] = []
@@ -138,7 +156,7 @@ class StepPlan:
             if chunk.n_score_rows:
                 lo, hi = chunk.score_lo - seq.n_past, chunk.score_hi - seq.n_past
                 wants += [0] * lo + [1] * (hi - lo) + [0] * (n - hi)
-                wants[-1] = wants[-1] or int(chunk.samples)
+                wants[-1] = wants[-1] or int(chunk.output_last)
             else:
-                wants += [0] * (n - 1) + [1 if chunk.samples else 0]
+                wants += [0] * (n - 1) + [int(chunk.output_last)]
         return tokens, positions, seq_ids, wants

@@ -1,8 +1,8 @@
 """One step's token budget, packed (pure: no threads, no I/O; the scheduler calls it on the
 batcher's thread): one decode token per generating sequence first, then prompt chunks in the
 order given (fairness, then urgency), so a long prompt is prefilled over several steps instead of
-stalling the others; scoring prompts last, within the row budget and, beside other work, the
-scoring share.
+stalling the others; scoring prompts last -- prompt log-probabilities and label sequences (a
+rerank's documents) alike -- within the row budget and, beside other work, the scoring share.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def pack_step(running: list[Sequence], n_batch: int, score_rows: int, score_shar
             chunks.append(Chunk(seq, 1))
             budget -= 1
         else:
-            (prefilling if seq.scoring is None else scoring).append(seq)
+            (prefilling if seq.scoring is None and not seq.labels else scoring).append(seq)
     for seq in sorted(prefilling, key=order):
         if budget <= 0:
             break
@@ -37,19 +37,30 @@ def pack_step(running: list[Sequence], n_batch: int, score_rows: int, score_shar
     for seq in sorted(scoring, key=order):
         if budget <= 0:
             break
-        assert seq.scoring is not None
-        n, lo, hi = fit_chunk(seq.scoring, seq.n_past, min(seq.n_unprocessed, budget), rows, units)
+        n, lo, hi = fit_scoring_chunk(seq, min(seq.n_unprocessed, budget), rows, units)
         if n == 0:
             continue
-        chunks.append(Chunk(seq, n, lo, hi))
+        chunk = Chunk(seq, n, lo, hi)
+        chunks.append(chunk)
         budget, rows = budget - n, rows - (hi - lo)
         if units is not None:
-            units -= n + ROW_COST * (hi - lo)
+            units -= n + ROW_COST * (hi - lo + chunk.reads_labels)
     return chunks
+
+
+def fit_scoring_chunk(seq: Sequence, n: int, rows_left: int, units_left: int | None) -> tuple[int, int, int]:
+    """A scoring sequence's chunk of at most ``n`` tokens (``fit_chunk``): ``(n, lo, hi)``. A label
+    sequence's last row is one more row of cost (its prompt rows, if also scored, are fitted on
+    their own: the label row comes after them)."""
+    if seq.scoring is not None:
+        return fit_chunk(seq.scoring, seq.n_past, n, rows_left, units_left)
+    if units_left is not None and n + ROW_COST * (seq.n_past + n == seq.n_prompt) > units_left:
+        n = min(n, units_left, seq.n_unprocessed - 1)  # short of the row: it comes in a later step
+    return (max(n, 0), 0, 0)
 
 
 def scoring_units(chunks: list[Chunk], score_share: float) -> int | None:
     """What scoring may add to a step beside other work (tokens + ``ROW_COST`` per row): the
     scoring share of that work, at least one row's worth; None when there is no other work."""
-    other = sum(c.n_tokens + ROW_COST * c.samples for c in chunks if c.seq.scoring is None)
+    other = sum(c.n_tokens + ROW_COST * c.samples for c in chunks if c.seq.scoring is None and not c.seq.labels)
     return max(1 + ROW_COST, int(score_share * other)) if other else None

@@ -98,9 +98,9 @@ class GenerationSteps:
             return
         self.engine.adapters.check(msg.lora)  # built without the model's names (a remote caller)
         n_ctx_seq = self.engine.info.n_ctx_seq
-        # A crashed batcher was running it: go on from its checkpoint. (A scored prompt starts
-        # again: its rows are not in the checkpoint, and it streamed nothing before its end.)
-        if msg.reply.progress is not None and msg.params.prompt_logprobs is None:
+        # A crashed batcher was running it: go on from its checkpoint. (A scored or label prompt
+        # starts again: its rows are not in the checkpoint, and it streamed nothing before its end.)
+        if msg.reply.progress is not None and msg.params.prompt_logprobs is None and not msg.label_token_ids:
             params = admitted_sampling(msg, self.prompts.template.stop, len(msg.reply.progress.prompt_ids), n_ctx_seq)
             seq = resume_sequence(msg, params, self.engine.tokenizer)
             log.info("request_resumed", n_prompt=seq.n_prompt, n_generated=seq.n_generated, n_resumed=seq.n_resumed)
@@ -213,6 +213,8 @@ class GenerationSteps:
         if result.rows.scored:
             self.counters.timed("score", post.record_prompt_scores, self.scheduler, counts, result.rows.scored,
                                 result.decoded.logits)
+        if result.rows.label_rows:
+            self.counters.timed("score", post.record_label_probs, counts, result.rows.label_rows, result.decoded.logits)
         post.finish_prompt_only(plan, self.finish)
         post.accept_tokens(result.draw, now, self.engine.tokenizer, self.engine.info.n_ctx_seq, counts, self.finish)
         post.finish_without_room(plan, failed, self.engine.info.n_ctx, self.finish)

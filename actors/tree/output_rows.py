@@ -1,9 +1,11 @@
 """Where a generation step's output rows go (batcher thread).
 
 llama.cpp returns one logits row per flagged batch entry, in batch order: chunk by chunk, a
-chunk's prompt rows for scoring (``Chunk.score_lo .. score_hi``), then its sampling row when it
-reaches its last known token. ``OutputRows`` maps them; ``record_scores`` reduces the scoring rows
-(views of llama.cpp's output buffer, never copied or kept) into each sequence's ``ScoreState``.
+chunk's prompt rows for scoring (``Chunk.score_lo .. score_hi``), then its last row when it
+samples (it reaches its last known token) or reads labels (it ends a label sequence's prompt),
+as ``StepPlan.rows`` flags them. ``OutputRows`` maps them; ``record_scores`` reduces the scoring
+rows into each sequence's ``ScoreState`` and ``record_labels`` each label row to its groups'
+probabilities, both from views of llama.cpp's output buffer, never copied or kept.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llamactor.native.scoring import score_rows
+from llamactor.native.scoring import label_probs, score_rows
 from llamactor.scheduling.prompt_scores import PromptScore
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
 
@@ -22,6 +24,7 @@ class OutputRows:
     scored: list[tuple[Chunk, int]] = field(default_factory=list)  # (chunk, its first output row)
     sample_rows: list[int] = field(default_factory=list)
     to_sample: list[Sequence] = field(default_factory=list)  # the sequence of each sampling row
+    label_rows: list[tuple[Sequence, int]] = field(default_factory=list)  # (label sequence, its output row)
 
     @classmethod
     def of(cls, plan: StepPlan, failed_seq_ids: frozenset[int]) -> OutputRows:
@@ -34,11 +37,12 @@ class OutputRows:
                 if ok:
                     out.scored.append((chunk, row))
                 row += chunk.n_score_rows
-            if chunk.samples:
-                if ok:
-                    out.sample_rows.append(row)
-                    out.to_sample.append(chunk.seq)
-                row += 1
+            if chunk.samples and ok:
+                out.sample_rows.append(row)
+                out.to_sample.append(chunk.seq)
+            elif chunk.reads_labels and ok:
+                out.label_rows.append((chunk.seq, row))
+            row += int(chunk.output_last)
         return out
 
 
@@ -57,3 +61,10 @@ def record_scores(scored: list[tuple[Chunk, int]], logits: np.ndarray) -> int:
                                           tuple(out.top_logprobs[i])))
         n_rows += len(positions)
     return n_rows
+
+
+def record_labels(label_rows: list[tuple[Sequence, int]], logits: np.ndarray) -> int:
+    """Read each label sequence's groups off its row (``Sequence.label_probs``); returns the rows read."""
+    for seq, row in label_rows:
+        seq.label_probs = label_probs(logits[row], seq.labels)
+    return len(label_rows)

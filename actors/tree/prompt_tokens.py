@@ -151,8 +151,9 @@ class PromptBuilder:
         else:
             assert msg.text is not None
             # special-token text ("<eos>") is its single id, as llama-server's and HF tokenizers do
+            # (unless parse_special is off: a rerank's documents are plain text)
             text = msg.text
-            tokens = self.tokenizer.tokenize(msg.text, add_special=msg.add_special, parse_special=True)
+            tokens = self.tokenizer.tokenize(msg.text, add_special=msg.add_special, parse_special=msg.parse_special)
         pieces = tuple(self.tokenizer.special_text(t) for t in tokens) if msg.with_pieces else None
         return Tokenized(tuple(tokens), text, pieces)
 

@@ -159,12 +159,16 @@ class RequestState:
 def start_sequence(msg: Generate, prompt_ids: list[int], n_context: int, params: SamplingParams,
                    tokenizer: Tokenizer) -> Sequence:
     """A new request's sequence, with an empty checkpoint on its reply channel. With
-    ``prompt_logprobs`` its prompt is scored: from its continuation (``n_context`` on) or whole."""
+    ``prompt_logprobs`` its prompt is scored: from its continuation (``n_context`` on) or whole;
+    with ``label_token_ids`` (ids checked against the vocabulary here) its last row is read."""
+    if bad := [t for group in msg.label_token_ids for t in group if not tokenizer.has_id(t)]:
+        raise InvalidRequestError(f"label_token_ids holds {bad[0]}: token ids must be in [0, {tokenizer.n_vocab})",
+                                  param="label_token_ids")
     scoring = None if params.prompt_logprobs is None else ScoreState(
         start=max(1, n_context) if msg.continuation is not None else 1, n_prompt=len(prompt_ids),
         n_top=params.prompt_logprobs)
     seq = Sequence(request=msg, token_ids=prompt_ids, n_prompt=len(prompt_ids), scoring=scoring,
-                   prompt_only=params.max_tokens == 0)
+                   prompt_only=params.max_tokens == 0, labels=msg.label_token_ids)
     seq.state = state = RequestState.create(params, tokenizer)
     state.answer = AnswerSplitter.of(msg.tools, msg.split_reasoning)
     state.progress = msg.reply.progress = Progress(tuple(prompt_ids), logprobs=state.logprobs)
@@ -282,6 +286,7 @@ def finish_request(seq: Sequence, reason: str, error: LlamactorError | None = No
                         total_ms=_ms(req.submitted_at, now),
                         decode_tokens_per_s=round((n_gen - 1) / decode_s, 2) if n_gen > 1 and decode_s > 0 else 0.0),
         logprobs=tuple(state.logprobs) if state is not None and state.logprobs is not None else None,
+        label_probs=seq.label_probs,
         **_prompt_logprobs(seq, tokenizer), **_asked_back(seq, state, tokenizer),
     )
     if state is not None and state.params.grammar is not None and state.params.grammar.parse is not None:

@@ -15,7 +15,7 @@ from llamactor.base.errors import ContextFullError, LlamactorError
 from llamactor.native.tokenizer import Tokenizer
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
-from llamactor.tree.output_rows import record_scores
+from llamactor.tree.output_rows import record_labels, record_scores
 from llamactor.tree.request_state import request_error, shared
 from llamactor.tree.token_draw import Draw
 
@@ -50,6 +50,12 @@ def record_prompt_scores(scheduler: Scheduler, counts: dict[str, int], scored: l
     counts["prompt_rows_scored"] += record_scores(scored, logits)
     for chunk, _ in scored:
         scheduler.prompt_scored(chunk.seq)
+
+
+def record_label_probs(counts: dict[str, int], label_rows: list[tuple[Sequence, int]], logits: np.ndarray) -> None:
+    """Each label sequence whose prompt ended this step reads its groups' probabilities off its
+    last row (it then ends as prompt-only, ``finish_prompt_only``)."""
+    counts["label_rows"] += record_labels(label_rows, logits)
 
 
 def finish_prompt_only(plan: StepPlan, finish: Finish) -> None:

@@ -1,5 +1,6 @@
-"""Copies of a GGUF model with sampling recommendations added (``general.sampling.*``), as a model
-author's converter writes them (the types of the ``gguf`` package's ``GGUFWriter.add_sampling_*``).
+"""Copies of a GGUF model with metadata added: sampling recommendations (``general.sampling.*``), as a
+model author's converter writes them (the types of the ``gguf`` package's ``GGUFWriter.add_sampling_*``),
+or any keys (``with_metadata``: a ``tokenizer.chat_template.rerank``).
 
 The copy is spliced at the byte level: the header's key-value count grows, the new pairs follow
 the old ones, the tensor infos follow unchanged and the tensor data is re-aligned (its offsets
@@ -24,14 +25,19 @@ _TYPES = {"sequence": GGUFValueType.STRING, "top_k": GGUFValueType.INT32, "penal
 
 def with_sampling(source: str, target: Path, sampling: dict[str, object]) -> Path:
     """``target``: ``source`` with ``general.sampling.<key>`` set to each of ``sampling``."""
+    return with_metadata(source, target, {f"general.sampling.{key}": (_TYPES.get(key, GGUFValueType.FLOAT32), value)
+                                          for key, value in sampling.items()})
+
+
+def with_metadata(source: str, target: Path, pairs: dict[str, tuple[GGUFValueType, object]]) -> Path:
+    """``target``: ``source`` with each key of ``pairs`` added, of its (type, value)."""
     data = memoryview(Path(source).read_bytes())
     magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", data, 0)
     assert magic == b"GGUF" and version >= 3, source
     kv_end, alignment = _skip_kvs(data, 24, n_kv)
     infos_end = _skip_tensor_infos(data, kv_end, n_tensors)
-    new = b"".join(_kv(f"general.sampling.{key}", _TYPES.get(key, GGUFValueType.FLOAT32), value)
-                   for key, value in sampling.items())
-    head = struct.pack("<4sIQQ", magic, version, n_tensors, n_kv + len(sampling))
+    new = b"".join(_kv(key, kind, value) for key, (kind, value) in pairs.items())
+    head = struct.pack("<4sIQQ", magic, version, n_tensors, n_kv + len(pairs))
     written = len(head) + (kv_end - 24) + len(new) + (infos_end - kv_end)
     with open(target, "wb") as out:
         for part in (head, data[24:kv_end], new, data[kv_end:infos_end], bytes(-written % alignment),

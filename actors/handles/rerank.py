@@ -1,0 +1,281 @@
+"""Rerank on the caller's side: what ``Client.submit_rerank`` runs (its thread, then callbacks on
+the threads that answer: the batcher's).
+
+1. The judging prompt, prepared once per handle (``Judge``): its template (``rerank_prompt``; the
+   built-in one rendered by a ``Tokenize`` trip through the model's chat format), its text's
+   tokens and the "yes"/"no" answer tokens.
+2. The query, the instruction and every document tokenized by the batcher (plain text), each
+   document cut to ``max_tokens_per_doc`` and to what the context leaves (or refused without
+   ``truncation``).
+3. Scoring (``Scoring``): the documents in groups of at most ``n_parallel``, each group ONE
+   ``GenerationRequest`` whose prompt is the shared context and whose choices continue it with a
+   document and the template's end, read as the answer tokens' share (``label_token_ids``:
+   ``Completion.label_probs[0]`` = P(yes) / (P(yes) + P(no))). The context's KV is computed once
+   and attached to every choice (the prefix cache); at most two groups wait at once, so a long
+   list never fills the tenant's share of the queue (a group the full queue refused is sent
+   again while others of the rerank still run).
+4. ``Reranking``: the scores ranked, cut to ``top_n``.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from llamactor.base.completion import Completion, Tokenized
+from llamactor.base.config import Config
+from llamactor.base.errors import ContextExceededError, InvalidRequestError, QueueFullError
+from llamactor.base.messages import CallerMessage, Generate, ReplyChannel, Tokenize
+from llamactor.base.rank_pairs import RankScores
+from llamactor.base.request import MAX_CHOICES, GenerationRequest, new_request_id
+from llamactor.base.rerank import RerankArgs, Reranking, ranked
+from llamactor.base.sampling import SamplingParams
+from llamactor.base.tenants import Tenant
+from llamactor.handles.batcher_tokens import Future, TokensKey, resolve, then, tokenized
+from llamactor.handles.rerank_prompt import (DEFAULT_INSTRUCTION, JudgeTemplate, TextTokenizer, answer_ids,
+                                             fitted_document, judge_messages, placeholder_template)
+
+Labels = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+class Client(Protocol):
+    """What a rerank needs of its handle (``llamactor.handles.client.Client``; a loaded model's
+    also has ``info``, its ``EngineInfo``)."""
+
+    config: Config
+
+    def send(self, msg: CallerMessage) -> Future[Any]: ...
+
+    def send_n(self, msgs: Sequence[Generate]) -> list[Future[Completion]]: ...
+
+    def sampling_defaults(self) -> SamplingParams: ...
+
+    def served_name(self) -> str: ...
+
+    def submit_rank_pairs(self, query: str, documents: Sequence[str], *, max_doc_tokens: int | None = None,
+                          truncation: bool = True, template: str | None = None, tenant: str | Tenant | None = None,
+                          request_id: str | None = None) -> Future[RankScores]: ...
+WINDOW_GROUPS = 2  # groups of one rerank waiting at once
+
+
+@dataclass(frozen=True, slots=True)
+class Judge:
+    """A handle's judging prompt, ready: the template, the answer tokens, the template's own
+    texts' tokens (not asked of the batcher again)."""
+
+    template: JudgeTemplate
+    labels: Labels
+    known: dict[TokensKey, list[int]]
+
+
+_judges: weakref.WeakKeyDictionary[Any, Future[Judge]] = weakref.WeakKeyDictionary()
+_judges_lock = threading.Lock()
+
+
+def judge_of(client: Client) -> Future[Judge]:
+    """The handle's ``Judge``, prepared on first use (a failed preparation is tried again next time)."""
+    with _judges_lock:
+        future = _judges.get(client)
+        if future is None or (future.done() and future.exception() is not None):
+            future = _judges[client] = _prepare_judge(client)
+    return future
+
+
+def _prepare_judge(client: Client) -> Future[Judge]:
+    info = getattr(client, "info", None)
+    given = placeholder_template(client.config.rerank_template, info.rerank_template if info is not None else None)
+    if given is not None:
+        template: Future[JudgeTemplate] = concurrent.futures.Future()
+        template.set_result(given)
+    else:  # the built-in judging chat, rendered by the model's chat format (the batcher's)
+        chat = Tokenize(request_id=new_request_id(), reply=ReplyChannel(), messages=judge_messages())
+        rendered: Future[Tokenized] = client.send(chat)
+        template = then(rendered, lambda t: JudgeTemplate.from_rendered(t.text, "the built-in judging prompt"))
+
+    def with_tokens(t: JudgeTemplate) -> Future[Judge]:
+        def build(tok: TextTokenizer) -> Labels:
+            t.context(tok, "", "")
+            t.suffix(tok)
+            return answer_ids(tok)
+        return then(tokenized(client.send, build), lambda done: Judge(t, done[0], done[1]))
+    return then(template, with_tokens)
+
+
+def submit_rerank(client: Client, args: RerankArgs, *, tenant: Tenant, request_id: str | None,
+                  priority: int) -> Future[Reranking]:
+    """The rerank of ``args`` (checked), answered by a future; cancelling it cancels its requests."""
+    rid = request_id or new_request_id()
+    instruction = args.instruction or DEFAULT_INSTRUCTION
+
+    def tokenize(judge: Judge) -> Future[Reranking]:
+        if args.instruction is not None and not judge.template.takes_instruction:
+            raise InvalidRequestError(f"instruction is given, but the rerank template ({judge.template.source}) "
+                                      "has no {instruction} slot", param="instruction")
+
+        def build(tok: TextTokenizer) -> tuple[list[int], list[list[int]], list[int]]:
+            t = judge.template
+            return t.context(tok, args.query, instruction), [t.document(tok, d) for d in args.documents], t.suffix(tok)
+        return then(tokenized(client.send, build, judge.known), lambda done: score(judge, *done[0]))
+
+    def score(judge: Judge, context: list[int], documents: list[list[int]], suffix: list[int]) -> Future[Reranking]:
+        cap = min(args.max_tokens_per_doc, _room(client, len(context) + len(suffix)))
+        continuations = [tuple(fitted_document(d, i, cap, args.truncation)) + tuple(suffix)
+                         for i, d in enumerate(documents)]
+        scoring = Scoring(client, context, continuations, judge.labels, tenant=tenant, priority=priority,
+                          request_id=rid)
+        n_tokens = len(context) + sum(len(c) for c in continuations)
+        return then(scoring.start(), lambda scores: Reranking(ranked(args.documents, scores, args.top_n), n_tokens,
+                                                              client.served_name()))
+    return then(judge_of(client), tokenize)
+
+
+def has_ranking_head(client: Client) -> bool:
+    """Whether the handle's model scores pairs with a ranking head (``EngineInfo.ranking``)."""
+    info = getattr(client, "info", None)
+    return bool(getattr(info, "ranking", False))
+
+
+def submit_ranked(client: Client, args: RerankArgs, *, tenant: Tenant, request_id: str | None) -> Future[Reranking]:
+    """The rerank of ``args`` by a ranking head: each (query, document) pair laid out as
+    llama-server does (the ``rerank_template`` option, else the GGUF's template, else the plain
+    pair) and scored through rank pooling (``Client.submit_rank_pairs``); rate-limited there."""
+    if args.instruction is not None:
+        raise InvalidRequestError("instruction is for judging prompts: a ranking-head model scores the pair alone",
+                                  param="instruction")
+    scored = client.submit_rank_pairs(args.query, args.documents, max_doc_tokens=args.max_tokens_per_doc,
+                                      truncation=args.truncation, template=client.config.rerank_template,
+                                      tenant=tenant, request_id=request_id)
+    return then(scored, lambda s: Reranking(ranked(args.documents, s.scores, args.top_n), s.prompt_tokens,
+                                            client.served_name()))
+
+
+def _room(client: Client, n_template: int) -> int:
+    """The most tokens a document may have beside the context and the template's end: the
+    per-sequence context less one (a prompt leaves room for the position it is read at)."""
+    info = getattr(client, "info", None)
+    if info is None:
+        return 1 << 30
+    room = info.n_ctx_seq - 1 - n_template
+    if room < 1:
+        raise ContextExceededError(f"the judging prompt and the query take {n_template} tokens, leaving no room for a "
+                                   f"document in the per-sequence context of {info.n_ctx_seq} tokens",
+                                   n_prompt_tokens=n_template, n_ctx=info.n_ctx_seq)
+    return room
+
+
+class Scoring:
+    """The documents' scores: groups sent as room allows, each answered by its choices' label
+    probabilities; a choice the full queue refused is sent again while others still run."""
+
+    def __init__(self, client: Client, context: list[int], continuations: Sequence[tuple[int, ...]], labels: Labels,
+                 *, tenant: Tenant, priority: int, request_id: str) -> None:
+        self.client = client
+        self.context = context
+        self.continuations = continuations
+        self.labels = labels
+        self.tenant = tenant
+        self.priority = priority
+        self.request_id = request_id
+        # A group as large as the sequences that run at once (more would only wait), and the
+        # rerank's waiting documents an eighth of the queue at most: eight reranks of any length
+        # at once fit a tenant's share of it.
+        config = client.config
+        self.group_size = max(1, min(MAX_CHOICES, config.n_parallel, config.max_queue // (4 * WINDOW_GROUPS)))
+        self.scores: list[float | None] = [None] * len(continuations)
+        self.waiting = collections.deque(range(len(continuations)))
+        self.running: dict[int, list[Future[Completion]]] = {}
+        self.n_groups = 0
+        self.lock = threading.Lock()
+        self.out: Future[list[float]] = concurrent.futures.Future()
+        self.out.add_done_callback(self._on_out_done)
+
+    def start(self) -> Future[list[float]]:
+        self._pump()
+        return self.out
+
+    def _pump(self) -> None:
+        """Send groups while fewer than ``WINDOW_GROUPS`` run (any thread)."""
+        while True:
+            with self.lock:
+                if self.out.done() or not self.waiting or len(self.running) >= WINDOW_GROUPS:
+                    return
+                indices = [self.waiting.popleft() for _ in range(min(self.group_size, len(self.waiting)))]
+                group = self.n_groups
+                self.n_groups += 1
+                self.running[group] = []
+            try:
+                self._send(group, indices)
+            except BaseException as e:  # noqa: BLE001 - the rerank fails with it
+                resolve(self.out, error=e)
+                return
+
+    def _send(self, group: int, indices: list[int]) -> None:
+        request = GenerationRequest.build(
+            self.client.sampling_defaults(), prompt=self.context, n=len(indices), max_tokens=0, temperature=0.0,
+            continuations=[self.continuations[i] for i in indices], label_token_ids=self.labels,
+            priority=self.priority, tenant=self.tenant)
+        rid = f"{self.request_id}-g{group}"
+        futures = self.client.send_n(request.generate_messages(rid, [ReplyChannel() for _ in indices],
+                                                               time.perf_counter()))
+        with self.lock:
+            self.running[group] = futures
+        remaining = [len(futures)]
+
+        def done(_: Future[Completion]) -> None:
+            self._choice_done(group, indices, remaining)
+        for future in futures:
+            future.add_done_callback(done)
+
+    def _choice_done(self, group: int, indices: list[int], remaining: list[int]) -> None:
+        with self.lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+            futures = self.running.pop(group)
+        try:
+            finished = self._group_done(indices, futures)
+        except BaseException as e:  # noqa: BLE001 - the rerank fails with it
+            resolve(self.out, error=e)
+            return
+        if finished:
+            resolve(self.out, [s for s in self.scores if s is not None])
+        else:
+            self._pump()
+
+    def _group_done(self, indices: list[int], futures: list[Future[Completion]]) -> bool:
+        """Record a finished group's scores and queue again its choices the full queue refused
+        (raises the first other failure); whether every document is scored."""
+        refused = []
+        for index, future in zip(indices, futures, strict=True):
+            if not future.cancelled() and isinstance(future.exception(), QueueFullError):
+                refused.append(index)
+            else:
+                self.scores[index] = _score(future.result())  # a failure or cancellation raises
+        with self.lock:
+            if len(refused) == len(indices) and not self.running:
+                futures[0].result()  # nothing of this rerank runs: the queue is full of others' work
+            self.waiting.extendleft(reversed(refused))
+            return not self.waiting and not self.running
+
+    def _on_out_done(self, out: Future[list[float]]) -> None:
+        """Cancelled or failed: cancel what still runs (the batcher frees their sequences)."""
+        if not out.cancelled() and out.exception() is None:
+            return
+        with self.lock:
+            running = [f for futures in self.running.values() for f in futures]
+        for future in running:
+            future.cancel()
+
+
+def _score(completion: Completion) -> float:
+    probs = completion.label_probs
+    if not probs:
+        raise RuntimeError("a label request's completion carries no label_probs")
+    return float(probs[0])
+
