@@ -5,6 +5,7 @@ labelled set, scores, order, limits and errors; a ranking-head GGUF through rank
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -224,3 +225,19 @@ def test_a_cancelled_rerank_leaves_the_handle_able_to_rerank(start_llm, instruct
     assert first.cancel() and first.cancelled()
     result = llm.rerank(case.query, list(case.documents), timeout=120)
     assert sorted(r.index for r in result.results) == list(range(len(case.documents)))
+
+
+def test_a_tenants_rate_limits_are_charged_the_tokens_the_rerank_computed(start_llm, instruct_path: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    llm = start_llm(instruct_path, n_parallel=4, tenants=[{"name": "metered", "tokens_per_minute": 1_000_000}])
+    settled: list[tuple[int, int]] = []
+    limits = llm.limiter._limits  # type: ignore[union-attr]
+    monkeypatch.setattr(limits, "settle", lambda tenant, reserved, used, now, settle=limits.settle: (
+        settled.append((reserved, used)), settle(tenant, reserved, used, now))[1])
+    case = RERANK_SET[3]
+    future = llm.submit_rerank(case.query, list(case.documents), tenant="metered")
+    after_settling = threading.Event()
+    future.add_done_callback(lambda _: after_settling.set())  # runs after the limiter's own callback
+    result = future.result(120)
+    assert after_settling.wait(10)
+    assert len(settled) == 1 and settled[0][1] == result.prompt_tokens > 0
