@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from llamactor.base.completion import Completion, Tokenized
 from llamactor.base.config import Config
 from llamactor.base.errors import ContextExceededError, InvalidRequestError, QueueFullError
+from llamactor.base.logging import get_logger
 from llamactor.base.messages import CallerMessage, Generate, ReplyChannel, Tokenize
 from llamactor.base.rank_pairs import RankScores
 from llamactor.base.request import MAX_CHOICES, GenerationRequest, new_request_id
@@ -41,6 +42,7 @@ from llamactor.handles.batcher_tokens import Future, TokensKey, resolve, shielde
 from llamactor.handles.rerank_prompt import (DEFAULT_INSTRUCTION, JudgeTemplate, TextTokenizer, answer_ids,
                                              fitted_document, judge_messages, placeholder_template)
 
+log = get_logger("llamactor.rerank")
 Labels = tuple[tuple[int, ...], tuple[int, ...]]
 
 
@@ -130,8 +132,14 @@ def submit_rerank(client: Client, args: RerankArgs, *, tenant: Tenant, request_i
         scoring = Scoring(client, context, continuations, judge.labels, tenant=tenant, priority=priority,
                           request_id=rid)
         n_tokens = len(context) + sum(len(c) for c in continuations)
-        return then(scoring.start(), lambda scores: Reranking(ranked(args.documents, scores, args.top_n), n_tokens,
-                                                              client.served_name()))
+
+        def answer(scores: list[float]) -> Reranking:
+            log.info("rerank_finished", request_id=rid, n_documents=len(scores), n_groups=scoring.n_groups,
+                     prompt_tokens=n_tokens, context_tokens=len(context),
+                     ms=round((time.perf_counter() - started) * 1000, 1))
+            return Reranking(ranked(args.documents, scores, args.top_n), n_tokens, client.served_name())
+        return then(scoring.start(), answer)
+    started = time.perf_counter()
     return then(judge_of(client), tokenize)
 
 
