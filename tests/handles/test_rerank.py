@@ -5,6 +5,7 @@ labelled set, scores, order, limits and errors; a ranking-head GGUF through rank
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -241,3 +242,13 @@ def test_a_tenants_rate_limits_are_charged_the_tokens_the_rerank_computed(start_
     result = future.result(120)
     assert after_settling.wait(10)
     assert len(settled) == 1 and settled[0][1] == result.prompt_tokens > 0
+
+
+def test_each_rerank_logs_one_line_with_its_counts(smol: llamactor.LLM, caplog: pytest.LogCaptureFixture) -> None:
+    case = RERANK_SET[4]
+    with caplog.at_level(logging.INFO, logger="llamactor.rerank"):
+        result = smol.rerank(case.query, list(case.documents), request_id="rr-logged", timeout=60)
+    lines = [r.getMessage() for r in caplog.records if r.name == "llamactor.rerank" and "rerank_finished" in r.getMessage()]
+    assert len(lines) == 1 and "rr-logged" in lines[0]
+    assert f"n_documents={len(case.documents)}" in lines[0] or f"'n_documents': {len(case.documents)}" in lines[0]
+    assert str(result.prompt_tokens) in lines[0]
