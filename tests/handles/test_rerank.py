@@ -17,7 +17,8 @@ import llamactor
 from llamactor.base.errors import ContextExceededError, InvalidRequestError
 from llamactor.bench.rerank_set import RERANK_SET
 from llamactor.handles.batcher_tokens import tokenized
-from llamactor.handles.rerank import judge_of
+from llamactor.base.rerank import RerankArgs
+from llamactor.handles.rerank import judge_of, rerank_prompt
 from llamactor.handles.rerank_prompt import DOCUMENT, GGUF_RERANK_TEMPLATE, INSTRUCTION, QUERY, judge_messages
 
 from tests.conftest import closing_what_the_test_started
@@ -171,15 +172,16 @@ def test_results_are_sorted_cut_to_top_n_and_count_the_tokens_computed(smol: lla
     assert cut5.prompt_tokens - cut4.prompt_tokens == 1
     two = smol.rerank(case.query, ["a long document of many more than four tokens"] * 2, max_tokens_per_doc=4,
                       timeout=60)
-    assert two.prompt_tokens - cut4.prompt_tokens == cut4.prompt_tokens - len(judge_context(smol, case.query))
+    prompt = rerank_prompt(smol, check_args(case.query, ["a long document of many more than four tokens"],
+                                            max_tokens_per_doc=4)).result(60)
+    assert prompt.n_tokens == cut4.prompt_tokens and len(prompt.continuations[0]) > 4  # the document cut, the end kept
+    assert two.prompt_tokens - cut4.prompt_tokens == len(prompt.continuations[0])  # the shared context counted once
 
 
-def judge_context(llm: llamactor.LLM, query: str) -> list[int]:
-    judge = judge_of(llm).result(60)
-    from llamactor.handles.rerank_prompt import DEFAULT_INSTRUCTION
-    context, _ = tokenized(llm.send, lambda tok: judge.template.context(tok, query, DEFAULT_INSTRUCTION),
-                           judge.known).result(60)
-    return context
+def check_args(query: str, documents: list[str], **options: object) -> RerankArgs:
+    options = {"top_n": None, "max_tokens_per_doc": 4096, "truncation": True, "instruction": None,
+               "max_documents": 1000, **options}
+    return RerankArgs.check(query, documents, **options)
 
 
 def test_a_long_list_is_scored_in_windows_of_groups(start_llm, instruct_path: str) -> None:
