@@ -12,7 +12,7 @@ import pytest
 from llamactor.base.completion import Tokenized
 from llamactor.base.errors import BatcherUnavailableError, InvalidRequestError
 from llamactor.base.messages import Tokenize
-from llamactor.handles.batcher_tokens import gather, then, tokenized
+from llamactor.handles.batcher_tokens import gather, shielded, then, tokenized
 
 pytestmark = pytest.mark.pure
 
@@ -95,3 +95,12 @@ def done(value: int) -> concurrent.futures.Future[int]:
     f: concurrent.futures.Future[int] = concurrent.futures.Future()
     f.set_result(value)
     return f
+
+
+def test_a_shielded_future_resolves_as_its_source_and_cancels_alone() -> None:
+    source: concurrent.futures.Future[int] = concurrent.futures.Future()
+    first, second = shielded(source), shielded(source)
+    assert first.cancel()
+    assert not source.cancelled()
+    source.set_result(5)
+    assert second.result(timeout=1) == 5
