@@ -91,6 +91,18 @@ def test_a_prompt_read_alone_gives_llama_cpp_pythons_probabilities(start_llm: An
     assert llm.stats()["label_rows"] - before["label_rows"] == 3
 
 
+def test_a_chat_is_read_at_the_answer_position_its_template_renders(start_llm: Any, model: tuple[str, Reference]) -> None:
+    path, ref = model
+    llm = start_llm(path, flash_attn="off", n_parallel=2, prefix_cache=False)
+    groups = yes_no_groups(llm)
+    messages = [{"role": "system", "content": "Answer only yes or no."},
+                {"role": "user", "content": "Does a cow give milk?"}]
+    [c] = [f.result(timeout=60) for f in llm.submit(llm.request(messages=messages, label_token_ids=groups))]
+    rendered = list(llm.tokenize(messages).token_ids)  # the chat as the engine renders it, answer prompt included
+    assert c.usage.prompt_tokens == len(rendered)
+    assert max(abs(a - b) for a, b in zip(c.label_probs, reference_probs(ref, rendered, groups))) <= EXACT
+
+
 def test_n_continuations_compute_the_shared_prompt_once(start_llm: Any, model: tuple[str, Reference]) -> None:
     path, ref = model
     llm = start_llm(path, flash_attn="off", n_parallel=8, n_ctx=4096)
