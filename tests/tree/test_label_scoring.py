@@ -2,11 +2,11 @@
 prompt row's groups of token ids against llama-cpp-python's row for the same ids, the shared
 prompt of ``n`` continuations computed once, fairness beside a chat, bad ids, a batcher crash.
 
-Numerics (docs/architecture.md, "Scoring prompts"): computed whole and alone, a document's
-probabilities equal llama-cpp-python's with flash attention off. On a cached shared prompt a
-document's own tokens are computed in another decode shape than the reference's whole prompt,
-and llama.cpp's CPU kernels sum in another order there: measured up to 0.04 (Gemma 3 270M) and
-0.02 (SmolLM2 135M) in probability on the prompts below, some documents exact.
+Numerics (docs/architecture.md, "Scoring prompts"): alone in its step a document's probabilities
+equal llama-cpp-python's -- computed whole with flash attention off, or on its attached prompt
+with flash attention on. Beside other documents in one step llama.cpp's CPU kernels sum in
+another order: measured up to 0.04 (Gemma 3 270M) and 0.02 (SmolLM2 135M) in probability on
+the prompts below, some documents exact.
 """
 
 from __future__ import annotations
@@ -89,6 +89,28 @@ def test_a_prompt_read_alone_gives_llama_cpp_pythons_probabilities(start_llm: An
         assert max(abs(a - b) for a, b in zip(c.label_probs, expected)) <= EXACT
         assert sum(c.label_probs) == pytest.approx(1.0)
     assert llm.stats()["label_rows"] - before["label_rows"] == 3
+
+
+def test_with_flash_attention_a_document_on_the_attached_prompt_alone_in_its_step_is_exact(
+        start_llm: Any, model: tuple[str, Reference]) -> None:
+    # The attachment itself moves nothing here: flash attention's one-row kernel does not depend
+    # on where the cells sit. What moves a document is its step's company (the next test).
+    import llama_cpp
+
+    path, _ = model
+    llm = start_llm(path, flash_attn="on", n_parallel=2, n_ctx=4096)
+    groups = yes_no_groups(llm)
+    context, conts = documents(llm)
+    ref = Reference.__new__(Reference)
+    ref.llama = llama_cpp.Llama(path, n_ctx=2048, n_batch=512, logits_all=True, verbose=False, n_threads=2,
+                                flash_attn=True)
+    try:
+        for i, cont in enumerate(conts[:4]):
+            [c] = [f.result(timeout=60) for f in llm.submit(llm.request(context + cont, label_token_ids=groups))]
+            assert i == 0 or c.usage.cached_tokens >= len(context)
+            assert max(abs(a - b) for a, b in zip(c.label_probs, reference_probs(ref, context + cont, groups))) <= EXACT
+    finally:
+        ref.close()
 
 
 def test_a_chat_is_read_at_the_answer_position_its_template_renders(start_llm: Any, model: tuple[str, Reference]) -> None:
