@@ -28,14 +28,10 @@ from llamactor.scheduling.prompt_scores import ScoreState
 from llamactor.scheduling.sequence import Chunk, StepPlan
 from llamactor.tree.output_rows import OutputRows, record_labels
 
+from tests.support.label_scoring import DOCS, QUERY
 from tests.support.scheduling import make_seq
 from tests.support.scoring import EXACT, Reference
 
-QUERY = ("Judge whether the document answers the query. Answer only yes or no.\n"
-         "Query: which animal says moo and gives milk on the farm?\n")
-DOCS = [" The cow says moo and gives milk.", " Paris is the capital of France.", " Dogs bark at night.",
-        " Milk comes from cows on farms.", " Rain falls from clouds.", " A cow is a farm animal.",
-        " Farms grow wheat and corn.", " A duck quacks on the pond."]
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_PREFIX_DRIFT = 0.06  # the measured drift above, with room: a wrong row or id moves it by far more
 
@@ -199,7 +195,7 @@ def test_label_requests_in_flight_when_the_batcher_crashes_start_over_and_answer
 @pytest.mark.timeout(600)
 def test_in_the_batch_invariant_mode_a_document_on_the_shared_prompt_gets_the_numbers_it_gets_alone(
         model_path: str) -> None:
-    run = subprocess.run([sys.executable, "-m", "tests.support.label_invariant_worker", model_path],
+    run = subprocess.run([sys.executable, "-m", "tests.support.label_scoring", model_path],
                          capture_output=True, text=True, timeout=600, cwd=ROOT,
                          env={k: v for k, v in os.environ.items() if k != invariance.TILED_MM_VAR})
     assert run.returncode == 0, run.stderr[-3000:]

@@ -1,8 +1,9 @@
-"""The in-process half of tests/tree/test_label_scoring.py's batch-invariant check, in a fresh
-process (ggml reads ``GGML_CPU_TILED_MM`` once per process: see batch_invariant_worker.py):
-``python -m tests.support.label_invariant_worker MODEL_PATH`` prints one JSON object, each
-document's label probabilities as ``n`` continuations sharing one cached prompt, and alone on a
-tree without the prefix cache (floats round-trip through JSON exactly)."""
+"""Label scoring's test data -- a judging query and documents, as a reranker's prompt would hold
+them -- and the in-process half of tests/tree/test_label_scoring.py's batch-invariant check, run
+in a fresh process (ggml reads ``GGML_CPU_TILED_MM`` once per process: see
+batch_invariant_worker.py): ``python -m tests.support.label_scoring MODEL_PATH`` prints one JSON
+object, each document's label probabilities as ``n`` continuations sharing one cached prompt,
+and alone on a tree without the prefix cache (floats round-trip through JSON exactly)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import llamactor
 QUERY = ("Judge whether the document answers the query. Answer only yes or no.\n"
          "Query: which animal says moo and gives milk on the farm?\n")
 DOCS = [" The cow says moo and gives milk.", " Paris is the capital of France.", " Dogs bark at night.",
-        " Milk comes from cows on farms.", " Rain falls from clouds.", " A cow is a farm animal."]
+        " Milk comes from cows on farms.", " Rain falls from clouds.", " A cow is a farm animal.",
+        " Farms grow wheat and corn.", " A duck quacks on the pond."]
 
 
 def main(path: str) -> None:
