@@ -29,6 +29,11 @@ from typing import Any
 from llamactor.base.tenants import DEFAULT_TENANT
 
 
+# An attached prefix at least this long is a sign that its entry may be asked for again (a few
+# tokens, a BOS and a chat template's opening, are shared by every prompt).
+REUSED_MIN_TOKENS = 16
+
+
 @dataclass(frozen=True, slots=True)
 class KvOp:
     """``seq_rm(seq_id, p0, -1)`` (``p0 = 0``: the whole sequence), or with ``src`` set,
@@ -178,7 +183,7 @@ class PrefixIndex:
         for n in self._path(node):
             n.seq_ids.add(seq_id)
             n.last_used = now
-            n.reused = True
+            n.reused |= match.n_tokens >= REUSED_MIN_TOKENS
         self.counters["hits"] += 1
         self.counters["hit_tokens"] += match.n_tokens
         return [KvOp(seq_id, match.n_tokens, src=match.seq_id)]
@@ -331,7 +336,9 @@ class PrefixIndex:
         if not self.offer_evicted:
             return {}
         path = list(self._path(self.leaf[seq_id]))
-        returning = any(n.reused and not any(self.entries.get(s) for s in n.seq_ids) for n in path)
+        # a long reused run: a short head node that a long attach passed through is every prompt's opening
+        returning = any(n.reused and n.end >= REUSED_MIN_TOKENS and not any(self.entries.get(s) for s in n.seq_ids)
+                        for n in path)
         return {"save": tuple(self.tokens(seq_id)), "scope": self.scopes[seq_id],
                 "runs": max(1, sum(n.runs for n in path)), "returning": returning}
 

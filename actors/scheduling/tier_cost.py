@@ -38,7 +38,7 @@ MIN_PREFILL_ROWS = 32
 # Moving averages: the weight of a new observation.
 EMA_WEIGHT = 0.1
 # Evictions over which the reuse estimate forgets (its counts decay by 1 - 1/REUSE_MEMORY each).
-REUSE_MEMORY = 8.0
+REUSE_MEMORY = 6.0
 # Before any evidence: a returning prefix is likely to come back again, a fresh one as likely as not.
 PRIOR_REUSE = {"returning": 0.75, "fresh": 0.5}
 PRIOR_WEIGHT = 2.0  # the prior counts as this many evictions (it decays like them)

@@ -72,7 +72,8 @@ def test_only_the_cells_leaving_count_as_the_gain_of_a_trimmed_entry() -> None:
 
 
 def test_saves_take_at_most_their_share_of_the_steps() -> None:
-    model = TierCostModel(Calibration(range_ms=1.0, cell_ms=0.0, token_ms=10.0, step_ms=100.0), step_share=0.25)
+    # recomputing is dear: every save pays, whatever the reuse estimate has come down to
+    model = TierCostModel(Calibration(range_ms=1.0, cell_ms=0.0, token_ms=1e6, step_ms=100.0), step_share=0.25)
     # the credit starts at BURST_STEPS steps' share: 100 ms, i.e. 10 saves of 10 ms
     verdicts = [model.decide(candidate(50, n_runs=10)).verdict for _ in range(12)]
     assert verdicts == [Verdict.SAVE] * 10 + [Verdict.OVER_BUDGET] * 2
@@ -167,13 +168,27 @@ def test_an_entry_whose_prefix_was_attached_again_is_offered_as_returning() -> N
     index.attach(turn2, Match(3, turn1), 5.0)  # the conversation came back
     index.extend(turn2, [10, 11], 5.0)
     index.finish(turn2, 6.0, keep=True)  # its entry holds turn1's cells
-    assert next(op for op in index.flush() if op.seq_id == turn2).returning
+    assert not next(op for op in index.flush() if op.seq_id == turn2).returning  # 3 tokens: any prompt's opening
+
+    turn1, _ = index.allocate()
+    index.extend(turn1, list(range(100, 120)), 7.0)
+    index.finish(turn1, 8.0, keep=True)
+    other, _ = index.allocate()  # a prompt sharing only the opening of the conversation's cells
+    index.attach(other, Match(2, turn1), 9.0)
+    index.extend(other, [50, 51, 52], 9.0)
+    index.finish(other, 10.0, keep=True)
+    turn2, _ = index.allocate()
+    index.attach(turn2, Match(20, turn1), 11.0)  # the conversation came back: the opening is reused too
+    index.extend(turn2, [10, 11], 11.0)
+    index.finish(turn2, 12.0, keep=True)
+    ops = {op.seq_id: op for op in index.flush()}
+    assert ops[turn2].returning and not ops[other].returning
 
 
 def test_a_restored_entry_is_offered_as_returning() -> None:
     index = PrefixIndex(n_seq_ids=4, n_cells=1000, offer_evicted=True)
     seq, _ = index.allocate()
-    index.restored(seq, [1, 2, 3, 4], 0.0)
+    index.restored(seq, list(range(1, 21)), 0.0)
     index.extend(seq, [5], 1.0)
     index.finish(seq, 2.0, keep=True)
     assert index.flush()[0].returning
