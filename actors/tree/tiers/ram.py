@@ -24,6 +24,7 @@ from typing import Any
 from llamactor.base.config import Config
 from llamactor.base.logging import get_logger
 from llamactor.tree.tiers.disk import DiskTier, model_identity
+from llamactor.base.errors import EngineError
 from llamactor.native.engine import Engine
 from llamactor.native.kv_state import BUILD, SeqState
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
@@ -76,9 +77,14 @@ class CacheTiers:
     def calibrate_on(self, engine: Engine) -> None:
         """The save cost model, measured on ``engine``'s empty context (once: a restarted
         batcher's engine is the same device, and the model has learned since)."""
-        if self.cost is None:
+        if self.cost is not None:
+            return
+        try:
             self.cost = TierCostModel(calibrate(engine))
-            log.info("cache_tier_calibrated", **self.cost.stats())
+        except (EngineError, RuntimeError) as e:  # a context too small to measure in: every eviction is saved
+            log.warning("cache_tier_calibration_failed", error=str(e))
+            return
+        log.info("cache_tier_calibrated", **self.cost.stats())
 
     def stepped(self, n_rows: int, ms: float) -> None:
         """A decode step of ``n_rows`` rows took ``ms`` (the cost model's step time and prefill rate)."""
@@ -134,7 +140,8 @@ class CacheTiers:
         with self.lock:
             if self._covered(op.scope, op.save):
                 return
-            candidate = SaveCandidate(len(op.save), min(op.runs, len(op.save)), len(op.save) - op.p0, op.returning)
+            n_runs = min(max(op.runs, 1), len(op.save))
+            candidate = SaveCandidate(len(op.save), n_runs, len(op.save) - op.p0, op.returning)
             decision = self.cost.decide(candidate) if self.cost is not None else None
             if decision is not None and not decision.save:
                 self._add_ghost(op.scope, op.save, op.returning)
