@@ -11,6 +11,7 @@ import pytest
 
 from llamactor.base.errors import ModelLoadError, SequenceLimitError
 from llamactor.native.engine import Engine
+from llamactor.native.graph_sampling import TOKEN_NULL, ChainParams, GraphChain
 
 from tests.conftest import decode_prompt
 
@@ -58,3 +59,27 @@ def test_a_sequence_count_function_gets_the_models_most(model_path: str, instruc
         Engine(path, n_ctx=512, n_batch=64, n_ubatch=64, n_seq_max=seq_ids, n_threads=2).close()
     assert [most for most, _ in asked] == [128, 256] and asked[1][1] == instruct_path.rsplit("/", 1)[-1]
     assert issubclass(SequenceLimitError, ModelLoadError)
+
+
+def test_a_row_sampled_in_the_graph_needs_no_shadow_on_a_model_without_sliding_window_layers(
+        instruct_path: str) -> None:
+    e = Engine(instruct_path, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=256, n_threads=2, graph_sampling=True)
+    chain = GraphChain(ChainParams(temperature=0.0, top_k=40, top_p=0.95, min_p=0.05), e.n_vocab)
+    try:
+        assert e.graph_sampling
+        tokens = e.tokenizer.tokenize("The lighthouse keeper climbed the stairs every night to light the")
+        for seq_id in (3, 250):
+            e.prefill(seq_id, tokens[:-1])
+        e.attach_chain(250, chain)  # 250: an id a context with shadows could not have
+        n = len(tokens)
+        result = e.decode(np.full(2, tokens[-1], np.int32), np.full(2, n - 1, np.int32), np.array([3, 250], np.int32),
+                          np.ones(2, np.int8))
+        assert result.tokens is not None and int(result.tokens[0]) == TOKEN_NULL
+        assert int(result.tokens[1]) == int(np.argmax(result.logits[0]))  # greedy in the graph, as on the host
+        e.attach_chain(250, None)
+        e.seq_rm(250, 0, 4)  # the KV operations after graph rows: nothing for a shadow to catch up with
+        assert (e.seq_pos_min(250), e.seq_pos_max(250)) == (4, n - 1)
+    finally:
+        e.attach_chain(250, None)
+        chain.free()
+        e.close()
