@@ -60,8 +60,7 @@ class LoraParam(click.ParamType):
 CONFIG_TWEAKS: dict[str, Tweak] = {
     "model": Tweak("GGUF file (default: Gemma 3 270M Q4_K_M)."),
     "n_ctx": Tweak("KV cache cells shared by all sequences."),
-    "n_parallel": Tweak("Sequences decoded together: at most 254, or 126 on a model with sliding-window "
-                        "layers (Gemma 3), whose sequences each take a shadow id too; checked when the model loads."),
+    "n_parallel": Tweak("Sequences decoded together (at most 254; 126 with sliding-window layers)."),
     "n_seq_ids": Tweak("Sequence ids: running + system prompt + cached prefixes; each costs a logits row "
                        "(2 MiB for a 262k vocabulary); at most 256, or 128 with sliding-window layers.",
                        show_default="n_parallel + 2 + max(n_parallel, 32), cut to the model's most"),
