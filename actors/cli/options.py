@@ -60,9 +60,10 @@ class LoraParam(click.ParamType):
 CONFIG_TWEAKS: dict[str, Tweak] = {
     "model": Tweak("GGUF file (default: Gemma 3 270M Q4_K_M)."),
     "n_ctx": Tweak("KV cache cells shared by all sequences."),
-    "n_parallel": Tweak("Sequences decoded together."),
+    "n_parallel": Tweak("Sequences decoded together (at most 254; 126 with sliding-window layers)."),
     "n_seq_ids": Tweak("Sequence ids: running + system prompt + cached prefixes; each costs a logits row "
-                       "(2 MiB for a 262k vocabulary).", show_default="n_parallel + 2 + max(n_parallel, 32)"),
+                       "(2 MiB for a 262k vocabulary); at most 256, or 128 with sliding-window layers.",
+                       show_default="n_parallel + 2 + max(n_parallel, 32), cut to the model's most"),
     "n_batch": Tweak("Token budget of one decode step (at least --n-parallel)."),
     "n_ubatch": Tweak("Tokens llama.cpp computes at once within a step (0: min(n_batch, 512))."),
     "n_threads": Tweak("CPU threads.", show_default="all cores"),

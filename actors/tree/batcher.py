@@ -27,7 +27,7 @@ import pykka
 import structlog
 
 from llamactor.base.config import Config
-from llamactor.base.errors import StepAbortedError
+from llamactor.base.errors import ModelLoadError, StepAbortedError
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import AuditKv, BatcherFailed, BatcherReady, CallerMessage, Cancel, Embed, FlushDue, \
     Generate, GetStats, InjectCrash, PromptPrepared, Step, Tokenize
@@ -82,7 +82,7 @@ class BatcherActor(pykka.ThreadingActor):
         try:
             cfg = self.config
             self.engine = Engine(self.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
-                                 n_seq_max=cfg.seq_ids, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
+                                 n_seq_max=cfg.seq_ids_within, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
                                  chat_template=cfg.chat_template, kv_type=cfg.kv_type, flash_attn=cfg.flash_attn,
                                  test_hang=cfg.watchdog_test_hang and self.generation == 1,
                                  graph_sampling=cfg.sample_in_graph, loras=cfg.loras,
@@ -162,7 +162,8 @@ class BatcherActor(pykka.ThreadingActor):
         if self.supervisor is not None:
             tell_quietly(self.supervisor, BatcherFailed(self.generation, repr(error),
                                                         watchdog=isinstance(error, StepAbortedError),
-                                                        suspects=suspects))
+                                                        suspects=suspects,
+                                                        load_error=error if isinstance(error, ModelLoadError) else None))
 
     def _on_watchdog_fired(self, step_no: int, elapsed_s: float, shape: dict[str, Any]) -> None:
         """Watchdog thread: log the hung step; the watchdog then sets the engine's abort flag."""
