@@ -63,6 +63,8 @@ class Client(Protocol):
     def submit_rank_pairs(self, query: str, documents: Sequence[str], *, max_doc_tokens: int | None = None,
                           truncation: bool = True, template: str | None = None, tenant: str | Tenant | None = None,
                           request_id: str | None = None) -> Future[RankScores]: ...
+
+
 WINDOW_GROUPS = 2  # groups of one rerank waiting at once
 
 
