@@ -8,7 +8,6 @@ unknown model -- never a 5xx, which LlamaIndex's ``CohereRerank`` would retry fo
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,9 @@ from llama_index.postprocessor.jinaai_rerank import JinaRerank
 
 from llamactor.handles.rank_pairs import rank_pair_tokens
 
-from tests.conftest import NEAR_TIE
 from tests.support.daemon import API_KEY, Daemon, start_daemon
 from tests.support.keys import write_keys_file
+from tests.support.rerank_scores import assert_ranked, same_score
 from tests.support.rank_gguf import reference_scores, vocab_tokenizer, write_rank_gguf
 
 MODEL = "ranker"
@@ -63,28 +62,6 @@ def reference(daemon: Daemon) -> dict[int, float]:
                    headers=HEADERS, timeout=120)
     assert r.status_code == 200, r.text
     return {x["index"]: x["relevance_score"] for x in r.json()["results"]}
-
-
-def same_score(a: float, b: float) -> bool:
-    """One document's probability in two requests: their batches differ in shape, and llama.cpp's
-    kernels with them (tests/conftest.py, NEAR_TIE: each logit by up to that much), so the log-odds
-    may differ by up to twice it."""
-    def log_odds(p: float) -> float:
-        p = min(max(p, 1e-9), 1 - 1e-9)
-        return math.log(p / (1 - p))
-    return abs(log_odds(a) - log_odds(b)) <= 2 * NEAR_TIE
-
-
-def assert_ranked(pairs: list[tuple[int, float]], reference: dict[int, float], n: int) -> None:
-    """``n`` distinct documents, best first, each with its reference score (up to ``same_score``),
-    none kept that scored clearly below one left out."""
-    indices = [i for i, _ in pairs]
-    assert len(pairs) == n and len(set(indices)) == n and set(indices) <= set(reference)
-    scores = [s for _, s in pairs]
-    assert all(0.0 <= s <= 1.0 for s in scores) and scores == sorted(scores, reverse=True)
-    assert all(same_score(score, reference[index]) for index, score in pairs), (pairs, reference)
-    dropped = [reference[i] for i in reference if i not in indices]
-    assert all(same_score(reference[i], min(reference[i], d)) for i in indices for d in dropped)
 
 
 def test_the_reference_scores_every_document_with_a_probability(reference: dict[int, float]) -> None:
