@@ -132,6 +132,10 @@ class Config:
     # (docs/performance.md, *Scoring drift under lm-eval*); off: it attaches a cached prefix --
     # fewer tokens computed, its log-probabilities off by up to ~0.2 nats.
     score_exact: bool = True
+    # (The server's default for speculation is a sampling default like any other: ``speculation =
+    # "ngram"`` among a model's options.) Drafts only fill a step's idle budget (docs/architecture.md,
+    # *Speculation*).
+    draft_max: int = 16  # the most drafted tokens one sequence verifies in a step
     cache_ram_mib: int = 1024  # host RAM for cached prefixes evicted from the KV cells (restored on a hit); 0: off
     cache_dir: str | None = None  # a directory keeping cached prefixes across restarts; None: off
     cache_dir_mib: int = 4096  # the most the cache directory holds (least recently used files go first)
@@ -221,6 +225,8 @@ class Config:
                  f"embedding_n_seq_max must be in [1, 256], got {self.embedding_n_seq_max}")
         _require(0.0 < self.embedding_time_share < 1.0,
                  f"embedding_time_share must be in (0, 1), got {self.embedding_time_share}")
+        _require(isinstance(self.draft_max, int) and 1 <= self.draft_max <= 64,
+                 f"draft_max must be in [1, 64], got {self.draft_max!r}")
         _require(0.0 < self.score_time_share <= 10.0,
                  f"score_time_share must be in (0, 10], got {self.score_time_share}")
         _require(1 <= self.score_rows_per_step <= self.n_batch,

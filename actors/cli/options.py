@@ -90,6 +90,7 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
     "score_time_share": Tweak("What scoring may add to a step beside other callers' work, as a fraction of it."),
     "score_exact": Tweak("A prompt being scored computes its KV whole, equal to scoring it alone (off: it "
                          "attaches a cached prefix: faster, off by up to ~0.2 nats)."),
+    "draft_max": Tweak("The most drafted tokens (a prediction's, n-gram lookup's) one sequence verifies in a step."),
     "cache_ram_mib": Tweak("Host RAM (MiB) keeping cached prefixes evicted from the KV cells; restored on a "
                            "hit. 0 turns it off."),
     "cache_dir": Tweak("A directory keeping cached prefixes across restarts (written at shutdown and as "
@@ -152,6 +153,8 @@ SAMPLING_TWEAKS: dict[str, Tweak] = {
     "seed": Tweak("Sampling seed.", show_default="random"),
     "stop": Tweak("A string that ends the answer; repeat the option for several."),
     "ignore_eos": Tweak("Go on past the end-of-generation token."),
+    "speculation": Tweak("Draft tokens from the sequence's own prompt and output and verify them in the step "
+                         "('ngram', prompt lookup) or not ('off'); outputs are the same either way."),
 }
 # Not options: test hooks, the nested SamplingParams itself, and per-request values that have no
 # meaning as a process-wide default or no command-line form (they stay API / HTTP fields).
@@ -161,7 +164,7 @@ SAMPLING_TWEAKS: dict[str, Tweak] = {
 TRANSPORT_FIELDS = ("body_timeout_s", "header_timeout_s", "keep_alive_s", "limit_concurrency", "max_header_bytes",
                     "allowed_hosts", "allowed_origins")
 HIDDEN = frozenset({"watchdog_test_hang", "sampling", "given", "logprobs", "top_logprobs", "prompt_logprobs", "grammar", "logit_bias",
-                    "tenants", *TRANSPORT_FIELDS})
+                    "prediction", "tenants", *TRANSPORT_FIELDS})
 
 
 def _base_type(annotation: Any) -> tuple[Any, bool]:
