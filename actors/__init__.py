@@ -33,11 +33,12 @@ from llamactor.base.errors import (
     QueueFullError,
     RateLimitError,
     RequestFailedError,
+    SequenceLimitError,
 )
 
 __all__ = [
     "LLM", "start", "Client", "Router", "Replicas", "ModelSpec", "Completion", "Embeddings", "Tokenized", "Timings", "Usage", "Config", "SamplingParams", "Grammar",
     "LlamactorError", "InvalidRequestError", "QueueFullError", "RateLimitError", "PermissionDeniedError", "ContextFullError", "ContextExceededError", "CancelledError",
     "BatcherRestartedError", "BatcherUnavailableError", "EngineError", "ModelLoadError", "ModelNotFoundError",
-    "BatchInvarianceError", "RequestFailedError", "PoisonRequestError", "ModelNotLoadedError",
+    "BatchInvarianceError", "RequestFailedError", "PoisonRequestError", "ModelNotLoadedError", "SequenceLimitError",
 ]

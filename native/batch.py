@@ -6,10 +6,12 @@ at construction, to its own slot of one flat int32 array, so a whole step is fil
 numpy slice assignments: one batch at ``n_batch`` capacity, reused (docs/architecture.md, *A request,
 module by module*, step 5).
 
-Every token carries two seq_ids: its sequence's and that sequence's *shadow* (``seq_id +
-shadow_offset``). A KV cell then always belongs to at least two sequences, which keeps llama.cpp's
-sliding-window cache from recycling it once it falls out of its sequence's window (it reuses only
-cells with a single owner): cached prefixes keep every cell a later request may attach.
+On a model with sliding-window layers every token carries two seq_ids: its sequence's and that
+sequence's *shadow* (``seq_id + shadow_offset``). A KV cell then always belongs to at least two
+sequences, which keeps llama.cpp's sliding-window cache from recycling it once it falls out of its
+sequence's window (it reuses only cells with a single owner): cached prefixes keep every cell a
+later request may attach. A model without them needs no shadows (``shadow_offset`` None): its
+cells stay while any sequence owns them, and all of llama.cpp's ids are sequences.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ class ReusableBatch:
     """One fixed-capacity batch. Used by the batcher thread only."""
 
     def __init__(self, capacity: int, shadow_offset: int | None) -> None:
-        """``shadow_offset`` None: one seq_id per token, no shadows (embedding steps)."""
+        """``shadow_offset`` None: one seq_id per token, no shadows (embedding steps, models
+        without sliding-window layers)."""
         self.capacity = capacity
         self.shadow_offset = shadow_offset
         self.token = np.zeros(capacity, dtype=np.int32)

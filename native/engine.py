@@ -7,10 +7,11 @@ slot) retries the step in halves down to single tokens and reports the sequences
 not fit; 2 (aborted through ``abort_flag``, by the batcher's watchdog) raises ``StepAbortedError``;
 anything else raises ``EngineError``. Both crash the batcher on purpose.
 
-Sequence ids: callers use ``0 .. n_seq_max - 1``; the context holds twice as many, because each
-sequence has a shadow id that co-owns all its cells (see ``native/batch.py``). Every KV operation
-applies to both, so to a caller the shadows do not exist. Hence ``MAX_SEQUENCES`` is half of
-llama.cpp's ``LLAMA_MAX_SEQ``.
+Sequence ids: callers use ``0 .. n_seq_max - 1``. On a model with sliding-window layers the
+context holds twice as many, because each sequence has a shadow id that co-owns all its cells
+(see ``native/batch.py``); every KV operation applies to both, so to a caller the shadows do not
+exist. Hence such a model holds at most half of llama.cpp's ``LLAMA_MAX_SEQ`` sequences, and any
+other model all of them (``llamactor.base.config.max_sequences``; ``EngineInfo.shadow_ids``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from llamactor.native.batch import ReusableBatch
 from llamactor.native.embedding import Embedder
 from llamactor.native.graph_sampling import TOKEN_NULL, GraphChain, GraphSamplers, probe_chain
 from llamactor.native.kv_state import SeqState
-from llamactor.native.loading import load_model
+from llamactor.native.loading import SeqIds, load_model
 
 
 @dataclass(slots=True)
@@ -47,13 +48,14 @@ class Engine:
     """One loaded model and its context; the batcher actor's thread calls every method after the
     constructor (the watchdog's thread only sets ``abort_flag``)."""
 
-    def __init__(self, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
+    def __init__(self, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: SeqIds,
                  n_threads: int, n_gpu_layers: int | None = None, chat_template: str | None = None,
                  kv_type: str = "f16", flash_attn: str = "auto", test_hang: bool = False,
                  graph_sampling: bool | None = None, loras: tuple[tuple[str, str], ...] = (),
                  batch_invariant: bool = False) -> None:
         """Load the model and its context (``native/loading.py``), then make what decoding reuses:
-        the batches, the output pages, the graph's samplers."""
+        the batches, the output pages, the graph's samplers. ``n_seq_max``: the sequence ids, or a
+        function of the model's most that gives them (``native/loading.py``, ``SeqIds``)."""
         self.abort_flag = AbortFlag()  # set from the watchdog's thread: stops the running decode
         loaded = load_model(model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
                             n_threads=n_threads, n_gpu_layers=n_gpu_layers, chat_template=chat_template,
@@ -64,7 +66,8 @@ class Engine:
         self.tokenizer, self.adapters, self.chat_template = loaded.tokenizer, loaded.adapters, loaded.chat_template
         self.info = loaded.info
         self.n_vocab = self.tokenizer.n_vocab
-        self._shadow = self.info.n_seq_max
+        # A sequence's shadow id is seq_id + this; None: the model needs no shadows.
+        self._shadow = self.info.n_seq_max if self.info.shadow_ids else None
         # Sliding-window layers (Gemma 3: 512 positions); 0 when the model has none.
         self.n_swa = llama_cpp.llama_model_n_swa(self.model) if hasattr(llama_cpp, "llama_model_n_swa") else 0
         # A recurrent state cannot be cut at a position: such models get no lower cache tiers.
@@ -214,13 +217,15 @@ class Engine:
         """Remove ``seq_id`` from its cells at positions [p0, p1) (-1: open end); freed when unowned."""
         self.graph.cover(seq_id)
         llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
-        llama_cpp.llama_memory_seq_rm(self.memory, seq_id + self._shadow, p0, p1)
+        if self._shadow is not None:
+            llama_cpp.llama_memory_seq_rm(self.memory, seq_id + self._shadow, p0, p1)
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Let ``dst`` share ``src``'s cells at positions [p0, p1): no copy in the unified cache."""
         self.graph.cover(src)
         llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
-        llama_cpp.llama_memory_seq_cp(self.memory, src, dst + self._shadow, p0, p1)
+        if self._shadow is not None:
+            llama_cpp.llama_memory_seq_cp(self.memory, src, dst + self._shadow, p0, p1)
 
     def clear(self) -> None:
         self.graph.cover_all()  # nothing left to cover after the clear
@@ -245,12 +250,15 @@ class Engine:
             raise RuntimeError(f"sequence {seq_id} holds positions {self.seq_pos_min(seq_id)}.."
                                f"{self.seq_pos_max(seq_id)}, not 0..{n_tokens - 1}")
         self.graph.cover(seq_id)
-        return kv_state.save(self.ctx, self.memory, seq_id, seq_id + self._shadow, n_tokens, self.n_swa)
+        return kv_state.save(self.ctx, self.memory, seq_id, self._shadow_of(seq_id), n_tokens, self.n_swa)
 
     def restore_seq(self, seq_id: int, state: SeqState, scratch_id: int) -> bool:
         """Put a saved state into the empty ``seq_id``; ``scratch_id``, an empty sequence nobody
         uses meanwhile, carries the older sliding-window cells. False: refused, nothing changed."""
-        return kv_state.restore(self.ctx, self.memory, seq_id, seq_id + self._shadow, scratch_id, state)
+        return kv_state.restore(self.ctx, self.memory, seq_id, self._shadow_of(seq_id), scratch_id, state)
+
+    def _shadow_of(self, seq_id: int) -> int | None:
+        return None if self._shadow is None else seq_id + self._shadow
 
     def embedder(self, n_batch: int, n_seq_max: int) -> Embedder:
         """The embedding contexts on this engine's model, made on first use."""

@@ -137,7 +137,8 @@ class GraphSamplers:
     the sequence (the engine calls it), so the rest of the engine sees the usual invariant.
     """
 
-    def __init__(self, ctx: object, memory: object, shadow_offset: int, n_swa: int) -> None:
+    def __init__(self, ctx: object, memory: object, shadow_offset: int | None, n_swa: int) -> None:
+        """``shadow_offset`` None: the model's sequences have no shadows, so nothing to cover."""
         self._ctx, self._memory, self._shadow = ctx, memory, shadow_offset
         self.every = max(1, n_swa // 2) if n_swa > 0 else 256
         self.chains: dict[int, GraphChain] = {}
@@ -157,6 +158,8 @@ class GraphSamplers:
 
     def decoded(self, seq_ids: Sequence[int], positions: Sequence[int]) -> None:
         """Rows without a shadow were decoded at these (sequence, position)s."""
+        if self._shadow is None:
+            return
         for seq_id, pos in zip(seq_ids, positions):
             start = self._unshadowed.setdefault(seq_id, pos)
             if pos + 1 - start >= self.every:
@@ -165,7 +168,7 @@ class GraphSamplers:
     def cover(self, seq_id: int) -> None:
         """Make ``seq_id``'s shadow co-own the cells its graph-sampled rows left single-owned."""
         start = self._unshadowed.pop(seq_id, None)
-        if start is not None:
+        if start is not None and self._shadow is not None:
             llama_cpp.llama_memory_seq_cp(self._memory, seq_id, seq_id + self._shadow, start, -1)
 
     def cover_all(self) -> None:

@@ -58,14 +58,15 @@ def _set(ctx: Any, seq_id: int, data: bytes, flags: int) -> bool:
     return llama_cpp.llama_state_seq_set_data_ext(ctx, buf, len(data), seq_id, flags) > 0
 
 
-def save(ctx: Any, memory: Any, seq_id: int, shadow: int, n_tokens: int, n_swa: int) -> SeqState:
-    """Copy out positions ``0 .. n_tokens - 1`` of ``seq_id`` (whose shadow is ``shadow``).
+def save(ctx: Any, memory: Any, seq_id: int, shadow: int | None, n_tokens: int, n_swa: int) -> SeqState:
+    """Copy out positions ``0 .. n_tokens - 1`` of ``seq_id`` (whose shadow is ``shadow``; None:
+    a model without sliding-window layers, whose sequences have none).
 
     The shadow is trimmed window by window to save the older sliding-window cells, then made to
     co-own every cell of ``seq_id`` again; nothing is allocated meanwhile, so no cell is lost."""
     full = _get(ctx, seq_id, 0)
     windows: list[bytes] = []
-    if n_swa > 0 and n_tokens > n_swa:
+    if shadow is not None and n_swa > 0 and n_tokens > n_swa:
         end = n_tokens - n_swa  # ``full`` holds the sliding-window layers' positions from here on
         try:
             while end > 0:
@@ -78,11 +79,11 @@ def save(ctx: Any, memory: Any, seq_id: int, shadow: int, n_tokens: int, n_swa: 
     return SeqState(n_tokens, full, tuple(windows))
 
 
-def restore(ctx: Any, memory: Any, seq_id: int, shadow: int, scratch: int, state: SeqState) -> bool:
-    """Put ``state`` into the empty ``seq_id`` (and its shadow); False, with nothing left behind,
-    when llama.cpp refuses it (no room, or bytes of another layout)."""
+def restore(ctx: Any, memory: Any, seq_id: int, shadow: int | None, scratch: int, state: SeqState) -> bool:
+    """Put ``state`` into the empty ``seq_id`` (and its shadow, if it has one); False, with nothing
+    left behind, when llama.cpp refuses it (no room, or bytes of another layout)."""
     ok = _set(ctx, seq_id, state.full, 0)
-    if ok:
+    if ok and shadow is not None:
         # Co-owned at once: a cell with one owner outside its window may be reused by the next
         # allocation in the sliding-window cache.
         llama_cpp.llama_memory_seq_cp(memory, seq_id, shadow, -1, -1)
@@ -96,5 +97,6 @@ def restore(ctx: Any, memory: Any, seq_id: int, shadow: int, scratch: int, state
                 break
     if not ok:
         for s in (seq_id, shadow):
-            llama_cpp.llama_memory_seq_rm(memory, s, -1, -1)
+            if s is not None:
+                llama_cpp.llama_memory_seq_rm(memory, s, -1, -1)
     return ok

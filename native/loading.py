@@ -1,8 +1,9 @@
 """Loading a GGUF model into llama.cpp: the model, its one context, and ``EngineInfo``.
 
 The backend is set up once per process (its log kept to errors); the model loads with the layers
-asked for on a GPU; the context gets llamactor's settings: a shadow id per sequence (twice
-llama.cpp's sequences, see ``native/batch.py``), one unified KV pool, the KV cache type and flash
+asked for on a GPU; the context gets llamactor's settings: on a model with sliding-window layers a
+shadow id per sequence (twice the sequences, see ``native/batch.py``; so half of llama.cpp's 256
+ids for them, all 256 on other models), one unified KV pool, the KV cache type and flash
 attention, the abort flag the watchdog sets; then the model's metadata (its recommended sampling among
 it), its LoRA adapters and its chat template are read, and ``EngineInfo`` says what llama.cpp made. ``Engine``
 (``native/engine.py``) holds what ``load_model`` returns, decodes on it and frees it.
@@ -15,15 +16,16 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp
 
 from llamactor.base.chat_template import ChatTemplate
-from llamactor.base.config import MAX_SEQUENCES
+from llamactor.base.config import max_sequences
 from llamactor.base.engine_info import EngineInfo
-from llamactor.base.errors import ModelLoadError
+from llamactor.base.errors import ModelLoadError, SequenceLimitError
 from llamactor.base.sampling_defaults import gguf_sampling
 from llamactor.native import amx_guard, devices, invariance
 from llamactor.native.abort import AbortFlag, TestHang
@@ -72,16 +74,26 @@ class LoadedModel:
     test_hang: TestHang | None
 
 
-def load_model(model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int, n_threads: int,
+# The sequence ids a context is made with: a number, or a function of the model's most and its
+# name that gives it (``Config.seq_ids_within``: a default cut to the model, an error beyond it).
+SeqIds = int | Callable[[int, str], int]
+
+
+def load_model(model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: SeqIds, n_threads: int,
                n_gpu_layers: int | None, chat_template: str | None, kv_type: str, flash_attn: str,
                test_hang: bool, loras: tuple[tuple[str, str], ...], batch_invariant: bool,
                abort_flag: AbortFlag) -> LoadedModel:
     """The model at ``model_path`` and its context (``ModelLoadError`` if llama.cpp refuses
-    either); decodes stop when ``abort_flag`` is set."""
-    model, cparams, n_gpu_layers = _open_model(model_path, n_seq_max=n_seq_max, n_threads=n_threads,
-                                               n_gpu_layers=n_gpu_layers, batch_invariant=batch_invariant)
-    _set_context_params(cparams, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
-                        n_threads=n_threads, kv_type=kv_type, flash_attn=flash_attn, batch_invariant=batch_invariant)
+    either, ``SequenceLimitError`` if ``n_seq_max`` is more than the model holds); decodes stop
+    when ``abort_flag`` is set."""
+    model, cparams, n_gpu_layers = _open_model(model_path, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+                                               batch_invariant=batch_invariant)
+    n_seq_max, shadows = _sequence_ids(model, model_path, n_seq_max)
+    if is_ranking(model):  # it never generates: KV past the longest input it reads would be memory for nothing
+        n_ctx = min(n_ctx, llama_cpp.llama_model_n_ctx_train(model))
+    _set_context_params(cparams, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+                        n_seq_ids=n_seq_max * (2 if shadows else 1), n_threads=n_threads, kv_type=kv_type,
+                        flash_attn=flash_attn, batch_invariant=batch_invariant)
     cparams.abort_callback = abort_flag.callback
     cparams.abort_callback_data = abort_flag.data
     hang = TestHang(abort_flag, cparams) if test_hang else None
@@ -96,11 +108,34 @@ def load_model(model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int, n_se
     template = ChatTemplate(metadata.get("tokenizer.chat_template"), bos_token=tokenizer.bos_text,
                             eos_token=tokenizer.eos_text, override=chat_template)
     info = _engine_info(model, ctx, model_path, metadata, tokenizer, template, n_threads=n_threads, kv_type=kv_type,
-                        n_gpu_layers=n_gpu_layers, batch_invariant=batch_invariant)
+                        n_gpu_layers=n_gpu_layers, batch_invariant=batch_invariant, shadow_ids=shadows)
     return LoadedModel(model, ctx, tokenizer, adapters, template, info, hang)
 
 
-def _open_model(model_path: str, *, n_seq_max: int, n_threads: int, n_gpu_layers: int | None,
+def has_sliding_window(model: Any) -> bool:
+    """Whether ``model`` has sliding-window layers (Gemma 3: 512 positions), whose cells llama.cpp
+    recycles once out of a single owner's window: its sequences need shadow ids (``native/batch.py``)."""
+    return llama_cpp.llama_model_n_swa(model) > 0
+
+
+def _sequence_ids(model: Any, model_path: str, n_seq_max: SeqIds) -> tuple[int, bool]:
+    """The sequence ids the caller asked for on this model, and whether each needs a shadow id;
+    the model is freed before an error (``SequenceLimitError`` beyond its most) goes on."""
+    shadows = has_sliding_window(model)
+    most, name = max_sequences(shadows), os.path.basename(model_path)
+    try:
+        wanted = n_seq_max(most, name) if callable(n_seq_max) else n_seq_max
+        if not 1 <= wanted <= most:
+            raise SequenceLimitError(f"{name} holds at most {most} sequence ids in one context"
+                                     f"{' (sliding-window layers: each sequence also takes a shadow id)' if shadows else ''}"
+                                     f", got n_seq_max={wanted}", max_sequences=most)
+    except BaseException:
+        llama_cpp.llama_model_free(model)
+        raise
+    return wanted, shadows
+
+
+def _open_model(model_path: str, *, n_threads: int, n_gpu_layers: int | None,
                 batch_invariant: bool) -> tuple[Any, Any, int]:
     """The loaded model, the context parameters to complete, and the layers on a GPU."""
     init_backend()
@@ -108,8 +143,6 @@ def _open_model(model_path: str, *, n_seq_max: int, n_threads: int, n_gpu_layers
     amx_guard.check(llama_cpp.llama_print_system_info().decode(errors="replace"))
     if batch_invariant:
         invariance.claim_tiled_mm_off()  # before this process's first matmul, or refused
-    if not 1 <= n_seq_max <= MAX_SEQUENCES:
-        raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}], got {n_seq_max}")
     if not os.path.isfile(model_path):
         raise ModelLoadError(f"model file not found: {model_path}")
     mparams = llama_cpp.llama_model_default_params()
@@ -125,22 +158,24 @@ def _open_model(model_path: str, *, n_seq_max: int, n_threads: int, n_gpu_layers
     return model, cparams, int(mparams.n_gpu_layers)
 
 
-def _set_context_params(cparams: Any, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int, n_threads: int,
+def _set_context_params(cparams: Any, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_ids: int, n_threads: int,
                         kv_type: str, flash_attn: str, batch_invariant: bool) -> None:
-    """llamactor's context settings (batch-invariant mode set its threads and flash attention already)."""
+    """llamactor's context settings (batch-invariant mode set its threads and flash attention already);
+    ``n_seq_ids``: llama.cpp's sequence ids, the shadows' included."""
     cparams.n_ctx = n_ctx
     cparams.n_batch = n_batch
     cparams.n_ubatch = n_ubatch
-    cparams.n_seq_max = 2 * n_seq_max  # each sequence and its shadow
+    cparams.n_seq_max = n_seq_ids
     # llama.cpp reserves an output row per sequence id, asserting they fit its outputs (n_batch by
     # default): a small context (n_batch cut to n_ctx) with the default id pool would abort.
-    cparams.n_outputs_max = max(n_batch, 2 * n_seq_max)
+    cparams.n_outputs_max = max(n_batch, n_seq_ids)
     if not batch_invariant:
         cparams.n_threads = cparams.n_threads_batch = n_threads
     cparams.kv_unified = True  # one KV pool: a shared prefix is stored once, not per sequence
     # Shadows keep sliding-window cells alive as long as their sequence holds them, so the
     # SWA cache must have as many cells as the full one (it does anyway once n_swa * n_seq_max
-    # exceeds n_ctx, e.g. 512 * 256 for Gemma 3: no extra memory at the usual sizes).
+    # exceeds n_ctx, e.g. 512 * 256 for Gemma 3: no extra memory at the usual sizes; no effect
+    # on a model without sliding-window layers).
     cparams.swa_full = True
     cparams.no_perf = True
     cparams.type_k = cparams.type_v = _KV_GGML_TYPES[kv_type]
@@ -176,7 +211,7 @@ def read_metadata(model: Any) -> dict[str, str]:
 
 def _engine_info(model: Any, ctx: Any, model_path: str, metadata: dict[str, str], tokenizer: Tokenizer,
                  template: ChatTemplate, *, n_threads: int, kv_type: str, n_gpu_layers: int,
-                 batch_invariant: bool) -> EngineInfo:
+                 batch_invariant: bool, shadow_ids: bool) -> EngineInfo:
     """What llama.cpp made of the model and the context (its sizes, not the ones asked for)."""
     n_ctx = llama_cpp.llama_n_ctx(ctx)
     n_ctx_seq = llama_cpp.llama_n_ctx_seq(ctx) if hasattr(llama_cpp, "llama_n_ctx_seq") else n_ctx
@@ -189,7 +224,7 @@ def _engine_info(model: Any, ctx: Any, model_path: str, metadata: dict[str, str]
         n_vocab=tokenizer.n_vocab, n_embd=llama_cpp.llama_model_n_embd(model),
         embedding_pooling=default_pooling(model), n_ctx_train=llama_cpp.llama_model_n_ctx_train(model),
         n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_batch=llama_cpp.llama_n_batch(ctx),
-        n_ubatch=llama_cpp.llama_n_ubatch(ctx), n_seq_max=llama_cpp.llama_n_seq_max(ctx) // 2,
+        n_ubatch=llama_cpp.llama_n_ubatch(ctx), n_seq_max=llama_cpp.llama_n_seq_max(ctx) // (2 if shadow_ids else 1), shadow_ids=shadow_ids,
         n_threads=n_threads, kv_type=kv_type, chat_template=template.name,
         looks_like_base_model=template.base_model,
         metadata={k: v for k, v in metadata.items() if k != "tokenizer.chat_template"},

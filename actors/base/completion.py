@@ -14,6 +14,10 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int  # prompt tokens whose KV was attached from the prefix cache, not computed
+    # Drafted tokens (a prediction's or n-gram lookup's) the model agreed with, and those it did not
+    # (OpenAI's completion_tokens_details; rejected ones were computed, so quotas count them).
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

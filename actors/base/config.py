@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamactor.base.adapters import parse_loras
-from llamactor.base.errors import InvalidRequestError, require as _require
+from llamactor.base.errors import InvalidRequestError, SequenceLimitError, require as _require
 from llamactor.base.chat_template import ChatTemplateError, check_template_syntax
 from llamactor.base.priority import check_policy
 from llamactor.base.sampling import SamplingParams
@@ -21,10 +21,11 @@ from llamactor.base.tenants import Tenant
 from llamactor.base.unset import fill_unset, set_options
 
 
-# Sequences one llama context may hold: llama.cpp's LLAMA_MAX_SEQ (256) halved, because the
-# engine gives every sequence a shadow id (native/batch.py). Running sequences, pinned system
-# prompts and cached prefixes share them.
-MAX_SEQUENCES = 128
+# Sequence ids one llama context may hold: llama.cpp's LLAMA_MAX_SEQ. Running sequences, pinned
+# system prompts and cached prefixes share them. A model with sliding-window layers holds half:
+# the engine gives each of its sequences a shadow id (native/batch.py), so the most is per model
+# (``max_sequences``), checked where the model is loaded (``Config.seq_ids_within``).
+MAX_SEQUENCES = 256
 # Sequence ids a configured system prompt pins (its raw and its chat-template form).
 PINNED_SEQ_IDS = 2
 # Cached prefixes the default id pool has room for, at least (more with a larger n_parallel).
@@ -34,6 +35,11 @@ DEFAULT_CACHED_SEQ_IDS = 32
 KV_TYPES = ("f16", "q8_0", "q4_0")
 FLASH_ATTN = ("auto", "on", "off")  # llama.cpp's flash attention: auto (where the backend has it)
 LOAD_ON_REQUEST = ("admins", "tenants")  # who may load a model by asking for it (Config.load_on_request)
+
+
+def max_sequences(sliding_window: bool) -> int:
+    """The most sequence ids a context holds on a model with (or without) sliding-window layers."""
+    return MAX_SEQUENCES // 2 if sliding_window else MAX_SEQUENCES
 
 
 def default_n_threads() -> int:
@@ -84,7 +90,8 @@ class Config:
     # Sequence ids of the context: running sequences, pinned system prompts and cached prefixes
     # (one each). llama.cpp reserves a logits row (n_vocab floats) per id and its shadow: 2 MiB per
     # id for Gemma's 262k vocabulary. None: n_parallel + 2 + max(n_parallel, 32) with the prefix
-    # cache (50 for 16 sequences), n_parallel + 2 without; at most 128.
+    # cache (50 for 16 sequences), n_parallel + 2 without; at most the model's most: 256, or 128
+    # on a model with sliding-window layers (Gemma 3), whose sequences each take a shadow id too.
     n_seq_ids: int | None = None
     n_batch: int = 512  # token budget of one step (decode tokens + prompt chunks)
     n_ubatch: int = 0  # the physical batch llama.cpp computes at once; 0: min(n_batch, 512)
@@ -125,6 +132,10 @@ class Config:
     # (docs/performance.md, *Scoring drift under lm-eval*); off: it attaches a cached prefix --
     # fewer tokens computed, its log-probabilities off by up to ~0.2 nats.
     score_exact: bool = True
+    # (The server's default for speculation is a sampling default like any other: ``speculation =
+    # "ngram"`` among a model's options.) Drafts only fill a step's idle budget (docs/architecture.md,
+    # *Speculation*).
+    draft_max: int = 16  # the most drafted tokens one sequence verifies in a step
     cache_ram_mib: int = 1024  # host RAM for cached prefixes evicted from the KV cells (restored on a hit); 0: off
     cache_dir: str | None = None  # a directory keeping cached prefixes across restarts; None: off
     cache_dir_mib: int = 4096  # the most the cache directory holds (least recently used files go first)
@@ -176,8 +187,9 @@ class Config:
 
     def __post_init__(self) -> None:
         fill_unset(self)
-        _require(1 <= self.n_parallel <= MAX_SEQUENCES - 2,
-                 f"n_parallel must be in [1, {MAX_SEQUENCES - 2}], got {self.n_parallel}")
+        # the most any model allows; the model's own (half on sliding-window layers) when it loads
+        _require(1 <= self.n_parallel <= MAX_SEQUENCES - PINNED_SEQ_IDS,
+                 f"n_parallel must be in [1, {MAX_SEQUENCES - PINNED_SEQ_IDS}], got {self.n_parallel}")
         _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")
         _require(self.n_seq_ids is None or self.n_parallel + PINNED_SEQ_IDS <= self.n_seq_ids <= MAX_SEQUENCES,
                  f"n_seq_ids must be in [n_parallel + {PINNED_SEQ_IDS}, {MAX_SEQUENCES}] "
@@ -213,6 +225,8 @@ class Config:
                  f"embedding_n_seq_max must be in [1, 256], got {self.embedding_n_seq_max}")
         _require(0.0 < self.embedding_time_share < 1.0,
                  f"embedding_time_share must be in (0, 1), got {self.embedding_time_share}")
+        _require(isinstance(self.draft_max, int) and 1 <= self.draft_max <= 64,
+                 f"draft_max must be in [1, 64], got {self.draft_max!r}")
         _require(0.0 < self.score_time_share <= 10.0,
                  f"score_time_share must be in (0, 10], got {self.score_time_share}")
         _require(1 <= self.score_rows_per_step <= self.n_batch,
@@ -245,12 +259,26 @@ class Config:
 
     @property
     def seq_ids(self) -> int:
-        """The sequence ids the context is made with (``n_seq_ids``, or what this configuration needs)."""
+        """The sequence ids the context is made with on a model without sliding-window layers."""
+        return self.seq_ids_within(MAX_SEQUENCES)
+
+    def seq_ids_within(self, most: int, model: str = "the model") -> int:
+        """The sequence ids the context is made with on a model holding at most ``most`` (``n_seq_ids``,
+        or what this configuration needs, cut to ``most``); ``SequenceLimitError`` naming ``model``
+        and its most when ``n_parallel`` or ``n_seq_ids`` asks for more. Runs where the model loads."""
+        needed = self.n_seq_ids if self.n_seq_ids is not None else self.n_parallel + PINNED_SEQ_IDS
+        if needed > most:
+            asked = (f"n_seq_ids={self.n_seq_ids}" if self.n_seq_ids is not None else
+                     f"n_parallel={self.n_parallel} (+ {PINNED_SEQ_IDS} for a system prompt)")
+            shadows = " (sliding-window layers: each sequence also takes a shadow id)" if most < MAX_SEQUENCES else ""
+            raise SequenceLimitError(f"{model} holds at most {most} sequence ids in one context{shadows}, "
+                                     f"so n_parallel <= {most - PINNED_SEQ_IDS} and n_seq_ids <= {most}; "
+                                     f"asked for {asked}", max_sequences=most)
         if self.n_seq_ids is not None:
             return self.n_seq_ids
         # batch-invariant mode keeps finished requests' cells even without the prefix cache (packed_kv)
         cached = max(self.n_parallel, DEFAULT_CACHED_SEQ_IDS) if self.prefix_cache or self.batch_invariant else 0
-        return min(MAX_SEQUENCES, self.n_parallel + PINNED_SEQ_IDS + cached)
+        return min(most, self.n_parallel + PINNED_SEQ_IDS + cached)
 
     @property
     def lora_names(self) -> tuple[str, ...]:

@@ -50,7 +50,7 @@ class EngineInfo:
     n_ctx_seq: int  # the most one sequence may hold
     n_batch: int
     n_ubatch: int
-    n_seq_max: int
+    n_seq_max: int  # sequence ids callers may use (the shadows not counted)
     n_threads: int
     kv_type: str  # the KV cache's element type (f16, q8_0, q4_0)
     chat_template: str  # which chat format requests with messages get (ChatTemplate.name)
@@ -65,6 +65,9 @@ class EngineInfo:
     # the caller's side builds the tool grammar and parses streamed calls in it.
     tool_format: ToolCallFormat = FALLBACK
     batch_invariant: bool = False  # Config.batch_invariant: bit-exact logits in any company
+    # Every sequence id has a shadow id (sliding-window layers: native/batch.py): the context holds
+    # 2 * n_seq_max of llama.cpp's ids, so at most 128 sequences; else all 256.
+    shadow_ids: bool = False
     # The GGUF's recommended sampling (general.sampling.*) as SamplingParams fields: the model's
     # defaults under the operator's (llamactor.base.sampling_defaults); and the general.sampling.*
     # keys not followed, each with why.

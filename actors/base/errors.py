@@ -152,6 +152,14 @@ class ModelLoadError(LlamactorError):
     code = "model_load_error"
 
 
+class SequenceLimitError(ModelLoadError):
+    """The configuration asks for more sequence ids than the model's context holds (256, or 128
+    on a model with sliding-window layers: ``llamactor.base.config.max_sequences``); ``details``
+    has ``max_sequences``. Raised as the model loads, before its context is made."""
+
+    code = "sequence_limit"
+
+
 class BatchInvarianceError(LlamactorError):
     """Batch-invariant mode was asked for too late: a model was already loaded in this process
     without ``GGML_CPU_TILED_MM=0`` in the environment (ggml reads it once per process)."""

@@ -16,7 +16,7 @@ from llamactor.base.adapters import AdapterSet
 from llamactor.base.completion import Completion, Embeddings, Parts, Piece, Tokenized, TokenLogprob
 from llamactor.base.sampling import SamplingParams
 from llamactor.base.engine_info import EngineInfo
-from llamactor.base.errors import LlamactorError
+from llamactor.base.errors import LlamactorError, ModelLoadError
 from llamactor.base.priority import DEFAULT_PRIORITY
 from llamactor.base.rank_pairs import RankPairs
 from llamactor.base.tenants import DEFAULT, Tenant
@@ -246,6 +246,9 @@ class BatcherFailed:
     reason: str
     watchdog: bool = False  # the watchdog aborted a hung step
     suspects: tuple[str, ...] = ()
+    # A failed start's error when it is the model's (a file llama.cpp refuses, more sequences than
+    # it holds): what ``start`` raises, its type kept.
+    load_error: ModelLoadError | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,13 @@ from llamactor.base.errors import InvalidRequestError
 QUERY, DOCUMENT = "{query}", "{document}"
 
 
-class PairTokenizer(Protocol):
+class TextTokenizer(Protocol):
+    """What a template's texts need of a vocabulary (``llamactor.native.tokenizer.Tokenizer`` has it)."""
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+
+
+class PairTokenizer(TextTokenizer, Protocol):
     """What a pair needs of a vocabulary (``llamactor.native.tokenizer.Tokenizer`` has it)."""
 
     bos_id: int
@@ -44,8 +50,6 @@ class PairTokenizer(Protocol):
 
     @property
     def adds_eos(self) -> bool: ...
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +85,10 @@ def rank_pair_tokens(tokenizer: PairTokenizer, template: str | None, query: str,
     """The tokens of one (query, document) input, laid out as the module docstring says."""
     if template is not None:
         return _templated(tokenizer, template, query, document, max_doc_tokens, truncation)
-    doc = _capped(_plain(tokenizer, document), max_doc_tokens, truncation)
+    doc = _capped(plain_text(tokenizer, document), max_doc_tokens, truncation)
     eos = tokenizer.eos_id if tokenizer.eos_id >= 0 else tokenizer.sep_id
     tokens = [tokenizer.bos_id] if tokenizer.adds_bos else []
-    tokens += _plain(tokenizer, query)
+    tokens += plain_text(tokenizer, query)
     tokens += [eos] if tokenizer.adds_eos else []
     tokens += [tokenizer.sep_id] if tokenizer.adds_sep else []
     tokens += doc
@@ -95,17 +99,30 @@ def rank_pair_tokens(tokenizer: PairTokenizer, template: str | None, query: str,
 def _templated(tokenizer: PairTokenizer, template: str, query: str, document: str,
                max_doc_tokens: int | None, truncation: bool) -> list[int]:
     tokens: list[int] = []
-    for literal, slot in _split(template):
-        carried = ""  # the space that ends the template's text before a slot goes with the slot's text
-        if slot is not None and literal.endswith(" "):
-            literal, carried = literal[:-1], " "
-        if literal:
-            tokens += tokenizer.tokenize(literal, add_special=False, parse_special=True)
+    for piece, slot in _split(template):
+        literal, carried = carry_space(piece) if slot is not None else (piece, "")
+        tokens += template_text(tokenizer, literal)
         if slot == QUERY:
-            tokens += _plain(tokenizer, carried + query)
+            tokens += plain_text(tokenizer, carried + query)
         elif slot == DOCUMENT:
-            tokens += _capped(_plain(tokenizer, carried + document), max_doc_tokens, truncation)
+            tokens += _capped(plain_text(tokenizer, carried + document), max_doc_tokens, truncation)
     return tokens
+
+
+def carry_space(piece: str) -> tuple[str, str]:
+    """A template's text before a slot, and the space that ends it, which goes with the slot's
+    text (BPE and SentencePiece vocabularies attach a space to the word after it)."""
+    return (piece[:-1], " ") if piece.endswith(" ") else (piece, "")
+
+
+def template_text(tokenizer: TextTokenizer, text: str) -> list[int]:
+    """A template's own text: special-token text read as those tokens, nothing added."""
+    return tokenizer.tokenize(text, add_special=False, parse_special=True) if text else []
+
+
+def plain_text(tokenizer: TextTokenizer, text: str) -> list[int]:
+    """A caller's text: no special token added, none read from its text."""
+    return tokenizer.tokenize(text, add_special=False, parse_special=False) if text else []
 
 
 def _split(template: str) -> list[tuple[str, str | None]]:
@@ -120,11 +137,6 @@ def _split(template: str) -> list[tuple[str, str | None]]:
         at, slot = min(found)
         pieces.append((rest[:at], slot))
         rest = rest[at + len(slot):]
-
-
-def _plain(tokenizer: PairTokenizer, text: str) -> list[int]:
-    """A caller's text: no special token added, none read from its text."""
-    return tokenizer.tokenize(text, add_special=False, parse_special=False)
 
 
 def _capped(tokens: list[int], max_tokens: int | None, truncation: bool) -> list[int]:

@@ -97,7 +97,7 @@ class GenerationRequest:
             raise InvalidRequestError(f"n must be an integer in [1, {MAX_CHOICES}], got {self.n!r}")
         if self.messages is None and (self.tools is not None or self.chat_template_kwargs is not None):
             raise InvalidRequestError("tools and chat_template_kwargs need a chat (messages), not a raw prompt")
-        if self.label_token_ids:
+        if not isinstance(self.label_token_ids, tuple) or self.label_token_ids:
             self._check_labels()
         if self.continuations and (self.messages is not None or len(self.continuations) != self.n
                                    or (self.params.prompt_logprobs is None and not self.label_token_ids)):
@@ -136,7 +136,7 @@ class GenerationRequest:
               echo_prompt: bool = False, clamp_max_tokens: bool = False, tenant: Tenant = DEFAULT,
               lora: Mapping[str, float] | None = None, adapters: Sequence[str] | None = None,
               tool_format: ToolCallFormat | None = None, split_reasoning: bool | None = None,
-              parse_special: bool = True, label_token_ids: Sequence[Sequence[int]] = (),
+              parse_special: bool = True, label_token_ids: Sequence[Sequence[int]] | None = (),
               **sampling: Any) -> GenerationRequest:
         """The one place loose arguments become a request: ``prompt`` (text or token ids) or
         ``messages``; ``json_schema`` / ``grammar`` compiled; OpenAI-style ``tools`` /
@@ -162,7 +162,9 @@ class GenerationRequest:
                 raise InvalidRequestError("a required or named tool_choice cannot be combined with json_schema or grammar")
             constraint = tool_grammar
         sampling = _echo_options(sampling) if echo else sampling
-        if label_token_ids:
+        none = label_token_ids is None or (isinstance(label_token_ids, (tuple, list)) and not label_token_ids)
+        labels = () if none else label_groups(label_token_ids)
+        if labels:
             sampling.setdefault("max_tokens", 0)
         params = defaults.replace(**sampling, **({"grammar": constraint} if constraint is not None else {}))
         return cls(params=params, n=n, tools=parsed_tools, priority=tenant.priority(parse_priority(priority)),
@@ -170,7 +172,7 @@ class GenerationRequest:
                    continuations=tuple(continuation_field(c) for c in continuations), request_id=request_id,
                    echo_prompt=echo_prompt, clamp_max_tokens=clamp_max_tokens, lora=adapter_set(lora, adapters),
                    split_reasoning=split_reasoning, parse_special=parse_special,
-                   label_token_ids=label_groups(label_token_ids) if label_token_ids else (),
+                   label_token_ids=labels,
                    tenant=tenant, **fields)  # as for_tenant makes it, without checking it all twice
 
     def for_tenant(self, tenant: Tenant) -> GenerationRequest:

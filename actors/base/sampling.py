@@ -42,6 +42,13 @@ class SamplingParams:
     # Each prompt token's log-probability under the raw distribution given the tokens before it, and
     # this many most likely alternatives (vLLM's prompt_logprobs); None: not computed.
     prompt_logprobs: int | None = None
+    # Speculation (docs/architecture.md, *Speculation*): drafted tokens are verified in the batched
+    # step and never change the output. ``prediction``: text the answer is expected to repeat
+    # (OpenAI's Predicted Outputs), drafted from; ``speculation``: "ngram" drafts from the
+    # sequence's own prompt and output (prompt lookup), "off" none (an operator may make "ngram" the
+    # default, as any sampling default). A prediction is drafted from whatever ``speculation`` says.
+    prediction: str | None = None
+    speculation: str = "off"
     # The fields ``replace`` set (the operator's options, a request's values): those the model's
     # own GGUF defaults never override (``llamactor.base.sampling_defaults``).
     given: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
@@ -97,6 +104,7 @@ class SamplingParams:
         _require(self.grammar is None or isinstance(self.grammar, Grammar),
                  "grammar must be a llamactor Grammar (the API also takes GBNF text or json_schema=)")
         _check_stops(self.stop)
+        _check_speculation(self.prediction, self.speculation)
 
     @property
     def has_penalties(self) -> bool:
@@ -144,6 +152,24 @@ def _check_stops(stop: tuple[Any, ...]) -> None:
         _require(len(s) <= MAX_STOP_CHARS, f"stop[{i}] is {len(s)} characters long: at most {MAX_STOP_CHARS}")
         check_text(s, f"stop[{i}]")
         stop_failure(s)
+
+
+SPECULATION_MODES = ("off", "ngram")
+# A prediction's length: OpenAI takes one as long as the context; tokenized on the prep pool, so the
+# cap only bounds what one request makes the host hold (4x the longest context of the bundled models).
+MAX_PREDICTION_CHARS = 1 << 20
+
+
+def _check_speculation(prediction: Any, speculation: Any) -> None:
+    """``prediction`` None or valid Unicode of at most ``MAX_PREDICTION_CHARS``; ``speculation``
+    one of ``SPECULATION_MODES``."""
+    if prediction is not None:
+        _require(isinstance(prediction, str), f"prediction must be a string, got {type(prediction).__name__}")
+        _require(len(prediction) <= MAX_PREDICTION_CHARS,
+                 f"prediction is {len(prediction)} characters long: at most {MAX_PREDICTION_CHARS}")
+        check_text(prediction, "prediction")
+    _require(speculation in SPECULATION_MODES,
+             f"speculation must be one of {', '.join(SPECULATION_MODES)}, got {speculation!r:.100}")
 
 
 def _bias_items(bias: dict[Any, Any]) -> list[tuple[int, float]]:

@@ -193,7 +193,7 @@ def embedding_span(msg: Embed, noted: Submitted, outcome: Embeddings | BaseExcep
 
 def dialect_of(path: str) -> str | None:
     """The front end an HTTP path belongs to, for its spans; None: not a model route."""
-    trimmed = path.removeprefix("/v1")
+    trimmed = path.removeprefix("/v1").removeprefix("/v2")  # (Cohere's /v2/rerank)
     for prefix, dialect in _DIALECTS:
         if trimmed.startswith(prefix):
             return dialect
@@ -204,4 +204,4 @@ _DIALECTS = (("/chat/completions", "openai.chat"), ("/completions", "openai.comp
              ("/embeddings", "openai.embeddings"), ("/responses", "openai.responses"),
              ("/messages", "anthropic.messages"), ("/api/", "ollama"), ("/batches", "openai.batches"),
              ("/files", "openai.files"), ("/tokenize", "tokenizer"), ("/detokenize", "tokenizer"),
-             ("/apply-template", "tokenizer"))
+             ("/apply-template", "tokenizer"), ("/rerank", "rerank"), ("/score", "rerank.score"))

@@ -9,11 +9,11 @@ sample (the numpy sampler), mask (grammar masks), score (prompt scoring), and th
 postprocess (accepting tokens: detokenizing, stop strings, replies, finishing) -- beside *decode*
 (``llama_decode`` and building its batch) and the wall time per step. Two legs:
 
-* *real*: the real engine, at 16 and 64 sequences (a llama.cpp context holds at most
-  ``MAX_SEQUENCES`` = 128: llama.cpp's 256 sequence ids halved by the shadow ids, so 256 is
-  measured in the null leg only). The first real leg's warm-up is recorded (``replay.Recording``).
+* *real*: the real engine, at 16 and 64 sequences (a llama.cpp context holds at most 256 sequence
+  ids, 128 on a model with sliding-window layers, whose sequences each take a shadow id: 254 or 126
+  sequences beside a system prompt). The first real leg's warm-up is recorded (``replay.Recording``).
 * *null*: the same batcher with the recorded decode results replayed (``replay.ReplayEngine``):
-  zero decode cost, no KV, at 16, 64 and 256 sequences -- the host work alone, what a GPU step
+  zero decode cost, no KV, at 16, 64, 126 and 250 sequences -- the host work alone, what a GPU step
   that takes no time would wait for.
 
 Every figure is a per-step mean over one burst (its prefill steps included), the median of the
@@ -29,14 +29,14 @@ from collections.abc import Callable
 from typing import Any
 
 import llamactor
-from llamactor.base.config import MAX_SEQUENCES, Config
+from llamactor.base.config import PINNED_SEQ_IDS, Config, max_sequences
 from llamactor.bench.measure import median_runs
 from llamactor.bench.prompts import uniform_prompts
 from llamactor.bench.replay import Recording, null_config, start_host_tree
 from llamactor.bench.settings import BenchSettings
 
 REAL_SIZES = (16, 64)
-NULL_SIZES = (16, 64, 256)
+NULL_SIZES = (16, 64, 126, 250)  # 126, 250: the most beside a system prompt, with shadow ids and without
 SAMPLERS: dict[str, dict[str, Any]] = {
     "greedy": {"temperature": 0.0},
     "default": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}}
@@ -81,14 +81,16 @@ def measure_host(model_path: str, *, real_sizes: tuple[int, ...] = REAL_SIZES,
                  n_ctx: int = 8192, n_gpu_layers: int = 0, tick: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Both legs; results by leg, ``c<N>`` and sampler (what ``report`` reads)."""
     recording = Recording()
+    # the sequences a real leg could run; the first real leg says what its model holds
     out: dict[str, Any] = {"max_tokens": max_tokens, "real": {}, "null": {},
-                           "max_real_sequences": MAX_SEQUENCES - 2}
+                           "max_real_sequences": max_sequences(sliding_window=False) - PINNED_SEQ_IDS}
     # Sampling in the graph, whatever the default for the device: the host loop it leaves is the measure.
     common: dict[str, Any] = {"model": model_path, "n_threads": n_threads, "max_restarts": 0, "sample_in_graph": True}
     for n in real_sizes:
         config = Config(n_parallel=n, n_ctx=max(n_ctx, n * (max_tokens + 64)), n_gpu_layers=n_gpu_layers, **common)
         with start_host_tree(config, recording, replay=False) as llm:
             out["real"][f"c{n}"] = host_leg(llm, n, max_tokens, repeats)
+            out["max_real_sequences"] = max_sequences(llm.info.shadow_ids) - PINNED_SEQ_IDS
         tick()
     out["recorded_rows"] = recording.n_rows
     for n in null_sizes:
@@ -117,7 +119,8 @@ def report_lines(results: dict[str, Any]) -> list[str]:
              "schedule + enact + postprocess). *real*: "
              "llama.cpp decodes; *null*: the real batcher replaying recorded logits "
              f"({h['recorded_rows']} distinct rows), no decode, no KV. Beyond {h['max_real_sequences']} sequences "
-             "only the null leg runs: a llama.cpp context holds 256 sequence ids, halved by the shadow ids.", "",
+             "only the null leg runs: a llama.cpp context holds 256 sequence ids, halved by the shadow ids on a "
+             "model with sliding-window layers.", "",
              "| sequences | sampler | leg | host ms | schedule | sample | mask + score | other postprocess "
              "| decode ms | wall ms | tok/s |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     sizes = sorted({int(c[1:]) for leg in ("real", "null") for c in h[leg]})

@@ -17,7 +17,7 @@ from typing import Any
 import openai
 
 import llamactor
-from llamactor.base.config import MAX_SEQUENCES
+from llamactor.base.config import max_sequences
 from llamactor.bench.measure import llamactor_burst, median_runs
 from llamactor.bench.prompts import WORDS, uniform_prompts
 from llamactor.bench.servers import running_server, serve_command
@@ -88,8 +88,9 @@ def bench_memory(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
     out: dict[str, Any] = {"n_parallel": N_STREAMS, "n_ctx": int(n_ctx),
                            "llamactor": after_one_request(serve_command(s.model_path, "memory", *common))}
     tick()
-    out["llamactor_128_ids"] = after_one_request(serve_command(s.model_path, "memory", *common,
-                                                                "--n-seq-ids", str(MAX_SEQUENCES)))
+    # 128 ids: the most a model with sliding-window layers holds (Gemma 3), so any model's
+    out["llamactor_128_ids"] = after_one_request(serve_command(s.model_path, "memory", *common, "--n-seq-ids",
+                                                                str(max_sequences(sliding_window=True))))
     tick()
     if s.peer_server:
         theirs = [s.peer_server, "-m", s.model_path, "-np", str(N_STREAMS), "-c", n_ctx, "-t", threads, "-tb", threads,

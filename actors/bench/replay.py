@@ -9,8 +9,8 @@ nothing -- in a copy of the recorded object (``dataclasses.replace``) with no fa
 Every other field is replayed as recorded.
 
 ``ReplayEngine`` stands in for ``Engine`` on the batcher thread: decodes come from the recording,
-and KV operations are no-ops -- there are no cells, so the leg also runs past the 128 sequences a
-llama.cpp context holds (``null_config``). Model, tokenizer and chat template are a real engine's
+and KV operations are no-ops -- there are no cells, so the leg also runs past the sequences a
+llama.cpp context holds (``null_config``; 256, or 128 on a model with sliding-window layers). Model, tokenizer and chat template are a real engine's
 (a tiny context), and anything else the batcher asks of an engine is that engine's. So the leg
 leaves out llama.cpp's own KV bookkeeping (``seq_cp``/``seq_rm`` at admission and finish,
 microseconds each) along with the decode. Replayed rows are views of the recording: a sampler
@@ -35,6 +35,7 @@ import numpy as np
 
 from llamactor.tree import batcher as batcher_module
 from llamactor.base.config import DEFAULT_CACHED_SEQ_IDS, MAX_SEQUENCES, PINNED_SEQ_IDS, Config
+from llamactor.native.loading import SeqIds
 from llamactor.base.errors import ModelLoadError
 from llamactor.base.models import resolve_model_path
 from llamactor.tree.batcher import BatcherActor
@@ -124,19 +125,24 @@ def cyclic_buffers(kept: list[Any], length: int) -> dict[str, np.ndarray]:
     return out
 
 
+UNBOUNDED = 1 << 20  # the sequence ids a replay engine holds: as many as asked
+
+
 class ReplayEngine:
     """``Engine``'s stand-in for the null-decode leg (batcher thread): the real model and tokenizer
     on a tiny context, the sizes the batcher asked for, decodes from ``recording``, no KV."""
 
     def __init__(self, recording: Recording, model_path: str, *, n_ctx: int, n_batch: int, n_ubatch: int,
-                 n_seq_max: int, n_threads: int, chat_template: str | None = None,
+                 n_seq_max: SeqIds, n_threads: int, chat_template: str | None = None,
                  graph_sampling: bool | None = None, **_: Any) -> None:
         self.recording = recording
         # Graph sampling as the recorded leg had it: replayed tokens are accepted into real chains.
         self._real = Engine(model_path, n_ctx=256, n_batch=32, n_ubatch=32, n_seq_max=1, n_threads=n_threads,
                             chat_template=chat_template, graph_sampling=graph_sampling)
+        # No llama.cpp context holds the sequences: the model's most does not bind them.
+        seq_ids = n_seq_max(UNBOUNDED, "the replayed model") if callable(n_seq_max) else n_seq_max
         self.info = dataclasses.replace(self._real.info, n_ctx=n_ctx, n_ctx_seq=n_ctx, n_batch=n_batch,
-                                        n_ubatch=n_ubatch, n_seq_max=n_seq_max)
+                                        n_ubatch=n_ubatch, n_seq_max=seq_ids)
         self.test_hang = None
         self.seq_state_supported = False  # no cells to save: no cache tiers
 
@@ -197,7 +203,7 @@ class HostBatcher(BatcherActor):
 
 def null_config(n_sequences: int, **options: Any) -> Config:
     """A Config of ``n_sequences`` for the replay engine, past MAX_SEQUENCES when asked: the limit is
-    llama.cpp's (its sequence ids, halved by the shadows), and no llama.cpp context holds these."""
+    llama.cpp's (its 256 sequence ids), and no llama.cpp context holds these."""
     config = Config(n_parallel=min(n_sequences, MAX_SEQUENCES - PINNED_SEQ_IDS), **options)
     if n_sequences > config.n_parallel:  # frozen and validated: set past the check on purpose
         object.__setattr__(config, "n_parallel", n_sequences)

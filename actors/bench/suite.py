@@ -79,6 +79,7 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "crash_streams": (2, resilience.bench_crash_streams), "kv_q8": (2, memory.bench_kv_q8),
         "memory": (3, memory.bench_memory),
         "many_users": (2, tiers.bench_many_users), "warm_restart": (3, tiers.bench_warm_restart),
+        "one_off": (2 if s.quick else 3, tiers.bench_one_off),
         "tenants": (tenants.n_ticks(s), tenants.bench_tenants), "host": (host.n_ticks(), host.bench_host),
         "adapters": (adapters.n_ticks(s), adapters.bench_adapters),
         "models": (two_models.N_TICKS, two_models.bench_models),

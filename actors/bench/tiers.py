@@ -5,7 +5,11 @@
 turns): the host-RAM tier on vs off, in the same run. *warm_restart*: 8 users' first turns on a
 daemon with ``--cache-dir``, the daemon stopped with SIGTERM and started again on the same
 directory, then every user's next turn at once (streamed, TTFT to the first piece) against the
-same turns on a cold daemon. ``report_lines`` renders both in the report.
+same turns on a cold daemon. *one_off*: short requests that never come back (distinct ~30-token
+prompts, 8 new tokens, 8 callers on 8 sequences and 10 seq_ids: every admission evicts a cached entry), the
+host-RAM tier on vs off, interleaved repeats: the tier's cost model must keep saving them from
+costing throughput (docs/performance.md, *Tiering that pays for itself*). ``report_lines``
+renders them in the report.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from llamactor.bench.servers import running_server, serve_command
 from llamactor.bench.settings import BenchSettings
 
 MODEL_NAME = "bench"
+ONE_OFF_TARGET = 0.97  # tok/s with the tier on / off (the report's goal)
 
 
 def bench_many_users(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
@@ -43,6 +48,45 @@ def bench_many_users(s: BenchSettings, tick: Callable[[], None]) -> dict[str, An
     row["ttft_later_p50_ratio"] = row["ram_on"]["ttft_later_p50_ms"] / row["ram_off"]["ttft_later_p50_ms"]
     row["wall_ratio"] = row["ram_on"]["wall_s"] / row["ram_off"]["wall_s"]
     return row
+
+
+def _one_off_prompts(n: int, first: int) -> list[str]:
+    """Prompts that share no more than their opening with one another."""
+    return [f"Note {i}: " + " ".join(f"item{i * 31 + k}" for k in range(12)) for i in range(first, first + n)]
+
+
+def _one_off_leg(s: BenchSettings, ram: bool, n_requests: int, first: int) -> dict[str, Any]:
+    # 10 seq_ids for 8 sequences (the fewest allowed): every admission evicts a cached entry
+    with llamactor.start(s.model_path, n_parallel=8, n_seq_ids=10, n_ctx=2048, n_threads=s.n_threads,
+                         cache_ram_mib=1024 if ram else 0) as llm:
+        llm.ask("warm up", max_tokens=2)
+        before = llm.stats()
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda p: llm.ask(p, max_tokens=8, temperature=0, ignore_eos=True),
+                                    _one_off_prompts(n_requests, first)))
+        wall = time.perf_counter() - start
+        after = llm.stats()
+    steps = max(after["steps"] - before["steps"], 1)
+    leg = {"wall_s": wall, "tok_s": sum(a.usage.completion_tokens for a in answers) / wall,
+           "step_ms": {k: round((after["step_ms"][k] - before["step_ms"][k]) / steps, 3) for k in after["step_ms"]}}
+    if ram:
+        leg["tier"] = after["cache_ram"]
+    return leg
+
+
+def bench_one_off(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
+    """Tier on and off, alternated ``repeats`` times (the medians' ratio)."""
+    n_requests, repeats = (32, 2) if s.quick else (64, 3)
+    legs: dict[str, list[dict[str, Any]]] = {"ram_on": [], "ram_off": []}
+    for r in range(repeats):
+        for ram in (True, False):
+            legs["ram_on" if ram else "ram_off"].append(_one_off_leg(s, ram, n_requests, r * n_requests))
+        tick()
+    out: dict[str, Any] = {"requests": n_requests, "repeats": repeats, **legs}
+    out["tok_s_ratio"] = (percentile([leg["tok_s"] for leg in legs["ram_on"]], 50)
+                          / percentile([leg["tok_s"] for leg in legs["ram_off"]], 50))
+    return out
 
 
 def _first_turn(user: int) -> list[dict[str, str]]:
@@ -106,6 +150,14 @@ def report_lines(results: dict[str, Any]) -> list[str]:
                   f"wall {on['wall_s']:.1f} vs {off['wall_s']:.1f} s; {on['tier']['restored']} restores of "
                   f"{on['tier']['restored_tokens']} tokens ({on['tier']['restore_ms']:.0f} ms), {on['tier']['saved']} "
                   f"saves ({on['tier']['save_ms']:.0f} ms).", ""]
+    if oo := results.get("one_off"):
+        on, off = oo["ram_on"][-1], oo["ram_off"][-1]
+        lines += [f"One-off requests: {oo['requests']} short prompts × 8 new tokens from 8 callers, {oo['repeats']} "
+                  f"repeat(s): host-RAM tier on / off {oo['tok_s_ratio']:.3f}× tok/s ({on['tok_s']:.1f} vs "
+                  f"{off['tok_s']:.1f} in the last repeat); evicted entries {on['tier']['saved']} saved "
+                  f"({on['tier']['save_ms']:.0f} ms), cost model {on['tier'].get('save_cost', {})}.", ""]
+        if oo["tok_s_ratio"] < ONE_OFF_TARGET:  # where the steps' time went, tier on vs off
+            lines += [f"Per-step ms, tier on: {on['step_ms']}; off: {off['step_ms']}.", ""]
     if wr := results.get("warm_restart"):
         lines += [f"Warm restart: {wr['users']} users' next turn at once after the daemon was stopped (SIGTERM) and "
                   f"started on its --cache-dir: TTFT p50 {wr['warm_ttft_p50_ms']:.0f} ms vs {wr['cold_ttft_p50_ms']:.0f} "

@@ -60,9 +60,10 @@ class LoraParam(click.ParamType):
 CONFIG_TWEAKS: dict[str, Tweak] = {
     "model": Tweak("GGUF file (default: Gemma 3 270M Q4_K_M)."),
     "n_ctx": Tweak("KV cache cells shared by all sequences."),
-    "n_parallel": Tweak("Sequences decoded together."),
+    "n_parallel": Tweak("Sequences decoded together (at most 254; 126 with sliding-window layers)."),
     "n_seq_ids": Tweak("Sequence ids: running + system prompt + cached prefixes; each costs a logits row "
-                       "(2 MiB for a 262k vocabulary).", show_default="n_parallel + 2 + max(n_parallel, 32)"),
+                       "(2 MiB for a 262k vocabulary); at most 256, or 128 with sliding-window layers.",
+                       show_default="n_parallel + 2 + max(n_parallel, 32), cut to the model's most"),
     "n_batch": Tweak("Token budget of one decode step (at least --n-parallel)."),
     "n_ubatch": Tweak("Tokens llama.cpp computes at once within a step (0: min(n_batch, 512))."),
     "n_threads": Tweak("CPU threads.", show_default="all cores"),
@@ -89,6 +90,7 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
     "score_time_share": Tweak("What scoring may add to a step beside other callers' work, as a fraction of it."),
     "score_exact": Tweak("A prompt being scored computes its KV whole, equal to scoring it alone (off: it "
                          "attaches a cached prefix: faster, off by up to ~0.2 nats)."),
+    "draft_max": Tweak("The most drafted tokens (a prediction's, n-gram lookup's) one sequence verifies in a step."),
     "cache_ram_mib": Tweak("Host RAM (MiB) keeping cached prefixes evicted from the KV cells; restored on a "
                            "hit. 0 turns it off."),
     "cache_dir": Tweak("A directory keeping cached prefixes across restarts (written at shutdown and as "
@@ -151,6 +153,8 @@ SAMPLING_TWEAKS: dict[str, Tweak] = {
     "seed": Tweak("Sampling seed.", show_default="random"),
     "stop": Tweak("A string that ends the answer; repeat the option for several."),
     "ignore_eos": Tweak("Go on past the end-of-generation token."),
+    "speculation": Tweak("Draft tokens from the sequence's own prompt and output and verify them in the step "
+                         "('ngram', prompt lookup) or not ('off'); outputs are the same either way."),
 }
 # Not options: test hooks, the nested SamplingParams itself, and per-request values that have no
 # meaning as a process-wide default or no command-line form (they stay API / HTTP fields).
@@ -160,7 +164,7 @@ SAMPLING_TWEAKS: dict[str, Tweak] = {
 TRANSPORT_FIELDS = ("body_timeout_s", "header_timeout_s", "keep_alive_s", "limit_concurrency", "max_header_bytes",
                     "allowed_hosts", "allowed_origins")
 HIDDEN = frozenset({"watchdog_test_hang", "sampling", "given", "logprobs", "top_logprobs", "prompt_logprobs", "grammar", "logit_bias",
-                    "tenants", *TRANSPORT_FIELDS})
+                    "prediction", "tenants", *TRANSPORT_FIELDS})
 
 
 def _base_type(annotation: Any) -> tuple[Any, bool]:

@@ -54,9 +54,10 @@ def resolve(out: Future[Any], value: Any = None, error: BaseException | None = N
         pass
 
 
-def forward(source: Future[T], out: Future[T]) -> None:
-    """``out`` resolves as ``source`` does; cancelling ``out`` cancels ``source``."""
-    out.add_done_callback(lambda o: source.cancel() if o.cancelled() else None)
+def forward(source: Future[T], out: Future[T], *, cancels: bool = True) -> None:
+    """``out`` resolves as ``source`` does; cancelling ``out`` cancels ``source`` (unless not ``cancels``)."""
+    if cancels:
+        out.add_done_callback(lambda o: source.cancel() if o.cancelled() else None)
 
     def done(f: Future[T]) -> None:
         if f.cancelled():
@@ -70,13 +71,7 @@ def shielded(source: Future[T]) -> Future[T]:
     """A future that resolves as ``source`` does, but whose cancelling leaves ``source`` alone (a
     future shared by several callers)."""
     out: Future[T] = concurrent.futures.Future()
-
-    def done(f: Future[T]) -> None:
-        if f.cancelled():
-            out.cancel()
-        else:
-            resolve(out, None if f.exception() else f.result(), f.exception())
-    source.add_done_callback(done)
+    forward(source, out, cancels=False)
     return out
 
 

@@ -36,9 +36,10 @@ from llamactor.base.rerank import RerankArgs, Reranking
 from llamactor.base.tenants import Tenant, tenant_named
 from llamactor.base.trace_spans import SERVICE_NAME
 from llamactor.handles import rank_pairs, rerank, tracing
+from llamactor.handles.batcher_tokens import then
 from llamactor.handles.limits import (Limiter, WaitForLimits, embedding_estimate, generation_estimate,
                                       rerank_estimate)
-from llamactor.handles.streams import AsyncTextStream, TextStream, mapped_future
+from llamactor.handles.streams import AsyncTextStream, TextStream
 from llamactor.handles.tokenize_call import TokenizerPrompt, tokenize_message
 
 T = TypeVar("T")  # what a future resolves to: a Completion or Embeddings
@@ -233,7 +234,7 @@ class Client:
         # (an empty text context scores from BOS alone: the batcher decides what is empty, once tokenized)
         request = self.request(context, n=len(continuations), continuations=continuations, request_id=request_id,
                                priority=priority, max_tokens=0, temperature=0.0, prompt_logprobs=1)
-        return [mapped_future(f, Score.of) for f in self.submit(request)]
+        return [then(f, Score.of) for f in self.submit(request)]
 
     def score(self, context: Prompt, continuations: Sequence[Prompt], *, timeout: float | None = None,
               **options: Any) -> list[Score]:
@@ -310,7 +311,7 @@ class Client:
         """One relevance in [0, 1] per input (token ids of a whole pair: ``rank_pair_tokens``)."""
         msg = rank_pairs.scores_message(inputs, tenant_named(tenant, self.config.tenants), request_id)
         sent = self._traced([msg], self._limited(msg.tenant, rank_pairs.estimate(msg), lambda: [self.send(msg)]))
-        return mapped_future(sent[0], lambda done: list(rank_pairs.scores_of(done).scores))
+        return then(sent[0], lambda done: list(rank_pairs.scores_of(done).scores))
 
     def submit_rank_pairs(self, query: str, documents: Sequence[str], *, max_doc_tokens: int | None = None,
                           truncation: bool = True, template: str | None = None, tenant: str | Tenant | None = None,
@@ -320,7 +321,7 @@ class Client:
         pairs = RankPairs(query, tuple(documents), max_doc_tokens, truncation, template)
         msg = rank_pairs.pairs_message(pairs, tenant_named(tenant, self.config.tenants), request_id)
         sent = self._traced([msg], self._limited(msg.tenant, rank_pairs.estimate(msg), lambda: [self.send(msg)]))
-        return mapped_future(sent[0], rank_pairs.scores_of)
+        return then(sent[0], rank_pairs.scores_of)
 
     # -- what the model sees ------------------------------------------------------------------
     # ``prompt``: text, token ids, strings and token ids mixed, or chat messages (rendered by the

@@ -49,9 +49,9 @@ def start_tree(config: Config, start_timeout_s: float = 300.0) -> LLM:
         supervisor.stop()
         raise ModelLoadError(f"the model did not load within {start_timeout_s:g}s")
     if proxy.state.get() != "ready":
-        reason = proxy.failure_reason.get()
+        reason, load_error = proxy.failure_reason.get(), proxy.load_error.get()
         supervisor.stop()
-        raise ModelLoadError(reason or "the batcher could not start")
+        raise load_error or ModelLoadError(reason or "the batcher could not start")
     return LLM(supervisor, config, proxy.info.get(), board)
 
 

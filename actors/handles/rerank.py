@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from llamactor.base.completion import Completion, Tokenized
 from llamactor.base.config import Config
 from llamactor.base.errors import ContextExceededError, InvalidRequestError, QueueFullError
+from llamactor.base.logging import get_logger
 from llamactor.base.messages import CallerMessage, Generate, ReplyChannel, Tokenize
 from llamactor.base.rank_pairs import RankScores
 from llamactor.base.request import MAX_CHOICES, GenerationRequest, new_request_id
@@ -41,6 +42,7 @@ from llamactor.handles.batcher_tokens import Future, TokensKey, resolve, shielde
 from llamactor.handles.rerank_prompt import (DEFAULT_INSTRUCTION, JudgeTemplate, TextTokenizer, answer_ids,
                                              fitted_document, judge_messages, placeholder_template)
 
+log = get_logger("llamactor.rerank")
 Labels = tuple[tuple[int, ...], tuple[int, ...]]
 
 
@@ -61,6 +63,8 @@ class Client(Protocol):
     def submit_rank_pairs(self, query: str, documents: Sequence[str], *, max_doc_tokens: int | None = None,
                           truncation: bool = True, template: str | None = None, tenant: str | Tenant | None = None,
                           request_id: str | None = None) -> Future[RankScores]: ...
+
+
 WINDOW_GROUPS = 2  # groups of one rerank waiting at once
 
 
@@ -107,13 +111,26 @@ def _prepare_judge(client: Client) -> Future[Judge]:
     return then(template, with_tokens)
 
 
-def submit_rerank(client: Client, args: RerankArgs, *, tenant: Tenant, request_id: str | None,
-                  priority: int) -> Future[Reranking]:
-    """The rerank of ``args`` (checked), answered by a future; cancelling it cancels its requests."""
-    rid = request_id or new_request_id()
+@dataclass(frozen=True, slots=True)
+class RerankPrompt:
+    """A rerank's tokens: the context every document shares, each document's continuation (its
+    tokens, fitted, and the template's end), and the answer tokens read after it."""
+
+    context: list[int]
+    continuations: list[tuple[int, ...]]
+    labels: Labels
+
+    @property
+    def n_tokens(self) -> int:
+        """The tokens it computes: the context once, every continuation."""
+        return len(self.context) + sum(len(c) for c in self.continuations)
+
+
+def rerank_prompt(client: Client, args: RerankArgs) -> Future[RerankPrompt]:
+    """The tokens ``args`` is scored on (the bench's yardstick scores the very same)."""
     instruction = args.instruction or DEFAULT_INSTRUCTION
 
-    def tokenize(judge: Judge) -> Future[Reranking]:
+    def tokenize(judge: Judge) -> Future[RerankPrompt]:
         if args.instruction is not None and not judge.template.takes_instruction:
             raise InvalidRequestError(f"instruction is given, but the rerank template ({judge.template.source}) "
                                       "has no {instruction} slot", param="instruction")
@@ -121,18 +138,32 @@ def submit_rerank(client: Client, args: RerankArgs, *, tenant: Tenant, request_i
         def build(tok: TextTokenizer) -> tuple[list[int], list[list[int]], list[int]]:
             t = judge.template
             return t.context(tok, args.query, instruction), [t.document(tok, d) for d in args.documents], t.suffix(tok)
-        return then(tokenized(client.send, build, judge.known), lambda done: score(judge, *done[0]))
+        return then(tokenized(client.send, build, judge.known), lambda done: fit(judge, *done[0]))
 
-    def score(judge: Judge, context: list[int], documents: list[list[int]], suffix: list[int]) -> Future[Reranking]:
+    def fit(judge: Judge, context: list[int], documents: list[list[int]], suffix: list[int]) -> RerankPrompt:
         cap = min(args.max_tokens_per_doc, _room(client, len(context) + len(suffix)))
-        continuations = [tuple(fitted_document(d, i, cap, args.truncation)) + tuple(suffix)
-                         for i, d in enumerate(documents)]
-        scoring = Scoring(client, context, continuations, judge.labels, tenant=tenant, priority=priority,
-                          request_id=rid)
-        n_tokens = len(context) + sum(len(c) for c in continuations)
-        return then(scoring.start(), lambda scores: Reranking(ranked(args.documents, scores, args.top_n), n_tokens,
-                                                              client.served_name()))
+        return RerankPrompt(context, [tuple(fitted_document(d, i, cap, args.truncation)) + tuple(suffix)
+                                      for i, d in enumerate(documents)], judge.labels)
     return then(judge_of(client), tokenize)
+
+
+def submit_rerank(client: Client, args: RerankArgs, *, tenant: Tenant, request_id: str | None,
+                  priority: int) -> Future[Reranking]:
+    """The rerank of ``args`` (checked), answered by a future; cancelling it cancels its requests."""
+    rid = request_id or new_request_id()
+    started = time.perf_counter()
+
+    def score(prompt: RerankPrompt) -> Future[Reranking]:
+        scoring = Scoring(client, prompt.context, prompt.continuations, prompt.labels, tenant=tenant,
+                          priority=priority, request_id=rid)
+
+        def answer(scores: list[float]) -> Reranking:
+            log.info("rerank_finished", request_id=rid, n_documents=len(scores), n_groups=scoring.n_groups,
+                     prompt_tokens=prompt.n_tokens, context_tokens=len(prompt.context),
+                     ms=round((time.perf_counter() - started) * 1000, 1))
+            return Reranking(ranked(args.documents, scores, args.top_n), prompt.n_tokens, client.served_name())
+        return then(scoring.start(), answer)
+    return then(rerank_prompt(client, args), score)
 
 
 def has_ranking_head(client: Client) -> bool:

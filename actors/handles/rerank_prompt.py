@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from llamactor.base.errors import InvalidRequestError
+from llamactor.base.rank_pairs import TextTokenizer, carry_space, plain_text, template_text
 
 INSTRUCTION, QUERY, DOCUMENT = "instruction", "query", "document"
 SLOTS = (INSTRUCTION, QUERY, DOCUMENT)
@@ -54,12 +55,6 @@ JUDGE_EXAMPLES = (("What color is the sky on a clear day?", "The sky is blue on 
 _MARKS = {slot: f"\U000f8100{slot}\U000f8101" for slot in SLOTS}
 _MARK = re.compile("\U000f8100(" + "|".join(SLOTS) + ")\U000f8101")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(SLOTS) + r")\}")
-
-
-class TextTokenizer(Protocol):
-    """What the prompt needs of a vocabulary (``llamactor.native.tokenizer.Tokenizer`` has it)."""
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 
 
 def judge_messages() -> tuple[dict[str, Any], ...]:
@@ -113,35 +108,23 @@ class JudgeTemplate:
         texts = {QUERY: query, INSTRUCTION: instruction}
         tokens: list[int] = []
         for piece, slot in zip(self.pieces, self.slots):
-            literal, carried = _carry_space(piece)
-            tokens += _template_text(tokenizer, literal)
+            literal, carried = carry_space(piece)
+            tokens += template_text(tokenizer, literal)
             if slot != DOCUMENT:
-                tokens += _plain(tokenizer, carried + texts[slot])
+                tokens += plain_text(tokenizer, carried + texts[slot])
         return tokens
 
     def document(self, tokenizer: TextTokenizer, document: str) -> list[int]:
         """A document's own tokens, as its slot reads it (with the space the template carries)."""
-        return _plain(tokenizer, _carry_space(self.pieces[-2])[1] + document)
+        return plain_text(tokenizer, carry_space(self.pieces[-2])[1] + document)
 
     def suffix(self, tokenizer: TextTokenizer) -> list[int]:
         """The template's text after the document: the end of the turn and the answer's header."""
-        return _template_text(tokenizer, self.pieces[-1])
+        return template_text(tokenizer, self.pieces[-1])
 
     @property
     def takes_instruction(self) -> bool:
         return INSTRUCTION in self.slots
-
-
-def _carry_space(piece: str) -> tuple[str, str]:
-    return (piece[:-1], " ") if piece.endswith(" ") else (piece, "")
-
-
-def _template_text(tokenizer: TextTokenizer, text: str) -> list[int]:
-    return tokenizer.tokenize(text, add_special=False, parse_special=True) if text else []
-
-
-def _plain(tokenizer: TextTokenizer, text: str) -> list[int]:
-    return tokenizer.tokenize(text, add_special=False, parse_special=False) if text else []
 
 
 def placeholder_template(config_template: str | None, gguf_template: str | None) -> JudgeTemplate | None:
@@ -168,7 +151,7 @@ def answer_spellings(word: str) -> list[str]:
 def answer_ids(tokenizer: TextTokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The single tokens that spell "yes" and "no" (any casing, a leading space or not);
     ``InvalidRequestError`` if the vocabulary has none for one of them (no such model can judge)."""
-    groups = [tuple(sorted({t[0] for s in answer_spellings(word) if len(t := _plain(tokenizer, s)) == 1}))
+    groups = [tuple(sorted({t[0] for s in answer_spellings(word) if len(t := plain_text(tokenizer, s)) == 1}))
               for word in ANSWER_WORDS]  # every spelling asked before any refusal (``tokenized``'s two passes)
     for word, ids in zip(ANSWER_WORDS, groups, strict=True):
         if not ids:

@@ -1,6 +1,5 @@
 """Iterators over one request's text pieces, for threads (``TextStream``) and asyncio
-(``AsyncTextStream``); ``merged``, the pieces of a request's ``n`` choices as they arrive; futures
-mapped to another result (``mapped_future``).
+(``AsyncTextStream``); ``merged``, the pieces of a request's ``n`` choices as they arrive.
 
 The batcher thread pushes each piece with a non-blocking call (``SimpleQueue.put`` or
 ``loop.call_soon_threadsafe``) so a slow reader never stalls the decode loop. Leaving the loop
@@ -138,21 +137,3 @@ async def merged(streams: Sequence[AsyncTextStream]) -> AsyncGenerator[ChoiceUpd
     finally:
         for task in tasks:
             task.cancel()
-
-
-def mapped_future(future: concurrent.futures.Future[Completion], fn: Any) -> concurrent.futures.Future[Any]:
-    """A future of ``fn(result)``; cancelling it cancels ``future`` (and so the request)."""
-    out: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def done(f: concurrent.futures.Future[Completion]) -> None:
-        if out.done():
-            return
-        if f.cancelled():
-            out.cancel()
-        elif (e := f.exception()) is not None:
-            out.set_exception(e)
-        else:
-            out.set_result(fn(f.result()))
-    out.add_done_callback(lambda o: future.cancel() if o.cancelled() else None)
-    future.add_done_callback(done)
-    return out

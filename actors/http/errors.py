@@ -13,12 +13,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from llamactor.base.errors import LlamactorError
 from llamactor.base.logging import get_logger
 from llamactor.dialects.errors import ErrorInfo, dialect_of
+from llamactor.dialects.rerank.replies import reads_detail
 
 log = get_logger("llamactor.http")
 
 
 def error_response(path: str, error: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error.body(dialect_of(path)), status_code=error.status, headers=headers or error.headers)
+    body = error.body(dialect_of(path))
+    if reads_detail(path):  # Jina-style rerank clients read only ``detail``, whatever the status
+        body["detail"] = error.message
+    return JSONResponse(body, status_code=error.status, headers=headers or error.headers)
 
 
 async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,5 +1,6 @@
-"""The Ollama dialect's generating routes: ``/api/chat``, ``/api/generate``, ``/api/embed`` and
-``/api/embeddings`` (uvicorn's event loop). What a body means is ``llamactor.dialects.ollama``.
+"""The Ollama dialect's generating routes: ``/api/chat``, ``/api/generate``, ``/api/embed``,
+``/api/embeddings`` and ``/api/rerank`` (the Jina-shaped rerank proposed for Ollama) (uvicorn's
+event loop). What a body means is ``llamactor.dialects.ollama`` (``/api/rerank``'s: ``dialects.rerank``).
 
 Ollama's model lifecycle comes with them: an empty request loads the model (or, with
 ``keep_alive`` 0, unloads it) and answers one object; ``keep_alive`` 0 on a request unloads the
@@ -25,9 +26,13 @@ from llamactor.dialects.ollama.models import tagged
 from llamactor.dialects.ollama.replies import answer_lines, loaded_reply, stream_error, whole_answer
 from llamactor.dialects.ollama.schema import (ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest,
                                               ModelRequest, keep_alive_s)
+from llamactor.dialects.rerank.call import rerank_call
+from llamactor.dialects.rerank.replies import ollama_reply
+from llamactor.dialects.rerank.schema import OllamaRerankBody
 from llamactor.handles.model import ModelClient
 from llamactor.http.framing import NDJSON
 from llamactor.http.request_path import Planned, answer, context, embed, load, stream
+from llamactor.http.rerank_routes import reranked
 from llamactor.http.state import ServerState, State, tenant_of
 
 log = get_logger("llamactor.http")
@@ -144,3 +149,14 @@ async def embeddings(body: EmbeddingsRequest, request: Request, state: State) ->
     result = await embed(state, request, llm, embedding) if embedding is not None else None
     return JSONResponse(ollama_embed.embeddings_reply(result), background=unload_after(body.keep_alive, llm))
 
+
+
+@router.post("/api/rerank", response_model=None)
+async def rerank(body: OllamaRerankBody, request: Request, state: State) -> JSONResponse:
+    if keep_alive_s(body.keep_alive) == 0:
+        may_unload(state, request)
+    llm = lookup(state, body.model or "")
+    call = rerank_call(body, llm.config.max_rerank_documents)  # a bad body: 400 before the model loads
+    ctx = context(request, llm, body.model)
+    [done] = await reranked(state, request, await load(llm, request), [call], ctx)
+    return JSONResponse(ollama_reply(call, done, body.model or ""), background=unload_after(body.keep_alive, llm))

@@ -20,8 +20,8 @@ from starlette.routing import BaseRoute
 from llamactor.base.errors import LlamactorError
 from llamactor.handles import tracing
 from llamactor.http import (anthropic_routes, batches_routes, engine_routes, errors, files_routes, model_admin_routes,
-                            ollama_model_routes, ollama_routes, openai_routes, ops_routes, responses_routes,
-                            tokenizer_routes, ui_routes)
+                            ollama_model_routes, ollama_routes, openai_routes, ops_routes, rerank_routes,
+                            responses_routes, tokenizer_routes, ui_routes)
 from llamactor.http.body_limit import BodyLimitMiddleware
 from llamactor.http.metrics import RouteTemplates
 from llamactor.http.middleware import JsonBodies, KeyGuard, RequestLog, is_json_or_upload
@@ -50,7 +50,8 @@ def create_app(state: ServerState) -> FastAPI:
     included = [(ops_routes.router, ""), (model_admin_routes.router, ""),  # /models/load, /models/unload: the root only
                 (engine_routes.router, ""), (ui_routes.router, "")]  # the live view of the engine, and its pages
     included += [(router, prefix) for router in BOTH_PREFIXES for prefix in ("/v1", "")]
-    included += [(router, "") for router in (anthropic_routes.router, ollama_routes.router, ollama_model_routes.router)]
+    included += [(router, "") for router in (anthropic_routes.router, ollama_routes.router, ollama_model_routes.router,
+                                              rerank_routes.router)]  # its paths name their own /v1, /v2
     for router, prefix in included:
         app.include_router(router, prefix=prefix)
     state.metrics.routes = RouteTemplates(_templates(app.routes) + [t for router, prefix in included

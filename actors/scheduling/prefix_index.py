@@ -24,8 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from llamactor.base.tenants import DEFAULT_TENANT
+
+
+# An attached prefix at least this long is a sign that its entry may be asked for again (a few
+# tokens, a BOS and a chat template's opening, are shared by every prompt).
+REUSED_MIN_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +39,17 @@ class KvOp:
     """``seq_rm(seq_id, p0, -1)`` (``p0 = 0``: the whole sequence), or with ``src`` set,
     ``seq_cp(src, seq_id, 0, p0)``: attach the first ``p0`` cells of ``src`` to ``seq_id``.
     ``save``: the tokens of a cached entry this ``seq_rm`` evicts, whose KV goes to the lower
-    cache tier first (only when the index was made with ``offer_evicted``)."""
+    cache tier first (only when the index was made with ``offer_evicted``) if that pays
+    (``tier_cost``): ``runs``, about how many contiguous runs its cells make, and ``returning``,
+    whether its prefix was used again before, tell what saving it costs and may bring."""
 
     seq_id: int
     p0: int = 0
     src: int = -1
     save: tuple[int, ...] = ()
     scope: str | None = None  # the evicted entry's cache scope (with ``save``)
+    runs: int = 0  # with ``save``
+    returning: bool = False  # with ``save``
 
     def __post_init__(self) -> None:
         if self.seq_id < 0 or self.p0 < 0 or (self.src >= 0 and self.p0 == 0):
@@ -60,6 +70,8 @@ class Node:
     seq_ids: set[int] = field(default_factory=set)
     children: list[Node] = field(default_factory=list)
     last_used: float = 0.0
+    runs: int = 1  # contiguous runs of cells its tokens were computed into (about)
+    reused: bool = False  # attached by a later sequence, or restored from a lower tier
 
     @property
     def end(self) -> int:
@@ -88,6 +100,9 @@ class PrefixIndex:
         self.entries: dict[int, bool] = {}  # cached seq_ids -> pinned
         self.free_ids: list[int] = list(range(n_seq_ids - 1, -1, -1))  # popped from the end: 0 first
         self.cells_used = 0
+        # Whose cells came last: a sequence whose cells another's came between starts a new run.
+        self._n_extends = 0
+        self._last_extend: dict[int, int] = {}
         self.counters = {"lookups": 0, "hits": 0, "hit_tokens": 0, "evicted_entries": 0, "evicted_cells": 0}
 
     # -- questions ----------------------------------------------------------------------------
@@ -168,6 +183,7 @@ class PrefixIndex:
         for n in self._path(node):
             n.seq_ids.add(seq_id)
             n.last_used = now
+            n.reused |= match.n_tokens >= REUSED_MIN_TOKENS
         self.counters["hits"] += 1
         self.counters["hit_tokens"] += match.n_tokens
         return [KvOp(seq_id, match.n_tokens, src=match.seq_id)]
@@ -176,9 +192,13 @@ class PrefixIndex:
         """``seq_id`` computed the KV of ``tokens`` at its next positions."""
         if not tokens:
             return
+        self._n_extends += 1
+        interleaved = self._last_extend.get(seq_id) != self._n_extends - 1
+        self._last_extend[seq_id] = self._n_extends
         leaf = self.leaf[seq_id]
         if leaf is not self.root and leaf.seq_ids == {seq_id}:
             leaf.tokens.extend(tokens)  # its own cells, and nobody branches off them: grow in place
+            leaf.runs += interleaved
         else:
             child = Node(list(tokens), leaf.end, leaf, {seq_id})
             leaf.children.append(child)
@@ -220,10 +240,10 @@ class PrefixIndex:
                 break
             own = self._own_tail(victim)
             if own > n_cells:
-                save, scope = self._offered(victim)
+                offer = self._offered(victim)
                 keep = self.leaf[victim].end - n_cells
                 self._truncate(victim, keep)
-                ops.append(KvOp(victim, keep, save=save, scope=scope))
+                ops.append(KvOp(victim, keep, **offer))
                 self.counters["evicted_cells"] += n_cells
                 break
             n_cells -= own
@@ -241,6 +261,7 @@ class PrefixIndex:
             raise ValueError(f"seq_id {seq_id} is not a fresh sequence")
         self.counters["lookups"] += 1
         self.extend(seq_id, tokens, now)
+        self.leaf[seq_id].reused = True
 
     def forget_cells(self, seq_id: int) -> None:
         """``seq_id``'s restore failed: it holds no cells after all (it stays allocated)."""
@@ -268,7 +289,10 @@ class PrefixIndex:
     def _split(self, node: Node, at: int) -> Node:
         """Cut ``node`` after ``at`` tokens; return the head (same cells, now two nodes)."""
         assert 0 < at < len(node.tokens) and node.parent is not None
-        head = Node(node.tokens[:at], node.start, node.parent, set(node.seq_ids), [node], node.last_used)
+        head_runs = max(1, node.runs * at // len(node.tokens))
+        head = Node(node.tokens[:at], node.start, node.parent, set(node.seq_ids), [node], node.last_used,
+                    head_runs, node.reused)
+        node.runs = max(1, node.runs - head_runs)
         node.parent.children[node.parent.children.index(node)] = head
         node.tokens, node.start, node.parent = node.tokens[at:], node.start + at, head
         return head
@@ -284,8 +308,8 @@ class PrefixIndex:
         victim = self._lru_entry(any_owner=True)
         if victim is None:
             raise IndexError("every seq_id is running or pinned")
-        save, scope = self._offered(victim)
-        return KvOp(self._drop(victim).seq_id, save=save, scope=scope)
+        offer = self._offered(victim)
+        return KvOp(self._drop(victim).seq_id, **offer)
 
     def _drop(self, seq_id: int) -> KvOp:
         for node in list(self._path(self.leaf[seq_id])):
@@ -294,20 +318,29 @@ class PrefixIndex:
                 self._remove_node(node)
         del self.leaf[seq_id]
         del self.scopes[seq_id]
+        self._last_extend.pop(seq_id, None)
         self.entries.pop(seq_id, None)
         self.free_ids.append(seq_id)
         return KvOp(seq_id)
 
     def _evict_entry(self, seq_id: int) -> KvOp:
         """Drop the entry ``seq_id`` whole, counted as evicted and offered to the lower tier."""
-        save, scope = self._offered(seq_id)
+        offer = self._offered(seq_id)
         self.counters["evicted_cells"] += self._own_tail(seq_id)
         self.counters["evicted_entries"] += 1
-        return KvOp(self._drop(seq_id).seq_id, save=save, scope=scope)
+        return KvOp(self._drop(seq_id).seq_id, **offer)
 
-    def _offered(self, seq_id: int) -> tuple[tuple[int, ...], str | None]:
-        """What an evicting ``KvOp`` of ``seq_id`` carries to the lower tier: its tokens and scope."""
-        return (tuple(self.tokens(seq_id)), self.scopes[seq_id]) if self.offer_evicted else ((), None)
+    def _offered(self, seq_id: int) -> dict[str, Any]:
+        """What an evicting ``KvOp`` of ``seq_id`` carries to the lower tier: its tokens, scope,
+        cell runs, and whether a part of it not pinned was used again."""
+        if not self.offer_evicted:
+            return {}
+        path = list(self._path(self.leaf[seq_id]))
+        # a long reused run: a short head node that a long attach passed through is every prompt's opening
+        returning = any(n.reused and n.end >= REUSED_MIN_TOKENS and not any(self.entries.get(s) for s in n.seq_ids)
+                        for n in path)
+        return {"save": tuple(self.tokens(seq_id)), "scope": self.scopes[seq_id],
+                "runs": max(1, sum(n.runs for n in path)), "returning": returning}
 
     def _remove_node(self, node: Node) -> None:
         assert node.parent is not None and not node.children
@@ -325,6 +358,7 @@ class PrefixIndex:
         if node.end > n:
             assert node.seq_ids == {seq_id}
             self.cells_used -= node.end - n
+            node.runs = max(1, node.runs * (n - node.start) // len(node.tokens))
             del node.tokens[n - node.start:]
         self.leaf[seq_id] = node
 

@@ -12,19 +12,21 @@ from llamactor.scheduling.prefix_index import common_prefix_len
 from llamactor.scheduling.sequence import Sequence
 
 SCORE_SHARE_MIN_ROWS = 4  # a scoring prompt waits for another's rows when it would reuse this many
+LABEL_SHARE_MIN_TOKENS = 4  # a label sequence waits for a shared prompt of at least this many tokens
 
 
 def waits_for_prefix(seq: Sequence, reusable: list[int], n_matched: int, running: list[Sequence],
                      share_min_tokens: int) -> bool:
     """A running sequence of ``seq``'s scope still prefilling will soon hold more of ``reusable``
     than the cache's ``n_matched`` tokens: at least ``share_min_tokens`` more, or all of it -- or,
-    for a label sequence (throughput work: a step's wait costs it little), most of what it would
-    compute, as a rerank's documents share a short judging prompt and query."""
+    for a label sequence, an eighth of what it would compute (at least ``LABEL_SHARE_MIN_TOKENS``):
+    a rerank's documents share a judging prompt and query that may be short, and a step's wait
+    costs such throughput work little (the step's token budget is often full anyway)."""
     if n_matched >= len(reusable):
         return False
     enough = share_min_tokens
     if seq.labels:
-        enough = min(enough, (len(seq.token_ids) - n_matched) // 2 + 1)
+        enough = min(enough, max(LABEL_SHARE_MIN_TOKENS, (len(seq.token_ids) - n_matched) // 8))
     for other in running:
         if other.n_past < other.n_prompt and other.scope == seq.scope:
             shared = min(common_prefix_len(reusable, other.token_ids), other.n_prompt)

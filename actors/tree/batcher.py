@@ -27,7 +27,7 @@ import pykka
 import structlog
 
 from llamactor.base.config import Config
-from llamactor.base.errors import StepAbortedError
+from llamactor.base.errors import ModelLoadError, StepAbortedError
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import AuditKv, BatcherFailed, BatcherReady, CallerMessage, Cancel, Embed, FlushDue, \
     Generate, GetStats, InjectCrash, PromptPrepared, Step, Tokenize
@@ -82,7 +82,7 @@ class BatcherActor(pykka.ThreadingActor):
         try:
             cfg = self.config
             self.engine = Engine(self.model_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
-                                 n_seq_max=cfg.seq_ids, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
+                                 n_seq_max=cfg.seq_ids_within, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
                                  chat_template=cfg.chat_template, kv_type=cfg.kv_type, flash_attn=cfg.flash_attn,
                                  test_hang=cfg.watchdog_test_hang and self.generation == 1,
                                  graph_sampling=cfg.sample_in_graph, loras=cfg.loras,
@@ -94,7 +94,9 @@ class BatcherActor(pykka.ThreadingActor):
                 self.engine.tokenizer,
                 lambda inputs, pooling: self.engine.embedder(cfg.embedding_n_batch, cfg.embedding_n_seq_max).embed(
                     inputs, pooling), info.n_embd, info.embedding_pooling, info.ranking, info.rerank_template)
-            self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template, cfg.system_prompt)
+            # (a ranking model never generates: no system prompt to prefill, past an encoder's positions maybe)
+            self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template,
+                                         None if info.ranking else cfg.system_prompt)
             self.prep = PromptPrep(self.prompts, self.actor_ref, self.engine.info.n_ctx_seq)
             if self.tiers is not None and not self.engine.seq_state_supported:
                 self.tiers = None
@@ -160,7 +162,8 @@ class BatcherActor(pykka.ThreadingActor):
         if self.supervisor is not None:
             tell_quietly(self.supervisor, BatcherFailed(self.generation, repr(error),
                                                         watchdog=isinstance(error, StepAbortedError),
-                                                        suspects=suspects))
+                                                        suspects=suspects,
+                                                        load_error=error if isinstance(error, ModelLoadError) else None))
 
     def _on_watchdog_fired(self, step_no: int, elapsed_s: float, shape: dict[str, Any]) -> None:
         """Watchdog thread: log the hung step; the watchdog then sets the engine's abort flag."""

@@ -71,6 +71,8 @@ class GenerationSteps:
         index_kind = PackedPrefixIndex if config.batch_invariant else PrefixIndex
         self.index = index_kind(n_seq_ids=engine.info.n_seq_max, n_cells=engine.info.n_ctx,
                                 offer_evicted=tiers is not None)
+        if tiers is not None:
+            tiers.calibrate_on(engine)  # while the context is empty
         for tokens in prompts.shared_prefix_tokens():
             self._prefill_pinned(tokens)
         self.scheduler = make_scheduler(config, engine, self.index, tiers)
@@ -195,9 +197,12 @@ class GenerationSteps:
     def run(self, plan: StepPlan) -> StepResult:
         """One decode of the plan's rows, and the token of each sampling row."""
         tokens, positions, seq_ids, wants = plan.rows()
+        t0 = time.perf_counter()
         decoded = watched(self.watchdog, self.counters.counts["steps"],
                           {"n_tokens": len(tokens), "n_sequences": len(plan.chunks)},
                           lambda: self._decode(tokens, positions, seq_ids, wants))
+        if self.tiers is not None:  # what saves may take of a step, and what recomputing costs
+            self.tiers.stepped(len(tokens), (time.perf_counter() - t0) * 1000)
         rows = OutputRows.of(plan, decoded.failed_seq_ids)  # before n_past moves on
         return StepResult(decoded, rows, self.counters.timed("sample", draw_tokens, self.sampler, decoded, rows))
 
@@ -236,7 +241,8 @@ class GenerationSteps:
 
     def apply(self, ops: Iterable[KvOp | RestoreOp]) -> list[int]:
         """Carry out the prefix index's decisions on the llama context, in order; an evicted
-        entry goes to the lower tier first. Returns the seq_ids whose restore failed."""
+        entry is offered to the lower tier first (saved if that pays). Returns the seq_ids whose
+        restore failed."""
         failed = []
         for op in ops:
             if isinstance(op, RestoreOp):
@@ -246,6 +252,6 @@ class GenerationSteps:
                 self.engine.seq_cp(op.src, op.seq_id, 0, op.p0)
             else:
                 if op.save and op.scope is not None and self.tiers is not None:
-                    self.tiers.save(self.engine, op.seq_id, op.scope, op.save)
+                    self.tiers.offer(self.engine, op)
                 self.engine.seq_rm(op.seq_id, op.p0, -1)
         return failed

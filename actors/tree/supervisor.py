@@ -45,7 +45,7 @@ import pykka
 
 from llamactor.base.logging import get_logger
 from llamactor.base.config import Config
-from llamactor.base.errors import BatcherUnavailableError, CancelledError, PoisonRequestError
+from llamactor.base.errors import BatcherUnavailableError, CancelledError, ModelLoadError, PoisonRequestError
 from llamactor.tree.board import StatsBoard
 from llamactor.base.messages import (
     BatcherFailed,
@@ -102,6 +102,7 @@ class SupervisorActor(pykka.ThreadingActor):
         self.state = "starting"  # starting | ready | restarting | failed | stopped
         self.info: Any = None
         self.failure_reason: str | None = None
+        self.load_error: ModelLoadError | None = None  # why the first batcher did not start, if the model's
         self.ready = threading.Event()  # set once the first batcher is up, or start has failed
         self._restart_timer: threading.Timer | None = None
 
@@ -225,6 +226,7 @@ class SupervisorActor(pykka.ThreadingActor):
         self.board.batcher = {}  # the dead batcher's counters; the next one publishes its own
         self.n_watchdog_trips += msg.watchdog
         if self.info is None:  # it never came up: a bad model path will not heal by retrying
+            self.load_error = msg.load_error
             self._give_up(f"the model could not be loaded: {msg.reason}")
             return
         n_quarantined = self._suspect(msg)

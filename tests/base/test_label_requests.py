@@ -4,6 +4,7 @@ caller's thread: their groups, max_tokens 0, and continuations without prompt_lo
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from llamactor.base.errors import InvalidRequestError
@@ -55,6 +56,19 @@ def test_bad_groups_are_refused_naming_the_parameter(groups: object, says: str) 
     with pytest.raises(InvalidRequestError, match=says) as caught:
         build(label_token_ids=groups)
     assert caught.value.details["param"] == "label_token_ids"
+
+
+@pytest.mark.parametrize("value", [7, {"yes": [1]}, np.array([[1], [2]])])
+def test_groups_of_another_type_are_refused_as_such(value: object) -> None:
+    with pytest.raises(InvalidRequestError, match="at least two groups") as caught:
+        build(label_token_ids=value)
+    assert caught.value.details["param"] == "label_token_ids"
+
+
+@pytest.mark.parametrize("value", [None, (), []])
+def test_no_groups_is_no_label_request(value: object) -> None:
+    request = build(label_token_ids=value, max_tokens=3)
+    assert request.label_token_ids == () and request.params.max_tokens == 3
 
 
 def test_a_label_request_asking_for_tokens_is_refused() -> None:

@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 
-from llamactor.base.config import Config
+import llamactor
+from llamactor.base.config import Config, max_sequences
 from llamactor.base.sampling import SamplingParams
-from llamactor.base.errors import InvalidRequestError
+from llamactor.base.errors import InvalidRequestError, SequenceLimitError
 from llamactor.tree.text import TextAssembler
 
 pytestmark = pytest.mark.pure
@@ -74,10 +75,26 @@ def test_a_quantized_kv_cache_without_flash_attention_is_refused_naming_both_set
 
 def test_the_sequence_id_pool_is_sized_to_the_configuration_unless_given() -> None:
     assert Config(n_parallel=16).seq_ids == 16 + 2 + 32  # running, a system prompt's two, cached prefixes
-    assert Config(n_parallel=64).seq_ids == 128 and Config(n_parallel=16, prefix_cache=False).seq_ids == 18
+    assert Config(n_parallel=64).seq_ids == 130 and Config(n_parallel=16, prefix_cache=False).seq_ids == 18
+    assert Config(n_parallel=64).seq_ids_within(128) == 128  # cut to a model with sliding-window layers
+    assert Config(n_parallel=250).seq_ids == 256 and Config(n_parallel=254, prefix_cache=False).seq_ids == 256
     assert Config(n_parallel=4, n_seq_ids=6).seq_ids == 6
     with pytest.raises(InvalidRequestError, match="n_seq_ids must be in"):
         Config(n_parallel=16, n_seq_ids=17)
+
+
+def test_the_most_sequences_are_the_models_checked_where_it_is_known() -> None:
+    with pytest.raises(InvalidRequestError, match=r"n_parallel must be in \[1, 254\]"):
+        Config(n_parallel=255)  # beyond llama.cpp's 256 ids on any model
+    wide = Config(n_parallel=200)
+    assert max_sequences(sliding_window=False) == 256 and max_sequences(sliding_window=True) == 128
+    with pytest.raises(SequenceLimitError, match=r"gemma\.gguf holds at most 128 sequence ids .*shadow id.*"
+                       r"n_parallel <= 126 .*asked for n_parallel=200") as e:
+        wide.seq_ids_within(128, "gemma.gguf")
+    assert e.value.details == {"max_sequences": 128} and isinstance(e.value, llamactor.ModelLoadError)
+    with pytest.raises(SequenceLimitError, match="asked for n_seq_ids=130"):
+        Config(n_parallel=8, n_seq_ids=130).seq_ids_within(128, "gemma.gguf")
+    assert Config(n_parallel=126).seq_ids_within(128) == 128
 
 
 def test_config_from_kwargs_routes_sampling_names_and_refuses_unknown_options() -> None:
@@ -105,7 +122,7 @@ def test_the_prefix_cache_options_are_validated() -> None:
     with pytest.raises(InvalidRequestError, match="prefix_cache_cells"):
         Config(prefix_cache_cells=-1)
     with pytest.raises(InvalidRequestError, match="n_parallel"):
-        Config(n_parallel=127, n_batch=512)
+        Config(n_parallel=255, n_batch=512)
 
 
 def test_n_gpu_layers_defaults_to_the_build_and_takes_a_count_or_all() -> None:

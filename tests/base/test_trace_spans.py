@@ -94,6 +94,8 @@ def test_each_model_route_names_its_dialect() -> None:
                                     "/v1/embeddings", "/v1/responses", "/health", "/metrics", "/ui/")] == \
         ["openai.chat", "openai.completions", "anthropic.messages", "ollama", "openai.embeddings",
          "openai.responses", None, None, None]
+    assert [dialect_of(p) for p in ("/v1/rerank", "/v2/rerank", "/rerank", "/v1/reranking", "/score", "/v1/score",
+                                    "/api/rerank")] == ["rerank"] * 4 + ["rerank.score"] * 2 + ["ollama"]
 
 
 def test_tracing_configured_without_the_sdk_fails_at_start_saying_what_to_install(monkeypatch) -> None:

@@ -69,8 +69,9 @@ def test_a_replayed_field_that_is_none_stays_none() -> None:
 @pytest.mark.pure
 def test_the_null_config_goes_past_the_sequences_a_llama_context_holds_only_when_asked() -> None:
     assert null_config(64).n_parallel == 64 and null_config(64).seq_ids <= MAX_SEQUENCES
-    big = null_config(256, n_ctx=256 * 100)
-    assert big.n_parallel == 256 and big.seq_ids >= 2 * 256 and big.n_batch >= 256 and big.max_queue >= 256
+    assert null_config(250).n_parallel == 250 and null_config(250).seq_ids == MAX_SEQUENCES  # a real context's
+    big = null_config(300, n_ctx=300 * 100)
+    assert big.n_parallel == 300 and big.n_seq_ids >= 2 * 300 and big.n_batch >= 300 and big.max_queue >= 300
 
 
 @pytest.mark.pure

@@ -13,7 +13,8 @@ import llamactor
 from llamactor import InvalidRequestError
 from llamactor.handles.rank_pairs import rank_pair_tokens
 
-from tests.support.rank_gguf import CLS, N_CTX_TRAIN, SEP, reference_outputs, reference_scores, vocab_tokenizer, write_rank_gguf
+from tests.support.rank_gguf import (CLS, N_CTX_TRAIN, SEP, reference_outputs, reference_scores, vocab_tokenizer,
+                                     write_qwen3_rank_gguf, write_rank_gguf)
 
 QUERY = "what is the capital of france?"
 DOCUMENTS = ["paris is the capital of france.", "the cat sat on the mat.", "a dog in paris, on a river",
@@ -37,9 +38,10 @@ def _pairs(ranker: llamactor.LLM) -> list[list[int]]:
     return [rank_pair_tokens(tokenizer, None, QUERY, d, None, True) for d in DOCUMENTS]
 
 
-def test_the_model_is_known_as_a_ranking_model(ranker: llamactor.LLM) -> None:
+def test_the_model_is_known_as_a_ranking_model_and_gets_no_generation_kv(ranker: llamactor.LLM) -> None:
     assert ranker.info.ranking
     assert ranker.info.rerank_template is None
+    assert ranker.info.n_ctx < 512  # asked for 512 cells; it reads at most its 128 positions and never generates
 
 
 def test_scores_equal_llama_cpp_pythons_for_the_same_file_and_tokens(ranker: llamactor.LLM, rank_path: Path) -> None:
@@ -153,3 +155,19 @@ def test_rank_tokens_count_against_a_tenants_token_rate(rank_path: Path) -> None
         assert len(ranker.submit_rank_scores([pair, pair]).result(60)) == 2  # another tenant's share is untouched
     finally:
         ranker.close()
+
+
+def test_a_qwen3_reranker_head_gives_its_in_graph_softmax_as_it_is(tmp_path: Path) -> None:
+    path = write_qwen3_rank_gguf(tmp_path / "qwen3-rank.gguf")
+    vocab = vocab_tokenizer(path)
+    template = "<|im_start|>user\n{query}\n{document}<|im_end|>\n<|im_start|>assistant\n"
+    pairs = [rank_pair_tokens(vocab, template, "what is the cat?", d, None, True) for d in DOCUMENTS]
+    outputs = reference_outputs(path, pairs)
+    np.testing.assert_allclose(outputs.sum(axis=1), 1.0, atol=1e-6)  # llama.cpp's softmax over yes/no
+    ranker = llamactor.start(str(path), n_ctx=512, n_parallel=1)
+    try:
+        assert ranker.info.ranking
+        scores = ranker.submit_rank_scores(pairs).result(60)
+    finally:
+        ranker.close()
+    np.testing.assert_allclose(scores, outputs[:, 0], rtol=0, atol=1e-5)  # not a softmax of the softmax

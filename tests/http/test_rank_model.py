@@ -1,5 +1,7 @@
 """A ranking-head GGUF served by the daemon, through the official openai client: a chat or a
-completion asked of it is a 400 (it cannot generate), and it goes on serving embeddings."""
+completion asked of it is a 400 (it cannot generate), and it goes on serving embeddings. The
+daemon has a system prompt longer than the encoder's positions: a generator would prefill it, a
+ranking model leaves it (llama.cpp aborts the process on a position past a BERT's training context)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from tests.support.rank_gguf import write_rank_gguf
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d = start_daemon("--model", str(write_rank_gguf(tmp_path_factory.mktemp("rank") / "tiny-rank.gguf")),
-                     "--n-parallel", "2")
+                     "--n-parallel", "2", "--system", " ".join(["the cat sat on the mat ."] * 40))
     yield d
     assert d.stop() == 0
 

@@ -54,7 +54,7 @@ def test_a_label_sequence_with_prompt_scores_gets_its_score_rows_then_its_label_
 
 def test_siblings_of_a_short_shared_prompt_wait_for_it_and_attach_it() -> None:
     # 10 shared tokens, under share_min_tokens (32): a label sequence still waits, since the
-    # shared part is most of what it would compute (a rerank's judging prompt and query)
+    # shared part is over an eighth of what it would compute (a rerank's judging prompt and query)
     s = make_scheduler(n_parallel=4, batch_size=3, n_batch=64)
     prompt = list(range(100, 110))
     docs = [label_seq(prompt + [200 + i, 300 + i], rid=f"d{i}") for i in range(3)]
@@ -70,6 +70,13 @@ def test_siblings_of_a_short_shared_prompt_wait_for_it_and_attach_it() -> None:
     assert [q.n_cached for q in plan.admitted] == [10, 10]
     assert sorted((c.seq.request_id, c.n_tokens, c.reads_labels) for c in plan.chunks) == [
         ("d1", 2, True), ("d2", 2, True)]
+
+
+def test_a_label_sequence_does_not_wait_for_a_prefix_that_is_a_sliver_of_its_prompt() -> None:
+    s = make_scheduler(n_parallel=4, batch_size=2, n_batch=512)
+    for i in range(2):  # 10 shared tokens of 210: under an eighth, and under share_min_tokens
+        s.add(label_seq(list(range(100, 110)) + list(range(1000 * (i + 1), 1000 * (i + 1) + 200)), rid=f"d{i}"))
+    assert [q.request_id for q in s.schedule(now=0.0).admitted] == ["d0", "d1"]
 
 
 def test_plain_requests_with_a_short_shared_prefix_still_do_not_wait() -> None:

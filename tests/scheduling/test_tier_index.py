@@ -68,8 +68,8 @@ def test_an_index_that_offers_evicted_entries_names_their_tokens_in_the_kv_ops()
     seq_id, _ = index.allocate()
     index.extend(seq_id, [1, 2, 3, 4, 5, 6], 0.0)
     index.finish(seq_id, 0.0, keep=True)
-    assert index.evict(2) == [KvOp(seq_id, 4, save=(1, 2, 3, 4, 5, 6), scope="default")]  # trimmed: the whole entry first
-    assert index.evict(10) == [KvOp(seq_id, save=(1, 2, 3, 4), scope="default")]
+    assert index.evict(2) == [KvOp(seq_id, 4, save=(1, 2, 3, 4, 5, 6), scope="default", runs=1)]  # trimmed: the whole entry first
+    assert index.evict(10) == [KvOp(seq_id, save=(1, 2, 3, 4), scope="default", runs=1)]
 
 
 def test_admission_restores_from_the_tier_when_it_holds_much_more_than_the_cells() -> None:
@@ -106,4 +106,4 @@ def test_a_restore_first_evicts_cached_prefixes_for_the_whole_entry() -> None:
     run_to_end(s, old)  # 30 cells cached: 50 free, the entry needs 70
     s.add(make_seq(0, tokens=list(range(100, 165))))
     ops = s.schedule(now=1.0).kv_ops
-    assert ops[0] == KvOp(old.seq_id, 10, save=tuple(range(1, 31)), scope="default") and isinstance(ops[1], RestoreOp)
+    assert ops[0] == KvOp(old.seq_id, 10, save=tuple(range(1, 31)), scope="default", runs=1) and isinstance(ops[1], RestoreOp)

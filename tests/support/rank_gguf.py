@@ -1,4 +1,4 @@
-"""A tiny ranking-head GGUF for the tests: BERT architecture, random weights, pooling type rank.
+"""Tiny ranking-head GGUFs for the tests: random weights, pooling type rank; BERT, and qwen3.
 
 What a converted cross-encoder (bge-reranker, ms-marco-MiniLM) is to llama.cpp, at 16 dimensions:
 non-causal attention (``bert.attention.causal`` false, else rank pooling would read the last token,
@@ -94,6 +94,67 @@ def _tensors(writer: gguf.GGUFWriter, rng: np.random.Generator, n_vocab: int, n_
     random("cls.bias", _E)
     random("cls.output.weight", n_labels, _E)
     random("cls.output.bias", n_labels)
+
+
+def write_qwen3_rank_gguf(path: Path, seed: int = 0) -> Path:
+    """A ranking GGUF of the qwen3 architecture, as ``convert_hf_to_gguf`` writes a Qwen3-Reranker:
+    causal (rank pooling reads the last token), ``cls.output`` with the labels ["yes", "no"], and
+    llama.cpp's graph ends in a softmax over them. Byte-level BPE vocabulary (the 256 byte tokens,
+    one merge, ChatML's special tokens); random weights, 16 dimensions, one layer."""
+    rng = np.random.default_rng(seed)
+    heads, head_dim = 2, _E // 2
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    for add, value in ((writer.add_context_length, N_CTX_TRAIN), (writer.add_embedding_length, _E),
+                       (writer.add_feed_forward_length, _FF), (writer.add_block_count, 1),
+                       (writer.add_head_count, heads), (writer.add_head_count_kv, heads),
+                       (writer.add_key_length, head_dim), (writer.add_value_length, head_dim)):
+        add(value)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_pooling_type(gguf.PoolingType.RANK)
+    writer.add_classifier_output_labels(["yes", "no"])
+    tokens = [*_byte_tokens(), "\u0120t", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.NORMAL] * (len(tokens) - 3) + [gguf.TokenType.CONTROL] * 3)
+    writer.add_token_merges(["\u0120 t"])
+    writer.add_eos_token_id(len(tokens) - 3)
+    writer.add_add_bos_token(False)
+
+    def random(name: str, *shape: int) -> None:
+        writer.add_tensor(name, (rng.standard_normal(shape) * 0.2).astype(np.float32))
+
+    def ones(name: str, n: int) -> None:
+        writer.add_tensor(name, np.ones(n, np.float32))
+
+    random("token_embd.weight", len(tokens), _E)
+    ones("output_norm.weight", _E)
+    ones("blk.0.attn_norm.weight", _E)
+    for name in ("attn_q", "attn_k", "attn_v"):
+        random(f"blk.0.{name}.weight", heads * head_dim, _E)
+    random("blk.0.attn_output.weight", _E, heads * head_dim)
+    ones("blk.0.attn_q_norm.weight", head_dim)
+    ones("blk.0.attn_k_norm.weight", head_dim)
+    ones("blk.0.ffn_norm.weight", _E)
+    random("blk.0.ffn_gate.weight", _FF, _E)
+    random("blk.0.ffn_up.weight", _FF, _E)
+    random("blk.0.ffn_down.weight", _E, _FF)
+    random("cls.output.weight", 2, _E)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _byte_tokens() -> list[str]:
+    """GPT-2's byte-level alphabet: each byte as the printable character that stands for it."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    shifted = dict(zip(printable, printable))
+    shifted.update({b: 256 + i for i, b in enumerate(b for b in range(256) if b not in shifted)})
+    return [chr(shifted[b]) for b in range(256)]
 
 
 def reference_scores(path: Path, inputs: list[list[int]], n_batch: int = 512) -> list[float]:

@@ -3,6 +3,7 @@ the sliding window), evicted conversations come back warm, and so do they after 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Iterator
 
@@ -145,4 +146,40 @@ def test_after_a_batcher_crash_the_next_turn_finds_its_history_warm(start_llm) -
     assert stats["restarts"] == 1 and stats["generation"] == 2
     assert second.usage.cached_tokens >= first.usage.prompt_tokens
     assert stats["cache_ram"]["restored"] == 1
+    assert audit_kv(llm) == []
+
+
+def one_off(llm: llamactor.LLM, first: int, n: int) -> None:
+    """``n`` short requests, 4 at a time, none sharing more than a few tokens with another."""
+    prompts = [f"Note {i}: item{i * 31}" for i in range(first, first + n)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda p: llm.ask(p, max_tokens=1), prompts))
+
+
+@pytest.mark.timeout(300)  # 88 requests and a conversation: ~50 s on 2 busy cores
+def test_one_off_requests_stop_being_saved_while_a_conversation_that_came_back_is_saved_and_restored(
+        start_llm) -> None:
+    """The tier's cost model (docs/performance.md, *Tiering that pays for itself*): every admission
+    evicts an entry (6 seq_ids for 4 sequences); one-off prompts never come back, so after a few
+    dozen evictions saving them stops; a conversation whose history was reused is still saved.
+    (Without the model, every eviction is saved.)"""
+    llm = start_llm(n_parallel=4, n_seq_ids=6, n_ctx=2048, batch_timeout_ms=5)
+    one_off(llm, 0, 64)
+    before = llm.stats()["cache_ram"]
+    one_off(llm, 64, 16)
+    after = llm.stats()["cache_ram"]
+    assert after["saved"] == before["saved"] < 64  # none of the last 16 evictions was saved
+    assert after["save_cost"]["saves_skipped"] >= 16 and after["save_cost"]["p_reuse_fresh"] < 0.01
+
+    turn1 = conversation()
+    first = llm.chat(turn1, max_tokens=8, temperature=0)
+    turn2 = turn1 + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And what did it carry?"}]
+    second = llm.chat(turn2, max_tokens=8, temperature=0)
+    assert second.usage.cached_tokens >= first.usage.prompt_tokens  # turn 1's cells: a prefix reused
+    one_off(llm, 80, 8)  # its entry is evicted: a returning one, saved
+    assert llm.stats()["cache_ram"]["saved"] == after["saved"] + 1
+    turn3 = turn2 + [{"role": "assistant", "content": second.text}, {"role": "user", "content": "And then?"}]
+    third = llm.chat(turn3, max_tokens=8, temperature=0)
+    assert third.usage.cached_tokens >= second.usage.prompt_tokens  # the history, from RAM
+    assert llm.stats()["cache_ram"]["restored"] == 1
     assert audit_kv(llm) == []

@@ -8,6 +8,9 @@ sequences it holds is a ``TierIndex`` (pure); the bytes are ``SeqState``s that t
 out of the context when the prefix index evicts an entry and back when a prompt matches one.
 With a ``DiskTier``, entries leaving RAM over its budget are written to disk, every entry is at a
 clean shutdown (``persist``), and a prompt that matches a file better than RAM loads it into RAM.
+An evicted entry is saved only when that pays (``TierCostModel``, calibrated on the engine at
+start: ``calibrate``); a skipped one leaves a *ghost* (its tokens, no bytes), so that a prompt
+asking for it again still counts as a reuse.
 """
 
 from __future__ import annotations
@@ -21,14 +24,18 @@ from typing import Any
 from llamactor.base.config import Config
 from llamactor.base.logging import get_logger
 from llamactor.tree.tiers.disk import DiskTier, model_identity
+from llamactor.base.errors import EngineError
 from llamactor.native.engine import Engine
 from llamactor.native.kv_state import BUILD, SeqState
-from llamactor.scheduling.prefix_index import PrefixIndex
-from llamactor.scheduling.tier_index import NO_MATCH, RestoreOp, TierIndex, TierMatch
+from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
+from llamactor.scheduling.tier_cost import SaveCandidate, TierCostModel
+from llamactor.scheduling.tier_index import NO_MATCH, RESTORE_MIN_GAIN, RestoreOp, TierIndex, TierMatch
+from llamactor.tree.tiers.calibration import calibrate
 
 log = get_logger("llamactor.tree.tiers.ram")
 
 MIB = 1 << 20
+GHOSTS = 1024  # skipped entries remembered (tokens only) to learn whether they come back
 
 
 class CacheTiers:
@@ -41,6 +48,9 @@ class CacheTiers:
         self.disk = disk
         self.persistent = disk is not None  # entries outlive the process
         self._keys = itertools.count()
+        self.cost: TierCostModel | None = None  # made by ``calibrate_on`` at the first batcher's start
+        self.ghosts = TierIndex(GHOSTS)  # one "byte" an entry: a count
+        self.returning: dict[str, bool] = {}  # RAM's and the ghosts' keys -> the entry was reused before
         self.counters: dict[str, float] = {"saved": 0, "saved_tokens": 0, "restored": 0, "restored_tokens": 0,
                                            "restore_failed": 0, "dropped": 0, "save_ms": 0.0, "restore_ms": 0.0}
 
@@ -64,6 +74,23 @@ class CacheTiers:
 
     # -- batcher thread -----------------------------------------------------------------------
 
+    def calibrate_on(self, engine: Engine) -> None:
+        """The save cost model, measured on ``engine``'s empty context (once: a restarted
+        batcher's engine is the same device, and the model has learned since)."""
+        if self.cost is not None:
+            return
+        try:
+            self.cost = TierCostModel(calibrate(engine))
+        except (EngineError, RuntimeError) as e:  # a context too small to measure in: every eviction is saved
+            log.warning("cache_tier_calibration_failed", error=str(e))
+            return
+        log.info("cache_tier_calibrated", **self.cost.stats())
+
+    def stepped(self, n_rows: int, ms: float) -> None:
+        """A decode step of ``n_rows`` rows took ``ms`` (the cost model's step time and prefill rate)."""
+        if self.cost is not None:
+            self.cost.stepped(n_rows, ms)
+
     def lookup(self, scope: str, tokens: list[int]) -> TierMatch:
         """The entry of cache scope ``scope`` sharing the longest prefix with ``tokens`` (a hit
         counts as a use); a file that matches longer than RAM is loaded into RAM first."""
@@ -73,7 +100,18 @@ class CacheTiers:
                 match = self._from_disk(scope, tokens, match)
             if match.key is not None:
                 self.ram.touch(match.key)
+            self._ghost_hit(scope, tokens, match.n_tokens)
             return match if match.key is not None else NO_MATCH
+
+    def _ghost_hit(self, scope: str, tokens: list[int], n_matched: int) -> None:
+        """A skipped entry that would have served ``tokens`` better than what is held: a reuse
+        its class missed (counted once: the ghost goes)."""
+        ghost = self.ghosts.lookup(scope, tokens)
+        # Most of it, not merely a prefix it shares with other prompts (those stay in the cells).
+        if (ghost.key is not None and ghost.n_tokens >= max(n_matched + RESTORE_MIN_GAIN, ghost.n_entry // 2)
+                and self.cost is not None):
+            self.cost.ghost_hit(self.returning.pop(ghost.key, False))
+            self.ghosts.remove(ghost.key)
 
     def _from_disk(self, scope: str, tokens: list[int], match: TierMatch) -> TierMatch:
         """A file's entry loaded into RAM when it matches longer than ``match`` (RAM's); else ``match``."""
@@ -95,25 +133,57 @@ class CacheTiers:
             if not pinned and scope is not None:
                 self.save(engine, seq_id, scope, index.tokens(seq_id))
 
+    def offer(self, engine: Engine, op: KvOp) -> None:
+        """The prefix index evicts an entry (``op``, before its ``seq_rm``): save it when that pays
+        (``TierCostModel``), else remember its ghost."""
+        assert op.scope is not None and op.save
+        with self.lock:
+            if self._covered(op.scope, op.save):
+                return
+            n_runs = min(max(op.runs, 1), len(op.save))
+            candidate = SaveCandidate(len(op.save), n_runs, len(op.save) - op.p0, op.returning)
+            decision = self.cost.decide(candidate) if self.cost is not None else None
+            if decision is not None and not decision.save:
+                self._add_ghost(op.scope, op.save, op.returning)
+                return
+            ms = self._save(engine, op.seq_id, op.scope, op.save, op.returning)
+            if ms is not None and decision is not None and self.cost is not None:
+                self.cost.saved(decision, candidate, ms)
+
     def save(self, engine: Engine, seq_id: int, scope: str, tokens: Sequence[int]) -> None:
         """Copy the KV of ``seq_id`` (holding exactly ``tokens``, of cache scope ``scope``) into
-        RAM, unless an entry of that scope already starts with those tokens. A failure is logged
-        and costs only the entry."""
+        RAM, unless an entry of that scope already starts with those tokens, whatever it costs."""
         with self.lock:
-            covering = self.ram.covers(scope, tokens)
-            if covering is not None:
-                self.ram.touch(covering)
-                return
-            t0 = time.perf_counter()
-            try:
-                state = engine.save_seq(seq_id, len(tokens))
-            except RuntimeError as e:
-                log.warning("cache_tier_save_failed", seq_id=seq_id, n_tokens=len(tokens), error=str(e))
-                return
-            self._add(scope, tuple(tokens), state)
-            self.counters["saved"] += 1
-            self.counters["saved_tokens"] += len(tokens)
-            self.counters["save_ms"] += (time.perf_counter() - t0) * 1000
+            if not self._covered(scope, tokens):
+                self._save(engine, seq_id, scope, tokens, False)
+
+    def _covered(self, scope: str, tokens: Sequence[int]) -> bool:
+        """An entry of ``scope`` starts with ``tokens`` already (touched: it is in use again)."""
+        covering = self.ram.covers(scope, tokens)
+        if covering is not None:
+            self.ram.touch(covering)
+        return covering is not None
+
+    def _save(self, engine: Engine, seq_id: int, scope: str, tokens: Sequence[int], returning: bool) -> float | None:
+        """Copy it; its milliseconds, or None on a failure (logged: it costs only the entry)."""
+        t0 = time.perf_counter()
+        try:
+            state = engine.save_seq(seq_id, len(tokens))
+        except RuntimeError as e:
+            log.warning("cache_tier_save_failed", seq_id=seq_id, n_tokens=len(tokens), error=str(e))
+            return None
+        self.returning[self._add(scope, tuple(tokens), state)] = returning
+        ms = (time.perf_counter() - t0) * 1000
+        self.counters["saved"] += 1
+        self.counters["saved_tokens"] += len(tokens)
+        self.counters["save_ms"] += ms
+        return ms
+
+    def _add_ghost(self, scope: str, tokens: tuple[int, ...], returning: bool) -> None:
+        key = f"g{next(self._keys)}"
+        self.returning[key] = returning
+        for gone in self.ghosts.add(key, scope, tokens, 1):
+            self.returning.pop(gone, None)
 
     def restore(self, engine: Engine, op: RestoreOp) -> bool:
         """Carry out ``op``; False: the entry is gone or llama.cpp refused it (then dropped), and
@@ -128,10 +198,13 @@ class CacheTiers:
                     log.warning("cache_tier_restore_failed", key=op.key, n_tokens=held[2].n_tokens)
                     self.ram.remove(op.key)
                     del self.states[op.key]
+                    self.returning.pop(op.key, None)
                 return False
             assert held is not None
             if op.n_keep < held[2].n_tokens:
                 engine.seq_rm(op.seq_id, op.n_keep, -1)
+            if self.cost is not None:
+                self.cost.reused(self.returning.get(op.key, False))
             self.counters["restored"] += 1
             self.counters["restored_tokens"] += op.n_keep
             self.counters["restore_ms"] += (time.perf_counter() - t0) * 1000
@@ -159,6 +232,7 @@ class CacheTiers:
         self.states[key] = (scope, tokens, state)
         for gone in self.ram.add(key, scope, tokens, state.nbytes):
             gone_scope, gone_tokens, gone_state = self.states.pop(gone)
+            self.returning.pop(gone, None)
             self.counters["dropped"] += 1
             extended = gone_scope == scope and tokens[:len(gone_tokens)] == gone_tokens
             if gone != key and not extended:  # not merely extended by the new one
@@ -179,6 +253,7 @@ class CacheTiers:
         with self.lock:
             return {"entries": len(self.ram), "bytes": self.ram.bytes_used, "budget_bytes": self.ram.budget_bytes,
                     **{k: round(v, 3) if isinstance(v, float) else v for k, v in self.counters.items()},
+                    **({"save_cost": self.cost.stats()} if self.cost is not None else {}),
                     **({"disk": self.disk.stats()} if self.disk is not None else {})}
 
 
