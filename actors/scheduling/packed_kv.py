@@ -44,8 +44,9 @@ class PackedPrefixIndex(PrefixIndex):
     with no budget; ``evict`` frees nothing; ``allocate`` takes only a free seq_id or a covered
     entry's. Batcher thread only."""
 
-    def finish(self, seq_id: int, now: float, *, keep: bool, budget_cells: int | None = None) -> list[KvOp]:
-        return super().finish(seq_id, now, keep=True, budget_cells=None)
+    def finish(self, seq_id: int, now: float, *, keep: bool, budget_cells: int | None = None,
+               keep_upto: int | None = None) -> list[KvOp]:
+        return super().finish(seq_id, now, keep=True, budget_cells=None)  # cells stay packed: kept whole
 
     def evict(self, n_cells: int) -> list[KvOp]:
         return []

@@ -206,10 +206,12 @@ class PrefixIndex:
         leaf.last_used = now
         self.cells_used += len(tokens)
 
-    def finish(self, seq_id: int, now: float, *, keep: bool, budget_cells: int | None = None) -> list[KvOp]:
+    def finish(self, seq_id: int, now: float, *, keep: bool, budget_cells: int | None = None,
+               keep_upto: int | None = None) -> list[KvOp]:
         """A running sequence ends. With ``keep`` its KV becomes a cached entry (entries it
-        extends are dropped: it holds their cells now), then LRU tails go until the entries hold
-        at most ``budget_cells``; without, its cells are released."""
+        extends are dropped: it holds their cells now) -- only its first ``keep_upto`` cells,
+        where the rest is one-off (``Sequence.cache_upto``) -- then LRU tails go until the
+        entries hold at most ``budget_cells``; without, its cells are released."""
         leaf = self.leaf[seq_id]
         if not keep or leaf is self.root or self._covered(seq_id, entries_only=True):
             return [self._drop(seq_id)]
@@ -217,9 +219,22 @@ class PrefixIndex:
         leaf.last_used = now
         ops = [self._drop(e) for node in self._path(leaf) for e in list(node.seq_ids)
                if e != seq_id and self.entries.get(e) is False and self.leaf[e] is node]
+        if keep_upto is not None and keep_upto < leaf.end:
+            ops += self._trim_finished(seq_id, keep_upto)
         if budget_cells is not None:
             ops += self.evict(self.cache_cells() - budget_cells)
         return ops
+
+    def _trim_finished(self, seq_id: int, keep_upto: int) -> list[KvOp]:
+        """A finished entry cut to its first ``keep_upto`` cells (what it shares with others is
+        kept whole): dropped when nothing of its own is left or another entry holds the rest."""
+        cut = max(keep_upto, self.leaf[seq_id].end - self._own_tail(seq_id))
+        if cut == 0:
+            return [self._drop(seq_id)]
+        self._truncate(seq_id, cut)
+        if self._covered(seq_id, entries_only=True):
+            return [self._drop(seq_id)]
+        return [KvOp(seq_id, cut)]
 
     def pin(self, seq_id: int) -> None:
         """Make the sequence (a prefilled system prompt) a pinned entry: never evicted."""

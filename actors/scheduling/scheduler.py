@@ -158,7 +158,8 @@ class Scheduler:
         if kv_lost:
             self.index.release(seq.seq_id)
             return []
-        return self.index.finish(seq.seq_id, now, keep=self.keep_finished, budget_cells=self.cache_budget_cells)
+        return self.index.finish(seq.seq_id, now, keep=self.keep_finished, budget_cells=self.cache_budget_cells,
+                                 keep_upto=seq.cache_upto)
 
     def find(self, request_id: str) -> Sequence | None:
         for seq in (*self.running, *self.pending):

@@ -35,6 +35,11 @@ class Sequence:
     # prompt row gives, and that share once read (it is prompt-only: nothing is sampled).
     labels: tuple[tuple[int, ...], ...] = ()
     label_probs: tuple[float, ...] | None = None
+    # The tokens worth keeping as a cached prefix when it ends; None: all. A rerank document's
+    # label sequence keeps only the context it shares with the rerank's other documents: its own
+    # tokens follow one query and are one-off, and cached cells cost every step's attention (a
+    # unified KV cache's masked cells are still scanned), so they are freed at once.
+    cache_upto: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.n_prompt <= len(self.token_ids):

@@ -168,7 +168,8 @@ def start_sequence(msg: Generate, prompt_ids: list[int], n_context: int, params:
         start=max(1, n_context) if msg.continuation is not None else 1, n_prompt=len(prompt_ids),
         n_top=params.prompt_logprobs)
     seq = Sequence(request=msg, token_ids=prompt_ids, n_prompt=len(prompt_ids), scoring=scoring,
-                   prompt_only=params.max_tokens == 0, labels=msg.label_token_ids)
+                   prompt_only=params.max_tokens == 0, labels=msg.label_token_ids,
+                   cache_upto=n_context if msg.label_token_ids and msg.continuation is not None else None)
     seq.state = state = RequestState.create(params, tokenizer)
     state.answer = AnswerSplitter.of(msg.tools, msg.split_reasoning)
     state.progress = msg.reply.progress = Progress(tuple(prompt_ids), logprobs=state.logprobs)

@@ -257,3 +257,18 @@ def test_each_rerank_logs_one_line_with_its_counts(smol: llamactor.LLM, caplog: 
     assert len(lines) == 1 and "rr-logged" in lines[0]
     assert f"n_documents={len(case.documents)}" in lines[0] or f"'n_documents': {len(case.documents)}" in lines[0]
     assert str(result.prompt_tokens) in lines[0]
+
+
+def test_a_finished_rerank_keeps_its_shared_context_cached_but_not_its_documents(start_llm, instruct_path: str) -> None:
+    llm = start_llm(instruct_path, n_parallel=4, n_ctx=4096)
+    query, docs = RERANK_SET[0].query, list(RERANK_SET[0].documents)
+    llm.rerank(RERANK_SET[1].query, docs[:1], timeout=120)  # the judging prompt's examples computed and cached
+    before = llm.stats()["kv_used"]
+    llm.rerank(query, docs, timeout=120)
+    prompt = rerank_prompt(llm, check_args(query, docs)).result(60)
+    after = llm.stats()
+    own = sum(len(c) for c in prompt.continuations)
+    assert after["kv_used"] - before < own  # a document's cells follow one query: freed at once
+    again = llm.stats()["prompt_tokens_computed"]
+    llm.rerank(query, docs[:2], timeout=120)  # the same query again: its context is attached, not computed
+    assert llm.stats()["prompt_tokens_computed"] - again == sum(len(c) for c in prompt.continuations[:2])

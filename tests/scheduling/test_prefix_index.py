@@ -159,6 +159,24 @@ def test_a_finish_without_keep_and_a_failed_sequence_free_their_cells() -> None:
     assert_consistent(index, model)
 
 
+def test_a_finished_sequence_kept_up_to_its_shared_context_frees_its_own_tail() -> None:
+    index, model = PrefixIndex(n_seq_ids=6, n_cells=100), CellModel()
+    context = [1, 2, 3]
+    first = admit(index, model, context + [4, 5, 6], 1.0)  # a rerank's first document
+    second = admit(index, model, context + [7, 8], 1.0)  # the second attaches the context
+    assert index.cells_used == 8
+    ops = index.finish(first, 2.0, keep=True, keep_upto=3)
+    model.apply(ops)
+    assert ops == [KvOp(first, 3)] and index.cells_used == 5  # its document's cells freed at once
+    assert index.lookup(context + [9]) == Match(3, first) and index.lookup(context + [4]).n_tokens == 3
+    model.apply(index.finish(second, 3.0, keep=True, keep_upto=3))  # the same context: one entry holds it
+    assert index.cells_used == 3 and len(index.entries) == 1
+    third = admit(index, model, [1, 2, 9], 4.0)  # a tail shorter than the context kept is trimmed to it
+    model.apply(index.finish(third, 5.0, keep=True, keep_upto=1))
+    assert index.cells_used == 3 and index.lookup([1, 2, 9]).n_tokens == 2
+    assert_consistent(index, model)
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_random_operations_keep_the_index_equal_to_the_cells_llama_cpp_would_hold(seed: int) -> None:
     rng = random.Random(seed)
@@ -192,8 +210,8 @@ def test_random_operations_keep_the_index_equal_to_the_cells_llama_cpp_would_hol
         elif action < 0.85 and running:
             seq_id = rng.choice(sorted(running))
             running.discard(seq_id)
-            model.apply(index.finish(seq_id, now, keep=rng.random() < 0.8,
-                                     budget_cells=rng.choice([None, 5, 20])))
+            model.apply(index.finish(seq_id, now, keep=rng.random() < 0.8, budget_cells=rng.choice([None, 5, 20]),
+                                     keep_upto=rng.choice([None, None, 0, 2, 5])))
         else:
             before = {s: model.tokens(s) for s in running}
             evictable = index.cache_cells()
