@@ -17,26 +17,21 @@ from typing import Any
 
 import llamactor
 from llamactor.base.models import default_model_path, instruct_model_path
+from llamactor.base.rerank import RerankArgs
 from llamactor.bench import baselines
 from llamactor.bench.rerank_set import RERANK_SET, RerankCase
 from llamactor.handles import rerank as rerank_handle
-from llamactor.handles.batcher_tokens import tokenized
-from llamactor.handles.rerank_prompt import DEFAULT_INSTRUCTION, TextTokenizer
 
 Labels = tuple[tuple[int, ...], tuple[int, ...]]
 
 
 def judging_prompts(llm: llamactor.LLM, query: str, docs: Sequence[str]) -> tuple[list[list[int]], Labels]:
     """Each document's whole judging prompt, token for token what ``LLM.rerank`` scores (the
-    handle's judging template, its shared context, the document, the template's end), and the
+    handle's own ``rerank_prompt``: its shared context, then the document's continuation), and the
     yes/no label groups."""
-    judge = rerank_handle.judge_of(llm).result(timeout=120)
-
-    def build(tok: TextTokenizer) -> tuple[list[int], list[list[int]], list[int]]:
-        t = judge.template
-        return t.context(tok, query, DEFAULT_INSTRUCTION), [t.document(tok, d) for d in docs], t.suffix(tok)
-    context, own, suffix = tokenized(llm.send, build, judge.known).result(timeout=120)[0]
-    return [context + d + suffix for d in own], judge.labels
+    args = RerankArgs(query, tuple(docs), None, llm.config.rerank_max_tokens_per_doc, True, None)
+    prompt = rerank_handle.rerank_prompt(llm, args).result(timeout=120)
+    return [prompt.context + list(c) for c in prompt.continuations], prompt.labels
 
 
 def _scores_in_order(llm: llamactor.LLM, case: RerankCase) -> list[float]:
