@@ -134,12 +134,12 @@ def score_one_at_a_time(model_path: str, requests: list[list[int]], n_threads: i
 
 
 def label_scores_one_at_a_time(model_path: str, prompts: list[list[int]], labels: tuple[tuple[int, ...], ...],
-                               n_threads: int, *, flash_attn: bool = False) -> tuple[float, list[float]]:
+                               n_threads: int, *, flash_attn: bool = False, n_ubatch: int = 512) -> tuple[float, list[float]]:
     """Each judging prompt alone through ``Llama(logits_all=True)``: its last row's share of the
     first label group, mass(group 0) / sum of masses (a rerank's P(yes) / (P(yes) + P(no)));
     the seconds it takes and the scores, in order."""
     n_ctx = -(-max(len(p) for p in prompts) // 64) * 64  # the scores buffer is n_ctx rows of the vocabulary
-    llm = llama_cpp.Llama(model_path, logits_all=True, n_ctx=n_ctx, n_batch=512, n_threads=n_threads,
+    llm = llama_cpp.Llama(model_path, logits_all=True, n_ctx=n_ctx, n_batch=512, n_ubatch=n_ubatch, n_threads=n_threads,
                           n_threads_batch=n_threads, flash_attn=flash_attn, verbose=False)
     try:
         llm.eval(prompts[0][:4])  # warm up
