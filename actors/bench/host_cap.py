@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -51,6 +53,7 @@ NEW_TOKENS = {64: 128, 126: 96, 250: 64}  # the issue's sizes; a quick run halve
 LEGS = ("submit", "stream", "http", "sse")
 GOAL_IN_PROCESS_TOK_S = 25_000.0  # at 126 streams
 GOAL_HTTP_RATIO = 0.9  # http and sse / submit, at 64 and 126 streams
+UVICORN_THREAD = "host-cap-uvicorn"
 
 
 def record(model_path: str, n_threads: int) -> Recording:
@@ -85,7 +88,7 @@ def replayed_daemon(model_path: str, config: Config, recording: Recording) -> It
     state.router = router
     port = _free_port()
     server = uvicorn.Server(uvicorn_config(create_app(state), state.transport, host="127.0.0.1", port=port))
-    thread = threading.Thread(target=server.run, name="host-cap-uvicorn", daemon=True)
+    thread = threading.Thread(target=server.run, name=UVICORN_THREAD, daemon=True)
     thread.start()
     try:
         while not server.started and thread.is_alive():
@@ -131,13 +134,35 @@ def http_client(url: str, n: int, max_tokens: int, stream: bool) -> dict[str, An
     return figures
 
 
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds each thread of this process has used, by role: ``batcher`` (the batcher
+    thread), ``front`` (the event loops: uvicorn's, or this thread's in the *stream* leg) and
+    ``other``; empty where ``/proc`` has no per-thread figures."""
+    out = {"batcher": 0.0, "front": 0.0, "other": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    for thread in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return {}
+        role = ("batcher" if "Batcher" in thread.name else
+                "front" if thread.name in (UVICORN_THREAD, "MainThread") else "other")
+        out[role] += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return out
+
+
 def _measured(llm: llamactor.LLM, leg: Callable[[], tuple[int, float]]) -> dict[str, float]:
-    """One leg's tokens/s and the batcher's work and wall time per step."""
-    before = llm.stats()
+    """One leg's tokens/s, the batcher's work and wall time per step, and each thread role's CPU
+    microseconds per token (what a loaded machine's wall times hide)."""
+    before, cpu_before = llm.stats(), thread_cpu_s()
     tokens, seconds = leg()
     m = per_step(before, llm.stats(), seconds, tokens)
+    cpu_after = thread_cpu_s()
+    cpu = {f"{role}_us_per_token": (cpu_after[role] - cpu_before[role]) * 1e6 / max(tokens, 1)
+           for role in cpu_after if cpu_before}
     return {"tokens_per_s": m["tokens_per_s"], "batcher_ms": m["host_ms"], "wall_ms": m["wall_ms"],
-            "steps": m["steps"]}
+            "steps": m["steps"], **cpu}
 
 
 def measure_size(llm: llamactor.LLM, url: str, n: int, max_tokens: int, repeats: int) -> dict[str, Any]:
@@ -152,7 +177,7 @@ def measure_size(llm: llamactor.LLM, url: str, n: int, max_tokens: int, repeats:
     for leg in legs.values():  # warm-up: the client's imports, the app's first routes
         leg()
     out: dict[str, Any] = {"max_tokens": max_tokens,
-                           **median_runs({k: (lambda f=f: _measured(llm, f)) for k, f in legs.items()}, repeats)}
+                           **median_runs({k: functools.partial(_measured, llm, f) for k, f in legs.items()}, repeats)}
     for name in LEGS[1:]:
         out[name]["vs_in_process"] = out[name]["tokens_per_s"] / out["submit"]["tokens_per_s"]
     return out
@@ -199,8 +224,9 @@ def report_lines(results: dict[str, Any]) -> list[str]:
              "in-process (`submit_chat` futures, `stream_async`) and through the daemon's app on uvicorn "
              "(non-streamed, SSE; the client in a process of its own). Batcher ms: its own work per step; "
              "wall ms: per step; the rest is what a step waited for outside the batcher.", "",
-             "| streams | new tokens | leg | tok/s | / in-process | batcher ms | wall ms |",
-             "|---:|---:|---|---:|---:|---:|---:|"]
+             "| streams | new tokens | leg | tok/s | / in-process | batcher ms | wall ms "
+             "| CPU µs/token: batcher | front end |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     sizes = sorted(int(k[1:]) for k in h if k.startswith("c"))
     for n in sizes:
         row = h[f"c{n}"]
@@ -208,8 +234,13 @@ def report_lines(results: dict[str, Any]) -> list[str]:
             m = row[leg]
             ratio = f"{m['vs_in_process']:.2f}" if "vs_in_process" in m else "1"
             lines.append(f"| {n} | {row['max_tokens']} | {leg} | {m['tokens_per_s']:,.0f} | {ratio} | "
-                         f"{m['batcher_ms']:.2f} | {m['wall_ms']:.2f} |")
+                         f"{m['batcher_ms']:.2f} | {m['wall_ms']:.2f} | {_cpu(m, 'batcher')} | {_cpu(m, 'front')} |")
     return lines + [""] + missed_goals(h) + [""]
+
+
+def _cpu(m: dict[str, Any], role: str) -> str:
+    value = m.get(f"{role}_us_per_token")
+    return "" if value is None else f"{value:.1f}"
 
 
 def missed_goals(h: dict[str, Any]) -> list[str]:
@@ -228,5 +259,7 @@ def missed_goals(h: dict[str, Any]) -> list[str]:
                            f"{GOAL_HTTP_RATIO}×): a step took {m['wall_ms']:.2f} ms against {ref['wall_ms']:.2f} "
                            f"in-process; the batcher's own work {m['batcher_ms']:.2f} ms (in-process "
                            f"{ref['batcher_ms']:.2f}), so {m['wall_ms'] - m['batcher_ms']:.2f} ms of each step went "
-                           "to the front end (the event loop holding the GIL) and the hops to it")
+                           "to the front end (the event loop holding the GIL) and the hops to it; CPU per token: "
+                           f"front end {_cpu(m, 'front')} µs, batcher {_cpu(m, 'batcher')} µs "
+                           f"(in-process {_cpu(ref, 'batcher')} µs)")
     return out

@@ -12,6 +12,7 @@ is opened before the clock starts, so the figure is the server's, not connection
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 import time
@@ -89,7 +90,7 @@ async def run(url: str, n: int, max_tokens: int, stream: bool) -> dict[str, Any]
     connections = []
     for _ in range(n):
         done: asyncio.Future[bytes] = loop.create_future()
-        transport, _protocol = await loop.create_connection(lambda d=done: _Reader(d), host, port)
+        transport, _protocol = await loop.create_connection(functools.partial(_Reader, done), host, port)
         connections.append((transport, done))
     start = time.perf_counter()
     for i, (transport, _done) in enumerate(connections):
@@ -109,14 +110,7 @@ async def run(url: str, n: int, max_tokens: int, stream: bool) -> dict[str, Any]
 
 def main(argv: list[str]) -> None:
     url, n, max_tokens, mode = argv[0], int(argv[1]), int(argv[2]), argv[3]
-    try:  # uvicorn's own loop where it is installed: the cheaper client
-        import uvloop  # type: ignore[import-not-found,unused-ignore]
-        factory: Any = uvloop.new_event_loop
-    except ImportError:
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        print(json.dumps(runner.run(run(url, n, max_tokens, mode == "stream"))))
-
+    print(json.dumps(asyncio.run(run(url, n, max_tokens, mode == "stream"))))
 
 if __name__ == "__main__":
     main(sys.argv[1:])
