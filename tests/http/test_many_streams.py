@@ -1,6 +1,7 @@
 """Many SSE streams at once through the real daemon: each gets every piece, in order, whether its
 chunks are made from the prepared template (no logprobs) or as dicts (logprobs), and whether the
-front end wrote them one at a time or several in one write."""
+front end wrote them one at a time or several in one write. Legacy completions: a raw prompt has
+no chat transcript whose next turn would stop it early (every token streams)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import openai
 import pytest
 
 from tests.conftest import NEAR_TIE
-from tests.support.daemon import API_KEY, MODEL_ID, Daemon, GreedyStep, start_daemon, streamed_chat_result
+from tests.support.daemon import API_KEY, MODEL_ID, Daemon, GreedyStep, start_daemon, streamed_legacy_result
 
 N_STREAMS = 32
 NEW_TOKENS = 16
@@ -27,11 +28,10 @@ def daemon() -> Iterator[Daemon]:
 
 async def _streams(client: openai.AsyncOpenAI, logprobs: bool) -> list[tuple[list[Any], Any]]:
     async def one(i: int) -> tuple[list[Any], Any]:
-        extra: dict[str, Any] = {"logprobs": True, "top_logprobs": 2} if logprobs else {}
-        chunks = [c async for c in await client.chat.completions.create(
-            model=MODEL_ID, messages=[{"role": "user", "content": f"Tell me about the number {i}."}],
-            max_tokens=NEW_TOKENS, temperature=0, stream=True, stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True}, **extra)]
+        extra: dict[str, Any] = {"logprobs": 2} if logprobs else {}
+        chunks = [c async for c in await client.completions.create(
+            model=MODEL_ID, prompt=f"Facts about the number {i}:", max_tokens=NEW_TOKENS, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, **extra)]
         return chunks[:-1], chunks[-1].usage
     return list(await asyncio.gather(*(one(i) for i in range(N_STREAMS))))
 
@@ -57,10 +57,10 @@ def test_many_concurrent_sse_streams_each_get_every_piece_in_order(daemon: Daemo
 
     with_logprobs, templated = asyncio.run(both())
     for (ref_chunks, ref_usage), (chunks, usage) in zip(with_logprobs, templated, strict=True):
-        reference = streamed_chat_result(ref_chunks)
+        reference = streamed_legacy_result(ref_chunks)
         # every token came with its piece, and the pieces joined are what the usage counted
         assert len(reference[1]) == ref_usage.completion_tokens == usage.completion_tokens == NEW_TOKENS
         assert "".join(s.token for s in reference[1]) == reference[0]
-        assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == "length"
+        assert chunks[-1].choices[0].finish_reason == "length"
         assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
-        _same_up_to_near_tie("".join(c.choices[0].delta.content or "" for c in chunks), reference)
+        _same_up_to_near_tie("".join(c.choices[0].text for c in chunks), reference)
