@@ -97,13 +97,15 @@ class Mailbox:
 
 
 _mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = weakref.WeakKeyDictionary()
+_mailboxes_lock = threading.Lock()  # loops on several threads may make their first streams at once
 
 
 def mailbox_of(loop: asyncio.AbstractEventLoop) -> Mailbox:
-    """``loop``'s mailbox (its thread: the first stream of a loop is made there)."""
-    if (box := _mailboxes.get(loop)) is None:
-        box = _mailboxes[loop] = Mailbox(loop)
-    return box
+    """``loop``'s mailbox, made with its first stream (the loop's thread)."""
+    with _mailboxes_lock:
+        if (box := _mailboxes.get(loop)) is None:
+            box = _mailboxes[loop] = Mailbox(loop)
+        return box
 
 
 class AsyncTextStream:
