@@ -21,6 +21,7 @@ from llamactor.bench import (
     embeddings,
     generation,
     host,
+    host_cap,
     peer,
     prefix,
     replicas,
@@ -38,7 +39,7 @@ Section = Callable[[dict[str, Any]], list[str]]
 SECTIONS: tuple[Section, ...] = (
     generation.report_lines, daemon.report_lines, prefix.report_lines, tiers.report_lines, peer.report_lines,
     scheduling.report_lines, structured.report_lines, embeddings.report_lines, rerank.report_lines, replicas.report_lines,
-    host.report_lines, streams.report_lines, two_models.report_lines)
+    host.report_lines, host_cap.report_lines, streams.report_lines, two_models.report_lines)
 
 # (name, how to read it from the results, comparison, target)
 TARGETS: list[tuple[str, str, str, float]] = [
@@ -49,6 +50,12 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("uniform c=64: llamactor / ceiling", "uniform[64].vs_ceiling", ">=", 0.95),
     ("host c=64, greedy: host ms per step (schedule + postprocess)", "host.real.c64.greedy.host_ms", "<=", 2.0),
     ("host c=64, default sampler chain: host ms per step", "host.real.c64.default.host_ms", "<=", 2.0),
+    # the decode replayed at no cost: what the host side carries (in-process, and over HTTP against it)
+    ("host cap c=126: in-process tok/s", "host_cap.c126.submit.tokens_per_s", ">=", 25_000.0),
+    ("host cap c=64: HTTP non-streamed / in-process", "host_cap.c64.http.vs_in_process", ">=", 0.9),
+    ("host cap c=64: HTTP SSE / in-process", "host_cap.c64.sse.vs_in_process", ">=", 0.9),
+    ("host cap c=126: HTTP non-streamed / in-process", "host_cap.c126.http.vs_in_process", ">=", 0.9),
+    ("host cap c=126: HTTP SSE / in-process", "host_cap.c126.sse.vs_in_process", ">=", 0.9),
     ("streams: tok/s, llamactor / llama-server -bs, lowest over N and samplers", "streams.min_ratio_vs_bs",
      ">=", 1.0),
     ("single: TTFT - sequential TTFT (ms)", "single.ttft_delta_ms", "<=", 25.0),

@@ -12,7 +12,8 @@ router (``replicas``), durable batch jobs (``batch``: ``batch_jobs``), 16 stream
 crashes (``resilience``), a q8_0 KV cache and the daemon's resident memory (``memory``), the cache
 tiers' *many_users* and *warm_restart* (``tiers``), fair shares between tenants (``tenants``), the
 throughput and memory legs on both installed models (``models``: ``two_models``), the
-batcher's host work per step with real and replayed decodes (``host``), a mixed base/LoRA-adapter
+batcher's host work per step with real and replayed decodes (``host``), the token rate the host
+side carries in-process and over HTTP on the replayed decode (``host_cap``), a mixed base/LoRA-adapter
 load vs the base model alone (``adapters``), uniform and scoring at 8 streams in batch-invariant mode
 vs the default, each in its own process (``batch_invariant``), and with a llama-server
 binary the *peer* leg (``peer``) and N concurrent callers against it with and without backend
@@ -36,6 +37,7 @@ from llamactor.bench import (
     embeddings,
     generation,
     host,
+    host_cap,
     memory,
     peer,
     prefix,
@@ -81,6 +83,7 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "many_users": (2, tiers.bench_many_users), "warm_restart": (3, tiers.bench_warm_restart),
         "one_off": (2 if s.quick else 3, tiers.bench_one_off),
         "tenants": (tenants.n_ticks(s), tenants.bench_tenants), "host": (host.n_ticks(), host.bench_host),
+        "host_cap": (host_cap.n_ticks(), host_cap.bench_host_cap),
         "adapters": (adapters.n_ticks(s), adapters.bench_adapters),
         "models": (two_models.N_TICKS, two_models.bench_models),
         "batch_invariant": (1 if s.quick else 3, batch_invariant.bench_batch_invariant)}

@@ -1,16 +1,24 @@
 """Iterators over one request's text pieces, for threads (``TextStream``) and asyncio
 (``AsyncTextStream``); ``merged``, the pieces of a request's ``n`` choices as they arrive.
 
-The batcher thread pushes each piece with a non-blocking call (``SimpleQueue.put`` or
-``loop.call_soon_threadsafe``) so a slow reader never stalls the decode loop. Leaving the loop
-early (``break``, an exception, a cancelled task) cancels the request and frees its sequence.
+The batcher thread hands each piece over without blocking (``SimpleQueue.put``, or a loop's
+``Mailbox``), so a slow reader never stalls the decode loop: what it has not read waits in its
+stream (at most its request's new tokens). An event loop's streams share one ``Mailbox``: the
+pieces a decode step makes for them all cross to the loop in one ``call_soon_threadsafe``, and
+each stream's reader wakes once for everything that arrived for it (docs/performance.md, *Host
+cap (front end)*). Leaving the loop early (``break``, an exception, a cancelled task) cancels the
+request and frees its sequence.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import contextlib
 import queue
+import threading
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
@@ -57,6 +65,49 @@ class TextStream:
         return self.future.result()
 
 
+class Mailbox:
+    """What the batcher thread hands to one event loop's streams, delivered in batches: the first
+    item posted after a delivery schedules the next one (one ``call_soon_threadsafe``, one wake-up
+    of the loop's selector), and whatever else is posted before it runs -- the rest of the step's
+    pieces, every stream's -- goes with it, in the order posted."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[AsyncTextStream, object]] = []
+        self._scheduled = False
+
+    def post(self, stream: AsyncTextStream, item: object) -> None:
+        """Any thread; RuntimeError when the loop is closed (the batcher then cancels the request)."""
+        if self._loop.is_closed():
+            raise RuntimeError("the stream's event loop is closed")
+        with self._lock:
+            self._items.append((stream, item))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        """Event loop: every item posted since the last delivery, to its stream."""
+        with self._lock:
+            items, self._items, self._scheduled = self._items, [], False
+        for stream, item in items:
+            stream.arrived(item)
+
+
+_mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = weakref.WeakKeyDictionary()
+_mailboxes_lock = threading.Lock()  # loops on several threads may make their first streams at once
+
+
+def mailbox_of(loop: asyncio.AbstractEventLoop) -> Mailbox:
+    """``loop``'s mailbox, made with its first stream (the loop's thread)."""
+    with _mailboxes_lock:
+        if (box := _mailboxes.get(loop)) is None:
+            box = _mailboxes[loop] = Mailbox(loop)
+        return box
+
+
 class AsyncTextStream:
     """``async for piece in stream``, bound to the event loop it was created on."""
 
@@ -64,16 +115,35 @@ class AsyncTextStream:
         self.request_id = request_id
         self._cancel = cancel
         self._loop = loop
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._mailbox = mailbox_of(loop)
+        self._buffer: collections.deque[object] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
         self.future: concurrent.futures.Future[Completion] | None = None
         self._queued: concurrent.futures.Future[None] | None = None
 
     def push(self, piece: Piece) -> None:
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, piece)
+        """Batcher thread: one piece, on its way to the loop with the rest of the step's."""
+        self._mailbox.post(self, piece)
 
     def attach(self, future: concurrent.futures.Future[Completion], queued: concurrent.futures.Future[None]) -> None:
         self.future, self._queued = future, queued
-        future.add_done_callback(lambda _f: self._loop.call_soon_threadsafe(self._queue.put_nowait, _END))
+        # through the mailbox too, so that the end comes after every piece posted before it
+        future.add_done_callback(lambda _f: self._post_end())
+
+    def _post_end(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is left to read
+            self._mailbox.post(self, _END)
+
+    def arrived(self, item: object) -> None:
+        """Event loop (the mailbox's delivery): buffer ``item``, wake the reader if it waits."""
+        self._buffer.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    @property
+    def buffered(self) -> bool:
+        """Whether items wait to be read (event loop): reading them now does not block."""
+        return bool(self._buffer)
 
     async def queued(self) -> None:
         """Return once the batcher has accepted the request (tokenized, checked, queued); raise the
@@ -92,18 +162,41 @@ class AsyncTextStream:
         finally:
             await pieces.aclose()  # now, not when collected: leaving early cancels the request
 
-    async def pieces(self) -> AsyncGenerator[Piece, None]:
-        """The pieces with the logprobs of their tokens (what the HTTP stream sends)."""
+    async def _arrivals(self) -> list[object]:
+        """Everything buffered, once something is (event loop)."""
+        while not self._buffer:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items = list(self._buffer)
+        self._buffer.clear()
+        return items
+
+    async def batches(self) -> AsyncGenerator[list[Piece], None]:
+        """The pieces in the batches they arrived in (each stream's share of one or more steps);
+        afterwards the request's error, if it ended in one."""
         finished = False
         try:
-            while (item := await self._queue.get()) is not _END:
-                yield item  # type: ignore[misc]
-            finished = True
+            while not finished:
+                items = await self._arrivals()
+                if finished := items[-1] is _END:
+                    items.pop()
+                if items:
+                    yield items  # type: ignore[misc]
         finally:
             if not finished:
                 self._cancel(self.request_id)
         assert self.future is not None
         await asyncio.wrap_future(self.future)
+
+    async def pieces(self) -> AsyncGenerator[Piece, None]:
+        """The pieces with the logprobs of their tokens (what the HTTP stream sends)."""
+        async with contextlib.aclosing(self.batches()) as batches:
+            async for batch in batches:
+                for piece in batch:
+                    yield piece
 
     @property
     def completion(self) -> Completion:
@@ -115,6 +208,12 @@ async def merged(streams: Sequence[AsyncTextStream]) -> AsyncGenerator[ChoiceUpd
     """``(index, piece)`` as the choices' pieces arrive, and ``(index, completion)`` once each
     choice ends; the first choice that fails raises its error here (event loop). Closing this
     early (the client left) cancels every choice that is still running."""
+    if len(streams) == 1:  # the common case: no task and queue between the stream and its reader
+        async with contextlib.aclosing(streams[0].pieces()) as pieces:
+            async for piece in pieces:
+                yield 0, piece
+        yield 0, streams[0].completion
+        return
     queue: asyncio.Queue[tuple[int, Piece | Completion | BaseException]] = asyncio.Queue()
 
     async def pump(index: int, stream: AsyncTextStream) -> None:
@@ -137,3 +236,9 @@ async def merged(streams: Sequence[AsyncTextStream]) -> AsyncGenerator[ChoiceUpd
     finally:
         for task in tasks:
             task.cancel()
+
+
+def buffered(streams: Sequence[AsyncTextStream]) -> bool:
+    """Whether any of ``streams`` holds pieces not read yet (event loop): a writer that sees
+    True may wait for them before it writes, and so write one step's events at once."""
+    return any(s.buffered for s in streams)

@@ -73,12 +73,7 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
                                           else Tenant(admin=True))  # keyless: as its requests are
         state.jobs.limiter = state.limiter  # its lines spend the owner's requests and tokens per minute
     app = create_app(state)
-    config = uvicorn.Config(app, host=host, port=port, uds=uds, log_config=None, access_log=False,
-                            timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)), lifespan="off",
-                            http=head_deadline_protocol(transport.header_timeout_s),
-                            h11_max_incomplete_event_size=transport.max_header_bytes,
-                            limit_concurrency=transport.limit_concurrency,
-                            timeout_keep_alive=transport.keep_alive_s)  # type: ignore[arg-type]
+    config = uvicorn_config(app, transport, host=host, port=port, uds=uds, drain_timeout_s=drain_timeout_s)
     _raise_file_limit(transport.limit_concurrency)
     server = _DrainingServer(config, state)
     exit_code = 0
@@ -111,6 +106,17 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
         router.close(drain_timeout_s=drain_timeout_s)
     log.info("stopped", exit_code=exit_code)
     return exit_code
+
+
+def uvicorn_config(app: Any, transport: Config, *, host: str, port: int, uds: str | None = None,
+                   drain_timeout_s: float = 1.0) -> uvicorn.Config:
+    """How the daemon runs its app on uvicorn (also what the ``host_cap`` benchmark serves with)."""
+    return uvicorn.Config(app, host=host, port=port, uds=uds, log_config=None, access_log=False,
+                          timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)), lifespan="off",
+                          http=head_deadline_protocol(transport.header_timeout_s),
+                          h11_max_incomplete_event_size=transport.max_header_bytes,
+                          limit_concurrency=transport.limit_concurrency,
+                          timeout_keep_alive=transport.keep_alive_s)  # type: ignore[arg-type]
 
 
 def open_jobs(data_dir: str | None) -> JobService | None:

@@ -1,8 +1,11 @@
 """Streamed responses: one framing for server-sent events and NDJSON, one error policy (uvicorn's
 event loop).
 
-A dialect gives the events (``llamactor.dialects``: dicts) and what a failure becomes; this module
-writes them as frames. Every failure after the first byte -- a typed llamactor error, or anything
+A dialect gives the events (``llamactor.dialects``: dicts, or an event's JSON already made from a
+prepared template: bytes) and what a failure becomes; this module writes them as frames, and
+writes every frame that is ready at once: while the streams under the events hold pieces not read
+yet (``buffered``), their frames join the same write (one ASGI message, one socket write, where
+the per-write cost would be paid per token per stream). Every failure after the first byte -- a typed llamactor error, or anything
 unexpected (logged here, never shown but as "internal server error") -- becomes the dialect's own
 error event, and the stream then closes properly, with ``[DONE]`` where the dialect has one. A
 keepalive event goes out whenever a while passes without one (Anthropic's ``ping``, during a long
@@ -15,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
@@ -26,8 +30,9 @@ from llamactor.base.errors import LlamactorError
 from llamactor.base.logging import get_logger
 
 log = get_logger("llamactor.http")
-Event = dict[str, Any]
-OnError = Callable[[BaseException], list[Event]]
+Event = dict[str, Any] | bytes  # bytes: the event's JSON, made by the dialect from a template
+OnError = Callable[[BaseException], Sequence[Event]]  # Sequence: a dialect's list of dicts is one
+Buffered = Callable[[], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,14 +46,22 @@ class Framing:
     keepalive: Event | None = None  # sent when ``keepalive_s`` pass without an event
     keepalive_s: float = 10.0
 
-    def frame(self, event: Event) -> str:
+    def frame(self, event: Event) -> bytes:
+        if isinstance(event, bytes):
+            data = event
+        elif self.named:  # Anthropic's and the Responses API's streams space their JSON out
+            data = json.dumps(event, ensure_ascii=False).encode()
+        else:  # OpenAI's and Ollama's are compact
+            data = orjson.dumps(event)
         if self.ndjson:
-            return json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n"
-        data = json.dumps(event, ensure_ascii=False)
-        return f"event: {event['type']}\ndata: {data}\n\n" if self.named else f"data: {data}\n\n"
+            return data + b"\n"
+        if self.named:
+            kind = orjson.loads(data)["type"] if isinstance(event, bytes) else event["type"]
+            return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+        return b"data: " + data + b"\n\n"
 
-    def end(self) -> str:
-        return "data: [DONE]\n\n" if self.done else ""
+    def end(self) -> bytes:
+        return b"data: [DONE]\n\n" if self.done else b""
 
 
 OPENAI_SSE = Framing("text/event-stream", done=True)
@@ -58,27 +71,35 @@ NDJSON = Framing("application/x-ndjson", ndjson=True)
 
 def stream_response(events: AsyncGenerator[Event, None], framing: Framing, on_error: OnError,
                     pieces: AsyncGenerator[Any, None] | None = None,
-                    background: BackgroundTask | None = None) -> StreamingResponse:
+                    background: BackgroundTask | None = None, buffered: Buffered = lambda: False) -> StreamingResponse:
     """The streamed 200 of ``events`` (the request was accepted before it is made). ``pieces``:
-    what the events are made of, closed with them (which ends the requests still running)."""
+    what the events are made of, closed with them (which ends the requests still running);
+    ``buffered``: whether pieces wait under the events (their frames then join this write)."""
     headers = {"Cache-Control": "no-cache"} if not framing.ndjson else None
-    return StreamingResponse(frames(events, framing, on_error, pieces), media_type=framing.media_type,
+    return StreamingResponse(frames(events, framing, on_error, pieces, buffered), media_type=framing.media_type,
                              headers=headers, background=background)
 
 
 async def frames(events: AsyncGenerator[Event, None], framing: Framing, on_error: OnError,
-                 pieces: AsyncGenerator[Any, None] | None = None) -> AsyncIterator[str]:
+                 pieces: AsyncGenerator[Any, None] | None = None,
+                 buffered: Buffered = lambda: False) -> AsyncIterator[bytes]:
+    """The frames of ``events``, joined into one write while ``buffered()`` says more are ready."""
     keepalive = framing.keepalive
     source = with_keepalive(events, framing.keepalive_s) if keepalive is not None else events
+    ready: list[bytes] = []
     try:
         async with contextlib.aclosing(source) as items:
             async for event in items:
-                yield framing.frame(event if event is not None else keepalive or {})
+                ready.append(framing.frame(event if event is not None else keepalive or {}))
+                if not buffered():
+                    yield b"".join(ready)
+                    ready.clear()
+        if ready:  # the events ended with pieces left unread (a choice failed): what was made of them
+            yield b"".join(ready)
     except Exception as e:  # noqa: BLE001 - the 200 is sent: a failure can only be an event now
         if not isinstance(e, LlamactorError):
             log.error("http_stream_error", error=repr(e))
-        for event in on_error(e):
-            yield framing.frame(event)
+        yield b"".join(ready + [framing.frame(event) for event in on_error(e)])
     finally:
         if pieces is not None:  # now, not when collected: a client that left frees its sequences at once
             await pieces.aclose()

@@ -35,7 +35,7 @@ from llamactor.base.tool_format import FALLBACK
 from llamactor.dialects.context import RequestContext
 from llamactor.handles.limits import Limiter, embedding_estimate, generation_estimate, tokenize_estimate
 from llamactor.handles.model import ModelClient, check_may_load
-from llamactor.handles.streams import AsyncTextStream, merged
+from llamactor.handles.streams import AsyncTextStream, buffered, merged
 from llamactor.http.framing import Framing, OnError, stream_response
 from llamactor.base.tenants import Tenant
 from llamactor.http.state import ServerState, tenant_of
@@ -118,8 +118,10 @@ async def stream(request: Request, call: Planned[P],
                  make_events: Callable[[P, AsyncGenerator[ChoiceUpdate, None]], Any], framing: Framing,
                  on_error: OnError, background: BackgroundTask | None = None) -> StreamingResponse:
     """The dialect's events over the plan's streamed choices (accepted before this returns)."""
-    updates = await open_stream(request, call)
-    return stream_response(make_events(call.plan, updates), framing, on_error, updates, background)
+    streams = await start_streams(request, call)
+    updates = _observed(streams, call.observe)
+    return stream_response(make_events(call.plan, updates), framing, on_error, updates, background,
+                           functools.partial(buffered, streams))
 
 
 async def respond(request: Request, call: Planned[P], streamed: bool,
@@ -218,9 +220,14 @@ async def _limited(request: Request, limiter: Limiter, tokens: int, submit: Call
 
 
 async def open_stream(request: Request, call: Planned[P]) -> AsyncGenerator[ChoiceUpdate, None]:
+    """Start the requests' streams (``start_streams``); their pieces, merged (choice ``k`` of all
+    the requests' choices in order)."""
+    return _observed(await start_streams(request, call), call.observe)
+
+
+async def start_streams(request: Request, call: Planned[P]) -> list[AsyncTextStream]:
     """Start the requests' streams; before the 200: every choice accepted by the batcher, or the
-    first refusal raised (its 4xx, as without ``stream``) and the other choices cancelled. Then
-    their pieces, merged (choice ``k`` of all the requests' choices in order)."""
+    first refusal raised (its 4xx, as without ``stream``) and the other choices cancelled."""
     streams: list[AsyncTextStream] = []
     try:
         streams += call.submit(request, call.llm.stream_async)
@@ -229,7 +236,7 @@ async def open_stream(request: Request, call: Planned[P]) -> AsyncGenerator[Choi
         for s in streams:
             s.cancel()
         raise
-    return _observed(streams, call.observe)
+    return streams
 
 
 async def _observed(streams: list[AsyncTextStream], observe: Observe) -> AsyncGenerator[ChoiceUpdate, None]:

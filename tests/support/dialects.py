@@ -45,9 +45,10 @@ async def updates(pieces: list[str], done: Completion | BaseException, request: 
     yield index, dataclasses.replace(done, last_parts=splitter.finish()) if splitter is not None else done
 
 
-def collect(events: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
+def collect(events: AsyncIterator[dict[str, Any] | bytes]) -> list[dict[str, Any]]:
+    """The events as dicts (a dialect's prepared events are their JSON already)."""
     async def run() -> list[dict[str, Any]]:
-        return [e async for e in events]
+        return [json.loads(e) if isinstance(e, bytes) else e async for e in events]
     return asyncio.run(run())
 
 
@@ -55,7 +56,7 @@ def framed(events: AsyncGenerator[dict[str, Any], None], framing: Framing,
            on_error: Callable[[BaseException], list[dict[str, Any]]]) -> str:
     """What the transport writes of ``events`` (the one error policy included)."""
     async def run() -> str:
-        return "".join([chunk async for chunk in frames(events, framing, on_error)])
+        return b"".join([chunk async for chunk in frames(events, framing, on_error)]).decode()
     return asyncio.run(run())
 
 

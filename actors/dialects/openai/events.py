@@ -8,6 +8,10 @@ with ``choices: []`` and the usage. Completions: the echoed prompts first (``ech
 with their tokens' logprobs, a finish chunk per choice, and the usage chunk the same way. The
 framing (``data:`` lines, ``[DONE]``) is the transport's; a failure after the first chunk becomes
 ``stream_error``'s event.
+
+The chunks a stream sends most -- one piece of text, nothing else -- are the JSON of a template
+made once per choice with only the text encoded per piece (``TextChunks``: bytes, which the
+framing writes as they are); every other chunk is a dict (docs/performance.md, *Host cap (front end)*).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+import orjson
 from openai.types.chat import ChatCompletionChunk
 
 from llamactor.base.completion import ChoiceUpdate, Completion, Piece
@@ -24,7 +29,22 @@ from llamactor.dialects.openai.call import ChatCall, CompletionsCall
 from llamactor.dialects.openai.logprobs import chat_logprobs, completion_logprobs
 from llamactor.dialects.openai.replies import FINISH_REASON, envelope, usage
 
-Event = dict[str, Any]
+Event = dict[str, Any] | bytes
+_TEXT = "\x00text\x00"  # where a template's text goes: no piece's JSON holds its encoding
+
+
+class TextChunks:
+    """A stream's text-only chunks: per choice, the chunk's JSON around its text, made once."""
+
+    def __init__(self, make: Any) -> None:
+        self._make = make  # (index, text) -> the chunk as a dict
+        self._templates: dict[int, tuple[bytes, bytes]] = {}
+
+    def __call__(self, index: int, text: str) -> bytes:
+        if (template := self._templates.get(index)) is None:
+            before, _, after = orjson.dumps(self._make(index, _TEXT)).partition(orjson.dumps(_TEXT))
+            template = self._templates[index] = (before, after)
+        return template[0] + orjson.dumps(text) + template[1]
 
 
 def stream_error(e: BaseException) -> list[Event]:
@@ -42,7 +62,13 @@ async def completion_events(call: CompletionsCall, updates: AsyncIterator[Choice
             offsets[index] = len(prompt)
             yield {**head, "choices": [{"index": index, "text": prompt, "finish_reason": None}]}
     done: list[Completion] = []
+    text_chunk = TextChunks(lambda index, text: {**head, "choices": [{"index": index, "text": text,
+                                                                       "finish_reason": None}]})
     async for index, item in updates:
+        if isinstance(item, Piece) and call.logprobs is None:
+            offsets[index] += len(item.text)
+            yield text_chunk(index, item.text)
+            continue
         if isinstance(item, Piece):
             logprobs = completion_logprobs(item.logprobs, call.logprobs, offsets[index]) \
                 if call.logprobs is not None else None
@@ -62,7 +88,7 @@ async def chat_events(call: ChatCall, updates: AsyncIterator[ChoiceUpdate]) -> A
     n_calls = [0] * n  # tool calls sent so far per choice: their delta index
 
     def delta(index: int, parts: Parts, logprobs: Any = None) -> Event:
-        d: Event = {"content": parts.content} if parts.content else {}
+        d: dict[str, Any] = {"content": parts.content} if parts.content else {}
         if parts.reasoning:
             d["reasoning_content"] = parts.reasoning
         if parts.calls:
@@ -75,9 +101,14 @@ async def chat_events(call: ChatCall, updates: AsyncIterator[ChoiceUpdate]) -> A
         yield {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
                                     "finish_reason": None}]}
     done: list[Completion] = []
+    content_chunk = TextChunks(lambda index, text: {**head, "choices": [{"index": index, "delta": {"content": text},
+                                                                          "finish_reason": None}]})
     async for index, item in updates:
         if isinstance(item, Piece):
-            if (parts := item.split) or call.logprobs:
+            parts = item.split
+            if parts.content and not (parts.reasoning or parts.calls or call.logprobs):
+                yield content_chunk(index, parts.content)
+            elif parts or call.logprobs:
                 yield delta(index, parts, item.logprobs)
             continue
         if item.last_parts:

@@ -1,0 +1,93 @@
+"""How pieces cross from the batcher thread to an event loop's streams: once per batch of pushes
+(a decode step's, every stream's), in order, each reader woken once for what arrived for it."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from typing import Any
+
+import pytest
+
+from llamactor.base.completion import Completion, Piece
+from llamactor.handles.streams import AsyncTextStream, buffered, merged
+
+from tests.support.dialects import completion
+
+pytestmark = pytest.mark.pure
+
+
+def _streams(loop: asyncio.AbstractEventLoop, n: int) -> tuple[list[AsyncTextStream], list[Any]]:
+    streams, futures = [], []
+    for i in range(n):
+        stream = AsyncTextStream(f"r{i}", lambda rid: None, loop)
+        future: concurrent.futures.Future[Completion] = concurrent.futures.Future()
+        queued: concurrent.futures.Future[None] = concurrent.futures.Future()
+        queued.set_result(None)
+        stream.attach(future, queued)
+        streams.append(stream)
+        futures.append(future)
+    return streams, futures
+
+
+def test_a_steps_pieces_for_every_stream_cross_to_the_loop_in_one_call_and_each_reader_wakes_once() -> None:
+    async def run() -> tuple[int, list[list[list[str]]]]:
+        loop = asyncio.get_running_loop()
+        streams, futures = _streams(loop, 8)
+        calls = 0
+        threadsafe = loop.call_soon_threadsafe
+
+        def counted(*args: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return threadsafe(*args)
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+
+        def batcher_steps() -> None:  # two steps of three pieces a stream, then every stream ends
+            for step in range(2):
+                for k in range(3):
+                    for i, stream in enumerate(streams):
+                        stream.push(Piece(f"{i}.{step}.{k} "))
+            for i, future in enumerate(futures):
+                future.set_result(completion(f"{i}"))
+
+        async def read(stream: AsyncTextStream) -> list[list[str]]:
+            return [[p.text for p in batch] async for batch in stream.batches()]
+        readers = [asyncio.ensure_future(read(s)) for s in streams]
+        await asyncio.sleep(0)  # every reader waits for its first piece
+        thread = threading.Thread(target=batcher_steps)  # the loop does not run until it is done
+        thread.start()
+        thread.join()
+        return calls, list(await asyncio.gather(*readers))
+
+    calls, batches = asyncio.run(run())
+    # one hop for 48 pieces and 8 ends (before: one call_soon_threadsafe per piece and per end)
+    assert calls == 1
+    for i, got in enumerate(batches):
+        assert got == [[f"{i}.{s}.{k} " for s in range(2) for k in range(3)]]  # one wake-up, in order
+
+
+def test_the_end_comes_after_every_piece_posted_before_it_and_buffered_says_what_waits() -> None:
+    async def run() -> tuple[list[Any], bool, bool]:
+        loop = asyncio.get_running_loop()
+        (stream,), (future,) = _streams(loop, 1)
+        stream.push(Piece("a"))
+        stream.push(Piece("b"))
+        future.set_result(completion("ab"))
+        before = buffered([stream])
+        await asyncio.sleep(0)  # the delivery runs
+        after = buffered([stream])
+        return [u async for u in merged([stream])], before, after
+
+    updates, before, after = asyncio.run(run())
+    assert [(i, getattr(u, "text", None)) for i, u in updates] == [(0, "a"), (0, "b"), (0, "ab")]
+    assert isinstance(updates[-1][1], Completion) and (before, after) == (False, True)
+
+
+def test_a_closed_loop_refuses_a_piece_so_the_batcher_cancels_the_request() -> None:
+    loop = asyncio.new_event_loop()
+    (stream,), _ = _streams(loop, 1)
+    loop.close()
+    with pytest.raises(RuntimeError):
+        stream.push(Piece("x"))
