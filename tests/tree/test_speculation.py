@@ -153,3 +153,20 @@ def test_a_prefix_cached_after_drafted_runs_gives_a_later_request_the_cold_answe
     assert again.usage.cached_tokens > len(prompt_ids(reference_engine))  # it reused drafted cells
     cold = start_llm(n_parallel=1, prefix_cache=False).ask(longer, **GREEDY)
     assert_equal_up_to_near_tie(reference_engine, reference_engine.tokenizer.tokenize(longer), cold, again)
+
+
+def test_ngram_drafts_copy_from_the_prompt_and_change_no_token(llm, plain, reference_engine) -> None:
+    drafted = llm.ask(PROMPT, speculation="ngram", **GREEDY)
+    assert_equal_up_to_near_tie(reference_engine, prompt_ids(reference_engine), plain, drafted)
+    assert drafted.usage.accepted_prediction_tokens >= 16  # the passage is in the prompt
+    assert audit_kv(llm) == []
+
+
+def test_a_model_without_sliding_window_layers_verifies_drafts_alike(start_llm, instruct_path) -> None:
+    llm = start_llm(instruct_path, n_parallel=2, batch_timeout_ms=5)
+    plain = llm.ask(PROMPT, **GREEDY)
+    drafted = llm.ask(PROMPT, prediction=plain.text, **GREEDY)
+    ngram = llm.ask(PROMPT, speculation="ngram", **GREEDY)
+    assert drafted.token_ids == plain.token_ids == ngram.token_ids  # a copy: margins far from any tie
+    assert drafted.usage.accepted_prediction_tokens >= 30 and ngram.usage.accepted_prediction_tokens > 0
+    assert audit_kv(llm) == []
