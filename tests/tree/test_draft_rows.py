@@ -80,15 +80,21 @@ class FixedDrafter:
     def observe(self, n_drafted: int, n_accepted: int) -> None: ...
 
 
-@pytest.mark.pure
-def test_granted_drafts_are_rows_with_logits_after_the_chunk_and_their_output_rows_follow() -> None:
-    scheduler = make_scheduler()
+def planned_step(n_cells: int) -> tuple[Sequence, StepPlan]:
+    """A step of one decode row for a sequence whose drafter proposes 50, 51, 52, drafts added."""
+    scheduler = make_scheduler(n_cells=n_cells)
     seq = drafting(PREDICTED)
     seq.state.drafter = FixedDrafter([50, 51, 52])
     seq.seq_id, _ = scheduler.index.allocate(None)
     scheduler.index.extend(seq.seq_id, seq.token_ids[:seq.n_past], 0.0)
     plan = StepPlan(chunks=[Chunk(seq, 1)])
     rows().add_to(plan, scheduler)
+    return seq, plan
+
+
+@pytest.mark.pure
+def test_granted_drafts_are_rows_with_logits_after_the_chunk_and_their_output_rows_follow() -> None:
+    seq, plan = planned_step(n_cells=1000)
     assert plan.chunks[0].drafts == (50, 51, 52)
     tokens, positions, seq_ids, wants = plan.rows()
     assert tokens == [5, 50, 51, 52] and positions == [4, 5, 6, 7] and wants == [1, 1, 1, 1]
@@ -99,11 +105,5 @@ def test_granted_drafts_are_rows_with_logits_after_the_chunk_and_their_output_ro
 
 @pytest.mark.pure
 def test_no_drafts_where_the_kv_cache_has_no_room_for_them() -> None:
-    scheduler = make_scheduler(n_cells=5)
-    seq = drafting(PREDICTED)
-    seq.state.drafter = FixedDrafter([50, 51, 52])
-    seq.seq_id, _ = scheduler.index.allocate(None)
-    scheduler.index.extend(seq.seq_id, seq.token_ids[:seq.n_past], 0.0)
-    plan = StepPlan(chunks=[Chunk(seq, 1)])
-    rows().add_to(plan, scheduler)
+    _, plan = planned_step(n_cells=5)
     assert plan.chunks[0].drafts == ()
