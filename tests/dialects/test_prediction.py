@@ -1,7 +1,8 @@
-"""OpenAI's Predicted Outputs and llamactor's ``speculation`` in the OpenAI dialect, without a
-model: what a body's ``prediction`` becomes in the request's sampling, which ones are refused (by
-the schema, before anything is queued or streamed), and the drafted tokens' counts in ``usage`` as
-the ``openai`` package's own types read them, whole and streamed."""
+"""OpenAI's Predicted Outputs and llamactor's ``speculation`` in the dialects, without a model:
+what a body's ``prediction`` (OpenAI) or ``speculation`` (OpenAI, Ollama's options) becomes in the
+request's sampling, which ones are refused (by the schema, before anything is queued or
+streamed), and the drafted tokens' counts in ``usage`` as the ``openai`` package's own types read
+them, whole and streamed."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from llamactor.dialects.context import RequestContext
 from llamactor.dialects.openai.call import chat_call, completions_call
 from llamactor.dialects.openai.events import chat_events
 from llamactor.dialects.openai.replies import chat_reply, completion_reply
+from llamactor.dialects.ollama import call as ollama_call
+from llamactor.dialects.ollama import schema as ollama_schema
 from llamactor.dialects.openai.schema import ChatRequest, CompletionRequest
 
 from tests.support.dialects import CTX, collect, completion, updates
@@ -62,6 +65,18 @@ def test_speculation_left_out_keeps_the_operators_default_and_a_body_overrides_i
     assert chat_call(chat(speculation="off"), ngram_server).request.params.speculation == "off"
     plain = chat_call(chat(), CTX).request.params
     assert (plain.speculation, plain.prediction) == ("off", None)
+
+
+@pytest.mark.parametrize("where", ["options", "top level"])
+def test_ollama_takes_speculation_among_its_options_and_an_unknown_mode_is_refused(where: str) -> None:
+    def body(mode: str) -> ollama_schema.ChatRequest:
+        fields = {"options": {"speculation": mode}} if where == "options" else {"speculation": mode}
+        return ollama_schema.ChatRequest.model_validate({"model": "m", "messages": HI, **fields})
+    call = ollama_call.chat_call(body("ngram"), CTX, 4096)
+    assert call is not None and call.request.params.speculation == "ngram"
+    assert body("ngram").options.not_applied() == ([], [])  # applied: no warning names it
+    with pytest.raises(ValidationError, match="'off' or 'ngram'"):
+        body("eagle")
 
 
 def test_llama_servers_draft_lengths_are_accepted_and_named_as_ignored() -> None:
