@@ -52,6 +52,19 @@ def test_a_predicted_output_answers_what_the_model_says_and_reports_its_drafted_
         assert accepted >= 0 and rejected >= 0
 
 
+def test_a_prediction_combines_with_what_openai_refuses_beside_it(daemon: Daemon) -> None:
+    """n > 1, logprobs and penalties: verification changes no output, so nothing is refused."""
+    client = daemon.client()
+    plain = greedy_chat(client, frequency_penalty=0.5)
+    both = greedy_chat(client, n=2, frequency_penalty=0.5,
+                       prediction={"type": "content", "content": plain.choices[0].message.content})
+    assert len(both.choices) == 2 and both.usage.completion_tokens == sum(
+        len(c.logprobs.content) for c in both.choices)
+    for choice in both.choices:
+        assert_same_greedy_text_up_to_near_tie(chat_result(plain.choices[0]), chat_result(choice))
+    drafted(both.usage)
+
+
 def test_the_streamed_usage_chunk_reports_the_drafted_tokens(daemon: Daemon) -> None:
     client = daemon.client()
 
