@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import ollama
 import openai
 import pytest
 
@@ -41,6 +42,7 @@ def drafted(usage: Any) -> tuple[int, int]:
     return details.accepted_prediction_tokens, details.rejected_prediction_tokens
 
 
+@pytest.mark.timeout(300)  # a daemon and 2-4 greedy requests: ~20 s alone, ~75 s on 2 busy cores
 def test_a_predicted_output_answers_what_the_model_says_and_reports_its_drafted_tokens(daemon: Daemon) -> None:
     client = daemon.client()
     plain = greedy_chat(client)
@@ -117,6 +119,44 @@ def test_metrics_add_up_the_drafted_tokens_of_finished_requests_and_of_the_batch
             "step_rejected": rejected}
     # the batcher's counters are published stats: at most 50 ms old while busy, exact once idle
     wait_until(lambda: {k: v - before[k] for k, v in scrape().items()} == want, "the drafted tokens counted")
+
+
+COPY = "The river flows past the old mill, under the stone bridge, and on to the sea. " * 3
+QUOTING = [{"role": "user", "content": "Repeat this text exactly:\n" + COPY}]
+
+
+@pytest.fixture(scope="module")
+def ngram_daemon() -> Iterator[Daemon]:
+    """A daemon whose operator made n-gram drafts the default."""
+    d = start_daemon("--n-parallel", "2", "--speculation", "ngram")
+    yield d
+    assert d.stop() == 0
+
+
+@pytest.mark.timeout(300)  # a daemon and 2-4 greedy requests: ~20 s alone, ~75 s on 2 busy cores
+def test_ngram_drafts_as_the_servers_default_are_turned_off_per_request(ngram_daemon: Daemon) -> None:
+    client = ngram_daemon.client()
+
+    def quoting(**extra: Any) -> Any:
+        return client.chat.completions.create(model=MODEL_ID, messages=QUOTING, max_tokens=32, temperature=0,  # type: ignore[arg-type]
+                                              logprobs=True, top_logprobs=2, extra_body=extra or None)
+    default, off = quoting(), quoting(speculation="off")
+    assert drafted(default.usage)[0] > 0 and drafted(off.usage) == (0, 0)  # the input quoted: its n-grams drafted
+    assert_same_greedy_text_up_to_near_tie(chat_result(default.choices[0]), chat_result(off.choices[0]))
+
+
+@pytest.mark.timeout(300)  # a daemon and 2-4 greedy requests: ~20 s alone, ~75 s on 2 busy cores
+def test_ollamas_speculation_option_turns_the_default_off(ngram_daemon: Daemon) -> None:
+    """Ollama's replies carry no drafted-token counts: /metrics counts them by dialect."""
+    accepted = f'llamactor_accepted_prediction_tokens_total{{dialect="ollama",model="{MODEL_ID}"}}'
+
+    def counted() -> float:
+        return metric(httpx.get(f"{ngram_daemon.url}/metrics").text, re.escape(accepted))
+    client = ollama.Client(host=ngram_daemon.url)
+    client.chat(model=MODEL_ID, messages=QUOTING, options={"temperature": 0, "num_predict": 24, "speculation": "off"})
+    assert counted() == 0
+    client.chat(model=MODEL_ID, messages=QUOTING, options={"temperature": 0, "num_predict": 24})
+    wait_until(lambda: counted() > 0, "the default's drafts counted")
 
 
 @pytest.mark.parametrize("stream", [False, True])
