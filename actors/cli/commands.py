@@ -97,15 +97,20 @@ def chat(**opts: Any) -> None:
 @click.argument("prompt")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole Completion as JSON.")
 @click.option("--chat/--raw", "as_chat", default=False, help="Apply the chat template (default: raw completion).")
+@click.option("--prediction-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Text the answer is expected to repeat (a file being edited): drafted from and verified, "
+                   "the answer unchanged (--json shows the usage's accepted/rejected_prediction_tokens).")
 @engine_options
 @sampling_options
 @handle_errors
-def ask(prompt: str, as_json: bool, as_chat: bool, **opts: Any) -> None:
+def ask(prompt: str, as_json: bool, as_chat: bool, prediction_file: Path | None, **opts: Any) -> None:
     """One completion of PROMPT to stdout, streamed ('-' reads the prompt from stdin)."""
     if prompt == "-":
         prompt = sys.stdin.read()
+    per_request = {"prediction": prediction_file.read_text(encoding="utf-8")} if prediction_file else {}
     with start_tree(opts, quiet=True) as llm:
-        stream = llm.stream_chat([{"role": "user", "content": prompt}]) if as_chat else llm.stream(prompt)
+        stream = (llm.stream_chat([{"role": "user", "content": prompt}], **per_request) if as_chat
+                  else llm.stream(prompt, **per_request))
         if as_json:
             list(stream)
             click.echo(json.dumps(stream.completion.to_dict(), ensure_ascii=False))

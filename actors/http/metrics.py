@@ -88,6 +88,15 @@ class _BatcherCollector(Collector):
             "grammar_rows": ("llamactor_grammar_rows", "Tokens drawn for grammar-constrained requests"),
             "grammar_rows_masked": ("llamactor_grammar_rows_masked",
                                     "Constrained draws the grammar refused, drawn again under the full mask")})
+        # Speculation (docs/architecture.md, *Speculation*), named after vLLM's spec_decode series;
+        # absent from a batcher that does not draft.
+        yield from _families(CounterMetricFamily, s, None, {
+            "draft_tokens": ("llamactor_spec_decode_draft_tokens", "Drafted tokens (a prediction's, n-gram lookup's) "
+                             "verified in steps"),
+            "accepted_draft_tokens": ("llamactor_spec_decode_accepted_tokens",
+                                      "Drafted tokens the model agreed with: output without a step of their own"),
+            "rejected_draft_tokens": ("llamactor_spec_decode_rejected_tokens",
+                                      "Drafted tokens the model disagreed with: computed, then rolled back")})
         yield from _families(CounterMetricFamily, s, "prefix_cache", {
             "lookups": ("llamactor_prefix_cache_lookups", "Admissions that looked for a cached prefix"),
             "hits": ("llamactor_prefix_cache_hits", "Admissions that attached a cached prefix"),
@@ -130,6 +139,10 @@ class Metrics:
         self.prompt_tokens = Counter("llamactor_prompt_tokens", "Prompt tokens of finished requests", by,
                                      registry=self.registry)
         self.generated_tokens = Counter("llamactor_generated_tokens", "Tokens generated", by, registry=self.registry)
+        self.accepted_predicted = Counter("llamactor_accepted_prediction_tokens", "Drafted tokens the model agreed "
+                                          "with, in finished requests' usage", by, registry=self.registry)
+        self.rejected_predicted = Counter("llamactor_rejected_prediction_tokens", "Drafted tokens the model "
+                                          "disagreed with, in finished requests' usage", by, registry=self.registry)
         self.ttft = Histogram("llamactor_time_to_first_token_seconds", "Submit to first token", by,
                               buckets=LATENCY_BUCKETS, registry=self.registry)
         self.latency = Histogram("llamactor_request_latency_seconds", "Submit to last token", by,
@@ -150,6 +163,7 @@ class Metrics:
     def observer(self, model: str, dialect: str, tenant: str) -> Callable[[Completion], None]:
         """What counts each finished completion of ``model`` asked for in ``dialect`` by ``tenant``."""
         prompt, generated = self.prompt_tokens.labels(model, dialect), self.generated_tokens.labels(model, dialect)
+        drafted = self.accepted_predicted.labels(model, dialect), self.rejected_predicted.labels(model, dialect)
         ttft, latency = self.ttft.labels(model, dialect), self.latency.labels(model, dialect)
         counts = (self.tenant_requests.labels(tenant), self.tenant_prompt_tokens.labels(tenant),
                   self.tenant_generated_tokens.labels(tenant), self.tenant_ttft.labels(tenant))
@@ -157,6 +171,8 @@ class Metrics:
         def observe(completion: Completion) -> None:
             prompt.inc(completion.usage.prompt_tokens)
             generated.inc(completion.usage.completion_tokens)
+            drafted[0].inc(completion.usage.accepted_prediction_tokens)
+            drafted[1].inc(completion.usage.rejected_prediction_tokens)
             ttft.observe(completion.timings.ttft_ms / 1000)
             latency.observe(completion.timings.total_ms / 1000)
             requests, tenant_prompt, tenant_generated, tenant_ttft = counts

@@ -25,6 +25,21 @@ def test_ask_prints_a_streamed_completion_and_json_on_request() -> None:
     assert data["usage"]["completion_tokens"] == 4 and data["text"] and data["finish_reason"] == "length"
 
 
+def test_ask_drafts_from_a_prediction_file_and_its_json_reports_the_drafted_tokens(tmp_path) -> None:
+    runner = CliRunner()
+    ask = ["ask", "def add(a, b):\n", "--json", "--max-tokens", "8", "--temperature", "0"]
+    plain = json.loads(runner.invoke(main, ask).output)
+    prediction = tmp_path / "prediction.py"
+    prediction.write_text(plain["text"], encoding="utf-8")
+    result = runner.invoke(main, [*ask, "--prediction-file", str(prediction)])
+    assert result.exit_code == 0, result.output
+    usage = json.loads(result.output)["usage"]
+    assert usage["completion_tokens"] == 8 and 0 < usage["accepted_prediction_tokens"] <= 8
+    assert usage["rejected_prediction_tokens"] >= 0
+    missing = runner.invoke(main, [*ask, "--prediction-file", str(tmp_path / "none.py")])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
 def test_options_come_from_the_environment_and_a_toml_config_file(tmp_path) -> None:
     config = tmp_path / "llamactor.toml"
     config.write_text('max_tokens = 3\ntemperature = 0.0\n')

@@ -18,7 +18,7 @@ from llamactor.base.errors import InvalidRequestError
 
 DIALECT = "ollama"
 APPLIED = frozenset({"num_predict", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
-                     "presence_penalty", "frequency_penalty", "seed", "stop", "parse_special"})
+                     "presence_penalty", "frequency_penalty", "seed", "stop", "parse_special", "speculation"})
 # Known options that change nothing at these values: no warning for them
 NEUTRAL = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0}
 # Known options never applied whatever their value, with no effect on the output: no warning either.
@@ -45,6 +45,9 @@ class Options(BaseModel):
     # llamactor's: special-token text in a raw prompt read as those tokens (absent: true); a
     # templated prompt's text is message content, never read so
     parse_special: StrictBool | None = None
+    # llamactor's: n-gram drafts from the sequence's own prompt and output, verified in the step
+    # ("ngram") or none ("off"); absent: the operator's default (docs/architecture.md, *Speculation*)
+    speculation: Literal["off", "ngram"] | None = None
     # accepted, not applied: samplers llamactor has not, and load-time settings (fixed at load)
     num_ctx: int | None = None
     num_keep: int | None = None
@@ -83,6 +86,8 @@ class Options(BaseModel):
             out["repeat_last_n"] = n_ctx if self.repeat_last_n == -1 else self.repeat_last_n
         if self.stop:
             out["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
+        if self.speculation is not None:
+            out["speculation"] = self.speculation
         return out
 
     def not_applied(self) -> tuple[list[str], list[str]]:

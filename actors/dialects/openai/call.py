@@ -126,6 +126,10 @@ def _sampling(body: OpenAIRequest, max_tokens: int | None) -> dict[str, Any]:
         out["ignore_eos"] = True
     if body.logit_bias:
         out["logit_bias"] = body.logit_bias
+    if body.prediction is not None:
+        out["prediction"] = body.prediction.content
+    if body.speculation is not None:
+        out["speculation"] = body.speculation
     out.update(body.peer_sampling(body.repeat_penalty, body.chat))
     return out
 

@@ -27,6 +27,7 @@ IGNORED = frozenset({
     "id_slot", "n_keep", "n_probs", "min_keep", "n_indent", "n_cmpl", "n_cache_reuse", "samplers",
     "t_max_predict_ms", "top_n_sigma", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
     "dry_sequence_breakers", "xtc_probability", "xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta",
+    "speculative.n_max", "speculative.n_min", "speculative.p_min",  # draft lengths: the step's budget decides here
     "dynatemp_range", "dynatemp_exponent", "return_tokens", "timings_per_token", "return_progress",
     "post_sampling_probs", "response_fields", "reasoning_format", "parse_tool_calls", "typical_p",
     # vLLM's sampling extras
@@ -35,7 +36,7 @@ IGNORED = frozenset({
     "bad_words", "allowed_token_ids", "add_generation_prompt", "continue_final_message", "documents",
     "guided_decoding_backend", "guided_whitespace_pattern", "request_id", "return_token_ids", "kv_transfer_params",
     # OpenAI fields that change nothing here
-    "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "verbosity", "modalities", "prediction",
+    "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "verbosity", "modalities",
     "web_search_options", "audio", "functions", "function_call",
 })
 # Values of ignored fields that change nothing, so they need no warning.

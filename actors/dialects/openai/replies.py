@@ -26,11 +26,16 @@ def envelope(rid: str, kind: str, model: str, created: int) -> dict[str, Any]:
 
 def usage(done: list[Completion]) -> dict[str, Any]:
     """OpenAI's usage object for the choices of one prompt: its tokens count once, and the cached
-    ones are those no choice had to compute (``n`` choices share the prompt's KV)."""
+    ones are those no choice had to compute (``n`` choices share the prompt's KV); the drafted
+    tokens (a prediction's, n-gram lookup's) every choice's steps accepted and rejected, as OpenAI's
+    Predicted Outputs report them (0 and 0 without drafts)."""
     prompt, completion = done[0].usage.prompt_tokens, sum(c.usage.completion_tokens for c in done)
     cached = min(c.usage.cached_tokens for c in done)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": sum(c.usage.accepted_prediction_tokens for c in done),
+                "rejected_prediction_tokens": sum(c.usage.rejected_prediction_tokens for c in done)}}
 
 
 def chat_message(c: Completion) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from llamactor.base.errors import InvalidRequestError
 from llamactor.dialects.openai.extras import PeerExtras
@@ -31,6 +31,32 @@ class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+
+
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: ``{"type": "content", "content": "..."}`` (or the content as text
+    parts). Its text is drafted from and every drafted token verified in the batched step, so the
+    answer is the one the model gives without it (docs/architecture.md, *Speculation*). A malformed
+    one is a 400 here, before anything is queued or streamed."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["content"]
+    content: str
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_of_parts(cls, content: Any) -> Any:
+        """The text parts' texts joined (OpenAI's ``[{"type": "text", "text": ...}]``); any other part refused."""
+        if not isinstance(content, list):
+            return content
+        texts = []
+        for i, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+                raise ValueError(f"part {i} must be {{'type': 'text', 'text': str}} (a prediction is text), "
+                                 f"got {kind!r:.40}")
+            texts.append(part["text"])
+        return "".join(texts)
 
 
 class LoraEntry(BaseModel):
@@ -76,6 +102,11 @@ class OpenAIRequest(PeerExtras):
     # llama.cpp server extra: the LoRA adapters to run under, by id (the order of --lora), each
     # with its scale; adapters not listed are off
     lora: list[LoraEntry] | None = None
+    # OpenAI's Predicted Outputs (chat; here on completions too): text the answer is expected to repeat
+    prediction: Prediction | None = None
+    # llamactor extra: n-gram drafts from the sequence's own prompt and output ("ngram") or none
+    # ("off"); absent: the operator's default (docs/architecture.md, *Speculation*)
+    speculation: Literal["off", "ngram"] | None = None
 
 
 class StreamOptions(BaseModel):
