@@ -13,7 +13,8 @@ tiers' *many_users* and *warm_restart* (``tiers``), fair shares between tenants 
 throughput and memory legs on both installed models (``models``: ``two_models``), the
 batcher's host work per step with real and replayed decodes (``host``), a mixed base/LoRA-adapter
 load vs the base model alone (``adapters``), uniform and scoring at 8 streams in batch-invariant mode
-vs the default, each in its own process (``batch_invariant``), and with a llama-server
+vs the default, each in its own process (``batch_invariant``), drafted tokens (a prediction, n-gram
+lookup) vs none on both models (``speculation``), and with a llama-server
 binary the *peer* leg (``peer``) and N concurrent callers against it with and without backend
 sampling (``streams``). The shared pieces live beside them: ``settings``
 (``BenchSettings``, re-exported here for the CLI), ``measure``, ``prompts``, ``conversations``,
@@ -42,6 +43,7 @@ from llamactor.bench import (
     resilience,
     scheduling,
     scoring,
+    speculation,
     streams,
     structured,
     tenants,
@@ -80,7 +82,8 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "tenants": (tenants.n_ticks(s), tenants.bench_tenants), "host": (host.n_ticks(), host.bench_host),
         "adapters": (adapters.n_ticks(s), adapters.bench_adapters),
         "models": (two_models.N_TICKS, two_models.bench_models),
-        "batch_invariant": (1 if s.quick else 3, batch_invariant.bench_batch_invariant)}
+        "batch_invariant": (1 if s.quick else 3, batch_invariant.bench_batch_invariant),
+        "speculation": (speculation.N_TICKS, speculation.bench_speculation)}
     if s.peer_server:
         found["peer"] = (2, peer.bench_peer)
         found["streams"] = (len(streams.SERVERS), streams.bench_streams)
