@@ -134,6 +134,20 @@ class Scheduler:
         seq.n_past += chunk.n_tokens
         self.fair.charge(seq, chunk.n_tokens)  # service as it is given: prompt chunks and decodes
 
+    def drafts_verified(self, seq: Sequence, n_drafted: int, n_accepted: int, now: float) -> None:
+        """``n_drafted`` draft rows of ``seq`` were computed this step and its first ``n_accepted``
+        were taken as its tokens (now at the end of ``token_ids``): those cells are its KV and
+        enter the index; the caller removes the rest from the context. Every drafted row was
+        computed: fairness charges them all."""
+        self.index.extend(seq.seq_id, seq.token_ids[seq.n_past:seq.n_past + n_accepted], now)
+        seq.n_past += n_accepted
+        self.fair.charge(seq, n_drafted)
+
+    def draft_room(self, plan: StepPlan) -> int:
+        """KV cells free after ``plan``'s chunks: the most draft rows the step may add (they hold
+        cells until postprocess removes the rejected ones)."""
+        return self.index.n_cells - self.index.cells_used - sum(c.n_tokens for c in plan.chunks)
+
     def prompt_scored(self, seq: Sequence) -> None:
         """The batcher recorded rows of ``seq``'s prompt: once all are in, other prompts may use them."""
         if seq.scoring is not None and seq.scoring.done and not seq.scoring.published:

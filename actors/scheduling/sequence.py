@@ -98,17 +98,22 @@ class Sequence:
 class Chunk:
     """``n_tokens`` of ``seq``'s unprocessed tokens, from position ``seq.n_past``, in this step;
     positions ``[score_lo, score_hi)`` among them are prompt rows whose logits scoring needs, and
-    its last row is an output row when it samples or reads labels."""
+    its last row is an output row when it samples or reads labels. ``drafts``: tokens expected to
+    follow, verified in the same decode (a row with logits each, after the chunk's last row: only
+    on a chunk that samples; docs/architecture.md, *Speculation*)."""
 
     seq: Sequence
     n_tokens: int
     score_lo: int = 0
     score_hi: int = 0
+    drafts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.score_hi > self.score_lo and not (
                 self.seq.n_past <= self.score_lo and self.score_hi <= self.seq.n_past + self.n_tokens):
             raise ValueError("a chunk's score rows must lie inside it")
+        if self.drafts and not self.samples:
+            raise ValueError("only a chunk that samples carries drafts")
 
     @property
     def samples(self) -> bool:
@@ -140,10 +145,16 @@ class StepPlan:
     adapters: AdapterSet = BASE  # the LoRA adapter set every chunk's sequence decodes under
     flushed: bool = False  # every running sequence preempted, every unpinned entry dropped (packed_kv)
 
+    @property
+    def n_rows(self) -> int:
+        """The step's batch rows: its chunks' tokens and their drafts."""
+        return sum(c.n_tokens + len(c.drafts) for c in self.chunks)
+
     def rows(self) -> tuple[list[int], list[int], list[int], list[int]]:
         """The step's batch as (tokens, positions, seq_ids, wants_logits): each chunk's tokens
         from its ``n_past``, logits on its scoring rows and on the last row of a chunk that
-        samples or reads labels (``Chunk.output_last``; ``OutputRows.of`` reads the same layout)."""
+        samples or reads labels (``Chunk.output_last``), then its drafts, each with logits
+        (``OutputRows.of`` reads the same layout)."""
         tokens: list[int] = []
         positions: list[int] = []
         seq_ids: list[int] = []
@@ -159,4 +170,10 @@ class StepPlan:
                 wants[-1] = wants[-1] or int(chunk.output_last)
             else:
                 wants += [0] * (n - 1) + [int(chunk.output_last)]
+            if chunk.drafts:
+                end = seq.n_past + n
+                tokens += chunk.drafts
+                positions += range(end, end + len(chunk.drafts))
+                seq_ids += [seq.seq_id] * len(chunk.drafts)
+                wants += [1] * len(chunk.drafts)
         return tokens, positions, seq_ids, wants

@@ -35,7 +35,9 @@ class StepCounters:
     counts: dict[str, int] = field(default_factory=lambda: {
         "steps": 0, "tokens_generated": 0, "prompt_tokens_computed": 0, "tokens_recomputed": 0,
         "requests_finished": 0, "step_sequences": 0,
-        "prompt_rows_scored": 0, "label_rows": 0, "tokens_sampled_in_graph": 0})
+        "prompt_rows_scored": 0, "label_rows": 0, "tokens_sampled_in_graph": 0,
+        # draft rows verified, and those taken as tokens or not (docs/architecture.md, *Speculation*)
+        "draft_tokens": 0, "accepted_draft_tokens": 0, "rejected_draft_tokens": 0})
     # As timed: a generation step's four verbs, and the two parts of them the profile shows apart
     # (``sample``: within ``run``; ``score``: within ``postprocess``).
     phase_ms: dict[str, float] = field(default_factory=lambda: {

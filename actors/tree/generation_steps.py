@@ -31,6 +31,8 @@ from llamactor.scheduling.sequence import Sequence, StepPlan
 from llamactor.scheduling.tier_index import RestoreOp
 from llamactor.tree import step_postprocess as post
 from llamactor.tree.counters import StepCounters
+from llamactor.tree.draft_rows import DraftRows, prediction_ids
+from llamactor.tree.draft_verify import DraftVerifier
 from llamactor.tree.grammar_sampler import GrammarSampler
 from llamactor.tree.graph_chains import GraphChains
 from llamactor.tree.output_rows import OutputRows
@@ -83,6 +85,9 @@ class GenerationSteps:
         self.watchdog = watchdog
         self.chains = GraphChains(engine)
         self.sampler = GrammarSampler(engine.info.n_vocab)
+        self.drafts = DraftRows(enabled=not config.batch_invariant, draft_max=config.draft_max,
+                                n_batch=engine.info.n_batch, n_ubatch=engine.info.n_ubatch,
+                                n_ctx_seq=engine.info.n_ctx_seq)
         self._plan: StepPlan | None = None  # the step's plan, once scheduled: its suspects
 
     def _prefill_pinned(self, tokens: list[int]) -> None:
@@ -109,6 +114,7 @@ class GenerationSteps:
             if (reason := seq.state.ended(seq, n_ctx_seq)) is not None:
                 finish_request(seq, reason)  # it crashed between its last token and its end
                 return
+            self.drafts.give(seq, prediction_ids(params, self.engine.tokenizer))
             self._enqueue(seq)
         elif (done := self.prep.submit(msg)) is not None:  # a small prompt is prepared here at once
             self.prepared(done)
@@ -120,11 +126,13 @@ class GenerationSteps:
             return
         if done.error is not None:
             raise done.error
-        tokens, n_context = done.result  # type: ignore[misc]
+        tokens, n_context, prediction = done.result  # type: ignore[misc]
         msg = done.request
         assert isinstance(msg, Generate)
         params = admitted_sampling(msg, self.prompts.template.stop, len(tokens), self.engine.info.n_ctx_seq)
-        self._enqueue(start_sequence(msg, tokens, n_context, params, self.engine.tokenizer))
+        seq = start_sequence(msg, tokens, n_context, params, self.engine.tokenizer)
+        self.drafts.give(seq, prediction)
+        self._enqueue(seq)
 
     def _enqueue(self, seq: Sequence) -> None:
         """Add a request's sequence to the scheduler (``QueueFullError`` if it is full)."""
@@ -169,7 +177,10 @@ class GenerationSteps:
         return (s.request_id for s in (*(c.seq for c in self._plan.chunks), *self._plan.failed))
 
     def schedule(self, now: float) -> StepPlan:
-        return self.scheduler.schedule(now)
+        """The scheduler's plan, with the drafts that pay at its batch size (``draft_rows``)."""
+        plan = self.scheduler.schedule(now)
+        self.drafts.add_to(plan, self.scheduler)
+        return plan
 
     def enact(self, plan: StepPlan) -> None:
         """Carry ``plan`` out on the llama context: its KV operations (a prompt whose restore failed
@@ -201,8 +212,10 @@ class GenerationSteps:
         decoded = watched(self.watchdog, self.counters.counts["steps"],
                           {"n_tokens": len(tokens), "n_sequences": len(plan.chunks)},
                           lambda: self._decode(tokens, positions, seq_ids, wants))
+        ms = (time.perf_counter() - t0) * 1000
+        self.drafts.stepped(len(tokens), ms)  # what a step costs by its rows: when drafts pay
         if self.tiers is not None:  # what saves may take of a step, and what recomputing costs
-            self.tiers.stepped(len(tokens), (time.perf_counter() - t0) * 1000)
+            self.tiers.stepped(len(tokens), ms)
         rows = OutputRows.of(plan, decoded.failed_seq_ids)  # before n_past moves on
         return StepResult(decoded, rows, self.counters.timed("sample", draw_tokens, self.sampler, decoded, rows))
 
@@ -221,7 +234,9 @@ class GenerationSteps:
         if result.rows.label_rows:
             self.counters.timed("score", post.record_label_probs, counts, result.rows.label_rows, result.decoded.logits)
         post.finish_prompt_only(plan, self.finish)
-        post.accept_tokens(result.draw, now, self.engine.tokenizer, self.engine.info.n_ctx_seq, counts, self.finish)
+        verifier = DraftVerifier(self.sampler, self.scheduler, self.engine.seq_rm, self.engine.tokenizer,
+                                 self.engine.info.n_ctx_seq, counts, result.rows, result.decoded.logits, now)
+        post.accept_tokens(result.draw, now, verifier, counts, self.finish)
         post.finish_without_room(plan, failed, self.engine.info.n_ctx, self.finish)
 
     # -- requests out, and the KV operations they leave -------------------------------------

@@ -42,8 +42,8 @@ class GraphChains:
         """Give a new or resumed request its chain, if it can have one; a resumed one's generator
         is moved on by the tokens it generated before (one draw each)."""
         state = seq.state
-        if not self.engine.graph_sampling or state is None:
-            return
+        if not self.engine.graph_sampling or state is None or state.drafter is not None:
+            return  # a drafting request's rows are verified by the host sampler (``draft_verify``)
         if progress.graph_seed is None:
             progress.graph_seed = state.params.seed if state.params.seed is not None else secrets.randbits(32)
         p = chain_params(state.params, progress.graph_seed)

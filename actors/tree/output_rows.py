@@ -3,7 +3,7 @@
 llama.cpp returns one logits row per flagged batch entry, in batch order: chunk by chunk, a
 chunk's prompt rows for scoring (``Chunk.score_lo .. score_hi``), then its last row when it
 samples (it reaches its last known token) or reads labels (it ends a label sequence's prompt),
-as ``StepPlan.rows`` flags them. ``OutputRows`` maps them; ``record_scores`` reduces the scoring
+as ``StepPlan.rows`` flags them, then one row per draft of a chunk that drafted. ``OutputRows`` maps them; ``record_scores`` reduces the scoring
 rows into each sequence's ``ScoreState`` and ``record_labels`` each label row to its groups'
 probabilities, both from views of llama.cpp's output buffer, never copied or kept.
 """
@@ -25,6 +25,8 @@ class OutputRows:
     sample_rows: list[int] = field(default_factory=list)
     to_sample: list[Sequence] = field(default_factory=list)  # the sequence of each sampling row
     label_rows: list[tuple[Sequence, int]] = field(default_factory=list)  # (label sequence, its output row)
+    # A sequence with drafts: the output row of its first draft, and the drafts (``draft_verify``)
+    drafted: dict[Sequence, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, plan: StepPlan, failed_seq_ids: frozenset[int]) -> OutputRows:
@@ -43,6 +45,9 @@ class OutputRows:
             elif chunk.reads_labels and ok:
                 out.label_rows.append((chunk.seq, row))
             row += int(chunk.output_last)
+            if chunk.drafts and ok:
+                out.drafted[chunk.seq] = (row, chunk.drafts)
+            row += len(chunk.drafts)
         return out
 
 

@@ -23,6 +23,7 @@ import structlog
 from llamactor.base.errors import CancelledError, LlamactorError
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import Generate, PromptPrepared, Tokenize
+from llamactor.tree.draft_rows import prediction_ids
 from llamactor.tree.prompt_tokens import PromptBuilder
 from llamactor.tree.request_state import request_error
 from llamactor.tree.tell import tell_quietly
@@ -92,7 +93,8 @@ class PromptPrep:
         tell_quietly(self._batcher, self._prepared(msg))
 
     def _prepared(self, msg: Prepared) -> PromptPrepared:
-        """Pool thread, or the batcher's for a small prompt: the prompt's token ids, or why not;
+        """Pool thread, or the batcher's for a small prompt: the prompt's token ids, its
+        n_context and its prediction's token ids (None without one), or why not;
         any error fails this request alone."""
         with structlog.contextvars.bound_contextvars(request_id=msg.request_id):
             result: Any = None
@@ -100,7 +102,8 @@ class PromptPrep:
             if not msg.reply.future.done():  # cancelled by its caller while it waited: no work
                 try:
                     result = (self._prompts.inspect(msg) if isinstance(msg, Tokenize)
-                              else self._prompts.prompt_tokens(msg, self._n_ctx_seq))
+                              else (*self._prompts.prompt_tokens(msg, self._n_ctx_seq),
+                                    prediction_ids(msg.params, self._prompts.tokenizer)))
                 except LlamactorError as e:
                     error = e
                 except Exception as e:  # noqa: BLE001 - our bug, or the template's: this request's 500
@@ -111,6 +114,8 @@ class PromptPrep:
 def small_prompt(msg: Generate) -> bool:
     """Whether ``msg``'s prompt is cheap enough to prepare on the batcher thread (token ids always
     are); counted without walking more than ``INLINE_MESSAGES`` messages."""
+    if msg.params.prediction is not None and len(msg.params.prediction) > INLINE_CHARS:
+        return False  # its prediction is tokenized with its prompt
     if msg.token_ids is not None:
         return True
     if msg.text is not None:

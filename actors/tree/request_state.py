@@ -57,6 +57,9 @@ class RequestState:
     progress: Progress | None = None  # the checkpoint on the request's reply channel, kept up to date
     graph: GraphChain | None = None  # its sampler chain when llama.cpp samples it inside the graph
     answer: AnswerSplitter | None = None  # splits its answer as it streams (None: nothing to split)
+    drafter: Any = None  # its ``Drafter`` when it drafts (``draft_rows``)
+    n_draft_accepted: int = 0  # drafted tokens taken as its own (``draft_verify``)
+    n_draft_rejected: int = 0  # drafted tokens computed and not taken
 
     @classmethod
     def create(cls, params: SamplingParams, tokenizer: Tokenizer) -> RequestState:
@@ -281,7 +284,9 @@ def finish_request(seq: Sequence, reason: str, error: LlamactorError | None = No
     completion = Completion(
         request_id=req.request_id, text=text, token_ids=tuple(seq.token_ids[seq.n_prompt:]),
         finish_reason=reason,  # type: ignore[arg-type]
-        usage=Usage(prompt_tokens=seq.n_prompt, completion_tokens=n_gen, cached_tokens=seq.n_cached),
+        usage=Usage(prompt_tokens=seq.n_prompt, completion_tokens=n_gen, cached_tokens=seq.n_cached,
+                    accepted_prediction_tokens=state.n_draft_accepted if state is not None else 0,
+                    rejected_prediction_tokens=state.n_draft_rejected if state is not None else 0),
         timings=Timings(queue_ms=_ms(req.submitted_at, seq.admitted_at), ttft_ms=_ms(req.submitted_at, seq.first_token_at),
                         total_ms=_ms(req.submitted_at, now),
                         decode_tokens_per_s=round((n_gen - 1) / decode_s, 2) if n_gen > 1 and decode_s > 0 else 0.0),

@@ -12,9 +12,9 @@ from typing import Protocol
 import numpy as np
 
 from llamactor.base.errors import ContextFullError, LlamactorError
-from llamactor.native.tokenizer import Tokenizer
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
+from llamactor.tree.draft_verify import DraftVerifier
 from llamactor.tree.output_rows import record_labels, record_scores
 from llamactor.tree.request_state import request_error, shared
 from llamactor.tree.token_draw import Draw
@@ -65,11 +65,12 @@ def finish_prompt_only(plan: StepPlan, finish: Finish) -> None:
             finish(chunk.seq, "length")
 
 
-def accept_tokens(draw: Draw, now: float, tokenizer: Tokenizer, n_ctx_seq: int, counts: dict[str, int],
-                  finish: Finish) -> None:
-    """Each request takes its token (streaming it) and ends if it is done; one whose own draw or
-    accepting raised ends alone."""
+def accept_tokens(draw: Draw, now: float, verifier: DraftVerifier, counts: dict[str, int], finish: Finish) -> None:
+    """Each request takes its token (streaming it) -- and the run its drafts allow
+    (``DraftVerifier.accept``) -- and ends if it is done; one whose own draw or accepting raised
+    ends alone."""
     for seq, error in draw.refused:
+        verifier.drop(seq)
         finish(seq, "stop", error)
     counts["tokens_sampled_in_graph"] += draw.n_in_graph
     sampled = draw.sampled
@@ -77,7 +78,7 @@ def accept_tokens(draw: Draw, now: float, tokenizer: Tokenizer, n_ctx_seq: int, 
         if seq.first_token_at is None:
             seq.first_token_at = now
         try:
-            reason = seq.state.accept(seq, token, logprob, top, tokenizer, n_ctx_seq)
+            reason = verifier.accept(seq, token, logprob, top)
         except Exception as e:  # its grammar, its text, its stream: this sequence's alone
             if shared(e):
                 raise
