@@ -16,7 +16,8 @@ round, not one side):
 - *uniform*: the uniform workload's prompts with n-gram drafts on vs off, at the run's
   concurrencies (up to 64 in a full run): drafts must not cost throughput where they do not pay.
 
-``report_lines`` renders its section; a ratio below its goal prints the per-step profile of both
+A quick run measures the bench's model only, the edit at 1 and 2 streams. ``report_lines``
+renders its section; a ratio below its goal prints the per-step profile of both
 sides (docs/performance.md, *Speculation*).
 """
 
@@ -37,7 +38,7 @@ from llamactor.bench.settings import BenchSettings
 from llamactor.bench.speculation_texts import COPY_INSTRUCTION, EDIT_INSTRUCTION, code_block, report_text
 from llamactor.native.engine import Engine
 
-EDIT_STREAMS, QUICK_EDIT_STREAMS = (1, 2, 4, 8, 16), (1, 4)
+EDIT_STREAMS, QUICK_EDIT_STREAMS = (1, 2, 4, 8, 16), (1, 2)
 COPY_TOKENS = 160
 # The goals, as report.TARGETS has them (read from ``summary``'s figures): the report prints the
 # per-step profile of each row below its own.
@@ -46,13 +47,20 @@ GOALS = {"edit_c1": 2.0, "edit": 0.97, "copy": 1.2, "uniform": 0.97}
 Request = dict[str, Any]  # "prompt" or "messages", and per-request sampling ("prediction")
 
 
-N_TICKS = 2 * 3  # per model: edit, copy, uniform
+
+
+def n_ticks(s: BenchSettings) -> int:
+    return 3 * len(model_paths(s))  # per model: edit, copy, uniform
+
+
+def model_paths(s: BenchSettings) -> dict[str, str]:
+    """Both installed models; a quick run only the bench's."""
+    return {"bench": s.model_path} if s.quick else {"bench": s.model_path, "instruct": instruct_model_path()}
 
 
 def bench_speculation(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
-    paths = {"bench": s.model_path, "instruct": instruct_model_path()}
     out: dict[str, Any] = {"rounds": rounds(s), "models": {}}
-    for role, path in paths.items():
+    for role, path in model_paths(s).items():
         out["models"][role] = _model_legs(s, path, tick)
     out.update(summary(out["models"]))
     return out

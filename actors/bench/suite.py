@@ -83,7 +83,7 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "adapters": (adapters.n_ticks(s), adapters.bench_adapters),
         "models": (two_models.N_TICKS, two_models.bench_models),
         "batch_invariant": (1 if s.quick else 3, batch_invariant.bench_batch_invariant),
-        "speculation": (speculation.N_TICKS, speculation.bench_speculation)}
+        "speculation": (speculation.n_ticks(s), speculation.bench_speculation)}
     if s.peer_server:
         found["peer"] = (2, peer.bench_peer)
         found["streams"] = (len(streams.SERVERS), streams.bench_streams)

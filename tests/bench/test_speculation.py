@@ -84,6 +84,7 @@ def test_the_step_profile_is_the_average_step_between_two_stats() -> None:
 
 def test_the_workload_is_registered_outside_the_smoke_set() -> None:
     s = BenchSettings(model_path="m.gguf", quick=True)
-    assert suite.workloads(s)["speculation"] == (speculation.N_TICKS, speculation.bench_speculation)
+    assert suite.workloads(s)["speculation"] == (3, speculation.bench_speculation)  # the bench's model only
+    assert list(speculation.model_paths(s)) == ["bench"]
     assert "speculation" not in suite.selected(s) and suite.selected(s, ["speculation"]) == ["speculation"]
     assert speculation.rounds(s) == 1 and speculation.rounds(BenchSettings(model_path="m.gguf", full=True)) == 3
