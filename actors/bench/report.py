@@ -27,6 +27,7 @@ from llamactor.bench import (
     replicas,
     rerank,
     scheduling,
+    speculation,
     streams,
     structured,
     tiers,
@@ -39,7 +40,7 @@ Section = Callable[[dict[str, Any]], list[str]]
 SECTIONS: tuple[Section, ...] = (
     generation.report_lines, daemon.report_lines, prefix.report_lines, tiers.report_lines, peer.report_lines,
     scheduling.report_lines, structured.report_lines, embeddings.report_lines, rerank.report_lines, replicas.report_lines,
-    host.report_lines, host_cap.report_lines, streams.report_lines, two_models.report_lines)
+    host.report_lines, host_cap.report_lines, streams.report_lines, two_models.report_lines, speculation.report_lines)
 
 # (name, how to read it from the results, comparison, target)
 TARGETS: list[tuple[str, str, str, float]] = [
@@ -116,6 +117,12 @@ TARGETS: list[tuple[str, str, str, float]] = [
     # what bit-exact numbers cost at 8 streams (each mode in its own process)
     ("batch-invariant c=8: uniform tok/s, invariant / default", "batch_invariant.uniform_ratio", ">=", 0.7),
     ("batch-invariant c=8: scoring requests/s, invariant / default", "batch_invariant.scoring_ratio", ">=", 0.7),
+    # drafts vs none, the lowest over both models (docs/performance.md, "Speculation")
+    ("speculation edit c=1: tok/s, with the prediction / without", "speculation.edit_c1_ratio", ">=", 2.0),
+    ("speculation edit c=1..16: tok/s, with the prediction / without, lowest", "speculation.edit_min_ratio", ">=", 0.97),
+    ("speculation: greedy outputs parting with drafts beyond a near-tie", "speculation.unexplained", "<=", 0),
+    ("speculation copy c=1: tok/s, n-gram drafts / none", "speculation.copy_ratio", ">=", 1.2),
+    ("speculation uniform: tok/s, n-gram drafts / none, lowest over streams", "speculation.uniform_min_ratio", ">=", 0.97),
 ]
 
 

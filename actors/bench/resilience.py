@@ -23,7 +23,7 @@ from llamactor.native.engine import Engine
 N_STREAMS, N_CRASHES, NEAR_TIE = 16, 3, 1.25
 
 
-def _top2_margin(engine: Engine, tokens: list[int]) -> float:
+def top2_margin(engine: Engine, tokens: list[int]) -> float:
     """Best minus second-best next-token logit after ``tokens``, decoded alone."""
     engine.clear()
     engine.prefill(0, tokens[:-1])
@@ -87,7 +87,7 @@ def bench_crash_streams(s: BenchSettings, tick: Callable[[], None]) -> dict[str,
                 out["equal"] += 1
                 continue
             i = next(k for k, (x, y) in enumerate(zip(a, b)) if x != y)
-            margin = _top2_margin(engine, engine.tokenizer.tokenize(prompt) + list(a[:i]))
+            margin = top2_margin(engine, engine.tokenizer.tokenize(prompt) + list(a[:i]))
             out["near_tie" if margin < NEAR_TIE else "unexplained"] += 1
     finally:
         engine.close()

@@ -15,7 +15,8 @@ throughput and memory legs on both installed models (``models``: ``two_models``)
 batcher's host work per step with real and replayed decodes (``host``), the token rate the host
 side carries in-process and over HTTP on the replayed decode (``host_cap``), a mixed base/LoRA-adapter
 load vs the base model alone (``adapters``), uniform and scoring at 8 streams in batch-invariant mode
-vs the default, each in its own process (``batch_invariant``), and with a llama-server
+vs the default, each in its own process (``batch_invariant``), drafted tokens (a prediction, n-gram
+lookup) vs none on both models (``speculation``), and with a llama-server
 binary the *peer* leg (``peer``) and N concurrent callers against it with and without backend
 sampling (``streams``). The shared pieces live beside them: ``settings``
 (``BenchSettings``, re-exported here for the CLI), ``measure``, ``prompts``, ``conversations``,
@@ -46,6 +47,7 @@ from llamactor.bench import (
     resilience,
     scheduling,
     scoring,
+    speculation,
     streams,
     structured,
     tenants,
@@ -86,7 +88,8 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "host_cap": (host_cap.n_ticks(), host_cap.bench_host_cap),
         "adapters": (adapters.n_ticks(s), adapters.bench_adapters),
         "models": (two_models.N_TICKS, two_models.bench_models),
-        "batch_invariant": (1 if s.quick else 3, batch_invariant.bench_batch_invariant)}
+        "batch_invariant": (1 if s.quick else 3, batch_invariant.bench_batch_invariant),
+        "speculation": (speculation.n_ticks(s), speculation.bench_speculation)}
     if s.peer_server:
         found["peer"] = (2, peer.bench_peer)
         found["streams"] = (len(streams.SERVERS), streams.bench_streams)

@@ -121,28 +121,22 @@ class Adaptivity:
         self.fail_streak, self.probing = 0, True
 
 
-class PredictionDrafter:
-    """Drafts a prediction's tokens after where the output is in it (batcher thread)."""
+class PredictionDrafter(Adaptivity):
+    """Drafts a prediction's tokens after where the output is in it (batcher thread); adapts as
+    ``Adaptivity`` (``observe``, ``acceptance``)."""
 
     def __init__(self, prediction: Sequence[int]) -> None:
         self.prediction = list(prediction)
-        self.adapt = Adaptivity(PREDICTION_PRIOR)
+        super().__init__(PREDICTION_PRIOR)
         self.seen = 0  # output tokens walked so far
         self.position: int | None = 0  # where the next output token is expected in the prediction
         self.left_at = 0  # where the output last was in the prediction
         self._bigrams: dict[tuple[int, int], list[int]] | None = None  # built at the first re-anchor
 
-    @property
-    def acceptance(self) -> float:
-        return self.adapt.acceptance
-
-    def observe(self, n_drafted: int, n_accepted: int) -> None:
-        self.adapt.observe(n_drafted, n_accepted)
-
     def propose(self, tokens: Sequence[int], n_prompt: int, k: int) -> list[int]:
         output = tokens[n_prompt:]
         self._follow(output)
-        if self.adapt.resting() or k <= 0:
+        if self.resting() or k <= 0:
             return []
         if self.position is None:
             self.position = self._anchor(output)
@@ -223,29 +217,22 @@ class PredictionDrafter:
         return length
 
 
-class NgramDrafter:
+class NgramDrafter(Adaptivity):
     """Prompt lookup: the continuation of the latest earlier occurrence of the sequence's longest
-    recurring suffix (batcher thread)."""
+    recurring suffix (batcher thread); adapts as ``Adaptivity``."""
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"bad n-gram sizes {min_ngram}..{max_ngram}")
         self.sizes = range(max_ngram, min_ngram - 1, -1)
-        self.adapt = Adaptivity(NGRAM_PRIOR)
+        super().__init__(NGRAM_PRIOR)
         # n-gram -> the position just after its latest occurrence that has a token after it
         self.index: dict[tuple[int, ...], int] = {}
         self.indexed = 0  # the index holds the n-grams ending at positions <= indexed
 
-    @property
-    def acceptance(self) -> float:
-        return self.adapt.acceptance
-
-    def observe(self, n_drafted: int, n_accepted: int) -> None:
-        self.adapt.observe(n_drafted, n_accepted)
-
     def propose(self, tokens: Sequence[int], n_prompt: int, k: int) -> list[int]:
         self._index(tokens)
-        if self.adapt.resting() or k <= 0:
+        if self.resting() or k <= 0:
             return []
         n = len(tokens)
         for size in self.sizes:
