@@ -35,7 +35,8 @@ class StepCounters:
     counts: dict[str, int] = field(default_factory=lambda: {
         "steps": 0, "tokens_generated": 0, "prompt_tokens_computed": 0, "tokens_recomputed": 0,
         "requests_finished": 0, "step_sequences": 0,
-        "prompt_rows_scored": 0, "label_rows": 0, "tokens_sampled_in_graph": 0})
+        "prompt_rows_scored": 0, "label_rows": 0, "tokens_sampled_in_graph": 0,
+        "rows_dropped": 0})  # overlapped steps' rows of sequences that ended while they were in flight
     # As timed: a generation step's four verbs, and the two parts of them the profile shows apart
     # (``sample``: within ``run``; ``score``: within ``postprocess``).
     phase_ms: dict[str, float] = field(default_factory=lambda: {
