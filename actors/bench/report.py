@@ -25,6 +25,7 @@ from llamactor.bench import (
     prefix,
     replicas,
     scheduling,
+    sim_device,
     streams,
     structured,
     tiers,
@@ -37,7 +38,7 @@ Section = Callable[[dict[str, Any]], list[str]]
 SECTIONS: tuple[Section, ...] = (
     generation.report_lines, daemon.report_lines, prefix.report_lines, tiers.report_lines, peer.report_lines,
     scheduling.report_lines, structured.report_lines, embeddings.report_lines, replicas.report_lines,
-    host.report_lines, streams.report_lines, two_models.report_lines)
+    host.report_lines, sim_device.report_lines, streams.report_lines, two_models.report_lines)
 
 # (name, how to read it from the results, comparison, target)
 TARGETS: list[tuple[str, str, str, float]] = [
@@ -48,6 +49,8 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("uniform c=64: llamactor / ceiling", "uniform[64].vs_ceiling", ">=", 0.95),
     ("host c=64, greedy: host ms per step (schedule + postprocess)", "host.real.c64.greedy.host_ms", "<=", 2.0),
     ("host c=64, default sampler chain: host ms per step", "host.real.c64.default.host_ms", "<=", 2.0),
+    ("sim_device: device busy share with overlapped steps, lowest over 16/64/126 streams",
+     "sim_device.min_busy_overlapped", ">=", 0.95),
     ("streams: tok/s, llamactor / llama-server -bs, lowest over N and samplers", "streams.min_ratio_vs_bs",
      ">=", 1.0),
     ("single: TTFT - sequential TTFT (ms)", "single.ttft_delta_ms", "<=", 25.0),

@@ -42,6 +42,7 @@ from llamactor.bench import (
     resilience,
     scheduling,
     scoring,
+    sim_device,
     streams,
     structured,
     tenants,
@@ -78,6 +79,7 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "many_users": (2, tiers.bench_many_users), "warm_restart": (3, tiers.bench_warm_restart),
         "one_off": (2 if s.quick else 3, tiers.bench_one_off),
         "tenants": (tenants.n_ticks(s), tenants.bench_tenants), "host": (host.n_ticks(), host.bench_host),
+        "sim_device": (sim_device.n_ticks(), sim_device.bench_sim_device),
         "adapters": (adapters.n_ticks(s), adapters.bench_adapters),
         "models": (two_models.N_TICKS, two_models.bench_models),
         "batch_invariant": (1 if s.quick else 3, batch_invariant.bench_batch_invariant)}
