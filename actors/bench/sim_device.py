@@ -5,18 +5,23 @@ The real batcher runs on ``simulated_device.SimulatedEngine``: decodes replayed 
 of real ones (``replay.Recording``, taken from a short real burst first), each ready after the
 modelled H100 step time. N streams (16, 64, 126) are submitted at once from this thread, greedy
 with tokens drawn in the graph (as on a GPU), new tokens fixed and EOG ignored; each size runs on
-a tree with ``overlap_steps`` off and one with it on, in one run, after a warm-up burst. The
+a tree with ``overlap_steps`` off and one with it on, both open, their bursts interleaved (the
+median of the repeats), after a warm-up burst each. The
 figure is the device's busy share of the burst's device span (first step's start to last step's
 collection): the host time between steps is what is left of it. In-process only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from llamactor.base.config import Config
 from llamactor.bench.host import WARM_UP_TOKENS, burst
+from llamactor.bench.measure import median_runs
+from llamactor.handles.llm import LLM
 from llamactor.bench.prompts import uniform_prompts
 from llamactor.bench.replay import Recording, null_config, start_host_tree
 from llamactor.bench.settings import BenchSettings
@@ -35,32 +40,41 @@ def record(model_path: str, n_threads: int) -> Recording:
     return recording
 
 
-def sim_leg(model_path: str, recording: Recording, n: int, overlap: bool, max_tokens: int,
-            n_threads: int) -> dict[str, float]:
-    """One size on one loop: the device's busy share of a burst of ``n`` streams, and its rate."""
-    device = SimulatedDevice()
-    recording.prepare(n)
-    config = null_config(n, model=model_path, n_threads=n_threads, n_ctx=n * (max_tokens + 64), max_restarts=0,
-                         sample_in_graph=True, overlap_steps=overlap)
-    prompts = uniform_prompts(n)
-    with start_simulated_tree(config, recording, device) as llm:
-        burst(llm, prompts, WARM_UP_TOKENS, "greedy")
-        since = len(device.steps)
-        measured = burst(llm, prompts, max_tokens, "greedy")
-        busy, span_s, steps = device.busy_fraction(since)
-        dropped = llm.stats()["rows_dropped"]
+def sim_burst(llm: LLM, device: SimulatedDevice, prompts: list[str], max_tokens: int) -> dict[str, float]:
+    """One burst: the device's busy share of it, and its rate."""
+    since = len(device.steps)
+    measured = burst(llm, prompts, max_tokens, "greedy")
+    busy, span_s, steps = device.busy_fraction(since)
     return {"busy": busy, "span_s": span_s, "steps": steps, "tokens_per_s": measured["tokens_per_s"],
-            "rows_dropped": dropped}
+            "rows_dropped": llm.stats()["rows_dropped"]}
+
+
+def sim_size(model_path: str, recording: Recording, n: int, max_tokens: int, n_threads: int,
+             repeats: int) -> dict[str, dict[str, float]]:
+    """Both loops at ``n`` streams, each on its own device and tree, their bursts interleaved (the
+    machine's load moves: each loop's median of ``repeats``)."""
+    recording.prepare(n)
+    prompts = uniform_prompts(n)
+    with contextlib.ExitStack() as stack:
+        trees: dict[str, tuple[LLM, SimulatedDevice]] = {}
+        for name, overlap in LOOPS.items():
+            device = SimulatedDevice()
+            config = null_config(n, model=model_path, n_threads=n_threads, n_ctx=n * (max_tokens + 64),
+                                 max_restarts=0, sample_in_graph=True, overlap_steps=overlap)
+            trees[name] = (stack.enter_context(start_simulated_tree(config, recording, device)), device)
+            burst(trees[name][0], prompts, WARM_UP_TOKENS, "greedy")
+        runs: dict[str, Callable[[], dict[str, float]]] = {
+            name: functools.partial(sim_burst, llm, device, prompts, max_tokens) for name, (llm, device) in trees.items()}
+        return median_runs(runs, repeats)
 
 
 def measure_sim_device(model_path: str, *, max_tokens: int, n_threads: int, sizes: tuple[int, ...] = SIZES,
-                       tick: Callable[[], None] = lambda: None) -> dict[str, Any]:
+                       repeats: int = 3, tick: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Each size on both loops; results by ``c<N>`` and loop (what ``report_lines`` reads)."""
     recording = record(model_path, n_threads)
     out: dict[str, Any] = {"max_tokens": max_tokens, "fixed_ms": FIXED_MS, "row_ms": ROW_MS, "sizes": {}}
     for n in sizes:
-        out["sizes"][f"c{n}"] = {name: sim_leg(model_path, recording, n, overlap, max_tokens, n_threads)
-                                 for name, overlap in LOOPS.items()}
+        out["sizes"][f"c{n}"] = sim_size(model_path, recording, n, max_tokens, n_threads, repeats)
         tick()
     out["min_busy_overlapped"] = min(r["overlapped"]["busy"] for r in out["sizes"].values())
     return out
@@ -71,7 +85,8 @@ def n_ticks() -> int:
 
 
 def bench_sim_device(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
-    return measure_sim_device(s.model_path, max_tokens=s.max_tokens, n_threads=s.n_threads, tick=tick)
+    return measure_sim_device(s.model_path, max_tokens=s.max_tokens, n_threads=s.n_threads,
+                              repeats=min(s.repeats, 3), tick=tick)
 
 
 def report_lines(results: dict[str, Any]) -> list[str]:

@@ -9,7 +9,9 @@ decodes at 412 tok/s (~2.4 ms a step, host included), and a 64-row step's decode
 
 ``SimulatedDevice`` is that device: ``start`` queues a step behind the one it is computing (a GPU
 stream runs its kernels in order) and ``wait`` blocks until the step is done -- ``time.sleep`` is
-the device computing here, not a test's wait. It records each step's busy interval, from which
+the device computing here, not a test's wait; its last ``SPIN_MS`` spin with ``time.sleep(0)``, as
+CUDA's synchronise spins or yields on a short wait (a sleeping thread on a loaded host wakes
+milliseconds late, which would count against the host loop). It records each step's busy interval, from which
 ``busy_fraction`` gives the device's busy share of a span of wall time. ``SimulatedEngine`` is
 ``replay.ReplayEngine`` (the recorded results, no KV) with its decode split across that device,
 and it says it decodes asynchronously, so the batcher's default (``Config.overlap_steps`` None)
@@ -35,6 +37,9 @@ from llamactor.tree.batcher import BatcherActor
 
 FIXED_MS = 2.4  # an H100 step's fixed part (docs/performance.md, GPU figures: 1 stream, 412 tok/s)
 ROW_MS = 0.216  # and its part per row ((16.0 ms at 64 rows - FIXED_MS) / 63)
+# A sleeping thread on a loaded 2-core host wakes ~2 ms late, which a GPU's synchronise does not
+# (CUDA spins or yields while a short wait lasts): the last part of a wait spins, yielding.
+SPIN_MS = 2.0
 
 
 @dataclass(slots=True)
@@ -69,9 +74,12 @@ class SimulatedDevice:
         return step
 
     def wait(self, step: DeviceStep) -> Any:
-        """Block until ``step`` is computed (the device's time: a sleep), then hand its result over."""
-        if (left := step.ready - time.perf_counter()) > 0:
+        """Block until ``step`` is computed (the device's time: a sleep, then a yielding spin for the
+        last ``SPIN_MS``), then hand its result over."""
+        if (left := step.ready - time.perf_counter() - SPIN_MS / 1000) > 0:
             time.sleep(left)
+        while time.perf_counter() < step.ready:
+            time.sleep(0)  # yields the GIL and the core; wakes within microseconds, as a CUDA sync does
         step.collected_at = time.perf_counter()
         self.events.append(("collect", self.steps.index(step)))
         return step.result

@@ -191,7 +191,7 @@ class OverlappedSteps:
         decoded = watched(steps.watchdog, steps.counters.counts["steps"], {"n_sequences": len(plan.chunks)},
                           lambda: steps.engine.collect(launched))
         if steps.tiers is not None:  # the decode's cost as the host saw it: the launch and the wait
-            steps.tiers.stepped(len(launched.pos), launch_ms + (time.perf_counter() - t0) * 1000)
+            steps.tiers.stepped(sum(c.n_tokens for c in plan.chunks), launch_ms + (time.perf_counter() - t0) * 1000)
         rows = without(rows, set(self.finishing), decoded.failed_seq_ids)
         draw = steps.counters.timed("sample", draw_tokens, steps.sampler, decoded, rows)
         return Pending(plan, StepResult(decoded, rows, draw))

@@ -73,7 +73,7 @@ def test_the_overlapped_loop_postprocesses_each_step_while_the_next_is_on_the_de
 
 
 def test_the_sim_device_workload_reports_both_loops(model_path: str) -> None:
-    r = measure_sim_device(model_path, max_tokens=6, n_threads=2, sizes=(4,))
+    r = measure_sim_device(model_path, max_tokens=6, n_threads=2, sizes=(4,), repeats=1)
     legs = r["sizes"]["c4"]
     assert set(legs) == {"serial", "overlapped"} and all(0 < leg["busy"] <= 1 and leg["steps"] >= 6 for leg in legs.values())
     table = report.markdown({"sim_device": r}, {"timestamp": "t", "machine": "m", "model": "g",
