@@ -44,6 +44,18 @@ class DecodeResult:
     tokens: np.ndarray | None = None
 
 
+@dataclass(slots=True)
+class Launched:
+    """A decode ``Engine.launch`` started: what ``collect`` reads its rows by (``done``: a split
+    decode's result, complete already)."""
+
+    pos: np.ndarray
+    seq_id: np.ndarray
+    logits: np.ndarray
+    in_graph: np.ndarray | None
+    done: DecodeResult | None = None
+
+
 class Engine:
     """One loaded model and its context; the batcher actor's thread calls every method after the
     constructor (the watchdog's thread only sets ``abort_flag``)."""
@@ -82,7 +94,7 @@ class Engine:
         self._pages.wrote(self._output_base(), 0, False)
         self.graph = GraphSamplers(self.ctx, self.memory, self._shadow, self.n_swa)
         if graph_sampling is None:  # where it pays: a GPU (docs/operations.md, "Sampling inside the graph")
-            graph_sampling = self.info.n_gpu_layers != 0 and devices.gpu_offload()
+            graph_sampling = self.decodes_async
         # (a ranking model never samples: no probe decode on its context, which has no output head)
         self.graph_sampling = (graph_sampling and not batch_invariant and not self.info.ranking
                                and self._probe_graph_sampling())
@@ -95,17 +107,36 @@ class Engine:
 
         An entry that asks for logits on a sequence with an attached chain (``attach_chain``) is
         sampled inside the graph: its token comes back in ``DecodeResult.tokens``."""
+        return self.collect(self.launch(token, pos, seq_id, logits))
+
+    def launch(self, token: np.ndarray, pos: np.ndarray, seq_id: np.ndarray, logits: np.ndarray) -> Launched:
+        """``decode``'s first half: ``llama_decode`` returns before a GPU backend has finished
+        (docs/architecture.md, *Overlapped steps*); nothing may be read until ``collect``. A full KV's
+        split decodes are done here, at once."""
         in_graph = self.graph.rows(seq_id, logits)
         self.batch.fill(token, pos, seq_id, logits, in_graph)
         rc = llama_cpp.llama_decode(self.ctx, self.batch.view())
         if rc == 0:
-            n_out = int(np.count_nonzero(logits))
-            tokens = self.graph.tokens(in_graph, logits, seq_id, pos, np.arange(len(token)))
-            self._wrote_logits_rows(n_out)  # after reading the tokens: it may hand back their pages
-            return DecodeResult(self._logits_view(n_out), frozenset(), tokens)
+            return Launched(pos, seq_id, logits, in_graph)
         if rc == 1:
-            return self._decode_split(token, pos, seq_id, logits, in_graph)
+            return Launched(pos, seq_id, logits, in_graph, self._decode_split(token, pos, seq_id, logits, in_graph))
         raise self._error(rc, len(token))
+
+    def collect(self, launched: Launched) -> DecodeResult:
+        """``decode``'s second half: wait for the device (``llama_synchronize``), then read the rows."""
+        if launched.done is not None:
+            return launched.done
+        llama_cpp.llama_synchronize(self.ctx)
+        n_out = int(np.count_nonzero(launched.logits))
+        tokens = self.graph.tokens(launched.in_graph, launched.logits, launched.seq_id, launched.pos,
+                                   np.arange(len(launched.pos)))
+        self._wrote_logits_rows(n_out)  # after reading the tokens: it may hand back their pages
+        return DecodeResult(self._logits_view(n_out), frozenset(), tokens)
+
+    @property
+    def decodes_async(self) -> bool:
+        """Whether ``llama_decode`` returns before the device finishes: layers offloaded to a GPU."""
+        return self.info.n_gpu_layers != 0 and devices.gpu_offload()
 
     def set_adapters(self, adapters: AdapterSet) -> None:
         """Decode under these LoRA adapters (name, scale) from the next decode on; () the base model."""

@@ -115,6 +115,11 @@ class Config:
     # (docs/performance.md, "Batch-invariant mode"): flash attention on, no repacked weights,
     # n_ubatch <= 32, one thread for single-token steps, GGML_CPU_TILED_MM=0 in the environment.
     batch_invariant: bool = False
+    # Launch step k+1's decode as soon as step k's tokens are drawn, and postprocess step k (detokenizing,
+    # stop strings, replies) while the device computes (docs/architecture.md, "Overlapped steps").
+    # None: on where llama_decode returns before the device finishes (GPU layers); off on a CPU-only
+    # engine, whose decode is synchronous. Batch-invariant mode always steps serially.
+    overlap_steps: bool | None = None
     batch_size: int | None = None  # pending requests that flush at once; None = n_parallel
     batch_timeout_ms: float = 20.0  # the longest a lone request waits for company
     max_queue: int = 256  # requests waiting for a free seq_id beyond which QueueFullError

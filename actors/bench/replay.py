@@ -156,6 +156,12 @@ class ReplayEngine:
     def decode_batch(self, entries: list[tuple[int, int, int]]) -> Any:
         return self.recording.replay(len(entries))
 
+    def launch(self, token: np.ndarray, pos: np.ndarray, seq_id: np.ndarray, logits: np.ndarray) -> Any:
+        return self.decode(token, pos, seq_id, logits)
+
+    def collect(self, launched: Any) -> Any:
+        return launched
+
     def prefill(self, seq_id: int, tokens: list[int], n_past: int = 0) -> None:
         pass
 
@@ -215,10 +221,14 @@ def null_config(n_sequences: int, **options: Any) -> Config:
 
 def start_host_tree(config: Config, recording: Recording, *, replay: bool, timeout_s: float = 300.0) -> LLM:
     """One tree whose batcher is a ``HostBatcher``; blocks until it is ready (caller's thread)."""
-    model_path = resolve_model_path(config.model)
+    return start_batcher_tree(config, functools.partial(HostBatcher.start, recording=recording, replay=replay),
+                              timeout_s)
+
+
+def start_batcher_tree(config: Config, start: Any, timeout_s: float = 300.0) -> LLM:
+    """One tree whose batcher ``start`` starts (a ``BatcherActor.start`` with its extra arguments)."""
     board = StatsBoard()
-    start = functools.partial(HostBatcher.start, recording=recording, replay=replay)
-    supervisor = SupervisorActor.start(config, model_path, start, board, None)
+    supervisor = SupervisorActor.start(config, resolve_model_path(config.model), start, board, None)
     proxy = supervisor.proxy()
     if not proxy.ready.get().wait(timeout_s) or proxy.state.get() != "ready":
         reason = proxy.failure_reason.get()

@@ -28,6 +28,7 @@ from llamactor.bench import (
     rerank,
     scheduling,
     speculation,
+    sim_device,
     streams,
     structured,
     tiers,
@@ -40,7 +41,8 @@ Section = Callable[[dict[str, Any]], list[str]]
 SECTIONS: tuple[Section, ...] = (
     generation.report_lines, daemon.report_lines, prefix.report_lines, tiers.report_lines, peer.report_lines,
     scheduling.report_lines, structured.report_lines, embeddings.report_lines, rerank.report_lines, replicas.report_lines,
-    host.report_lines, host_cap.report_lines, streams.report_lines, two_models.report_lines, speculation.report_lines)
+    host.report_lines, host_cap.report_lines, sim_device.report_lines, streams.report_lines, two_models.report_lines,
+    speculation.report_lines)
 
 # (name, how to read it from the results, comparison, target)
 TARGETS: list[tuple[str, str, str, float]] = [
@@ -57,6 +59,8 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("host cap c=64: HTTP SSE / in-process", "host_cap.c64.sse.vs_in_process", ">=", 0.9),
     ("host cap c=126: HTTP non-streamed / in-process", "host_cap.c126.http.vs_in_process", ">=", 0.9),
     ("host cap c=126: HTTP SSE / in-process", "host_cap.c126.sse.vs_in_process", ">=", 0.9),
+    ("sim_device: device busy share with overlapped steps, lowest over 16/64/126 streams",
+     "sim_device.min_busy_overlapped", ">=", 0.95),
     ("streams: tok/s, llamactor / llama-server -bs, lowest over N and samplers", "streams.min_ratio_vs_bs",
      ">=", 1.0),
     ("single: TTFT - sequential TTFT (ms)", "single.ttft_delta_ms", "<=", 25.0),

@@ -77,6 +77,8 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
                              show_default="on with GPU layers, off on a CPU-only engine"),
     "batch_invariant": Tweak("Bit-exact logits, log-probabilities and greedy tokens whatever else runs beside "
                              "a request (evaluations, audits); CPU only, flash attention on, n_ubatch <= 32."),
+    "overlap_steps": Tweak("Postprocess each step while the device computes the next.",
+                           show_default="on with GPU layers, off on a CPU-only engine"),
     "batch_size": Tweak("Pending requests that flush at once.", show_default="--n-parallel"),
     "batch_timeout_ms": Tweak("How long a lone request waits for company."),
     "max_queue": Tweak("Waiting requests beyond which new ones are refused."),

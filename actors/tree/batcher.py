@@ -280,6 +280,8 @@ class BatcherActor(pykka.ThreadingActor):
             log.info("batcher_stats", **self.stats())
 
     def _audit_kv(self) -> list[str]:
+        if self.generation_steps.overlap is not None:
+            self.generation_steps.overlap.settle()  # a pending step's cells are not in the index yet
         return audit_kv(self.engine, self.index)
 
     def stats(self) -> dict[str, Any]:

@@ -5,8 +5,8 @@ A step is four verbs, as nano-vllm's: ``schedule`` (the pure scheduler's ``StepP
 fit, graph chains, adapters), ``run`` (one decode and each sampling row's token: a
 ``StepResult``, ``token_draw``) and ``postprocess`` (what the result means for each request,
 ``step_postprocess``). ``run`` and ``postprocess`` share nothing but the plan and the result, so
-that one step's ``run`` may overlap the previous step's ``postprocess``. The verbs are timed in
-one place, ``StepCounters.timed``.
+that one step's ``run`` may overlap the previous step's ``postprocess`` (``OverlappedSteps``, where
+the decode is asynchronous). The verbs are timed in one place, ``StepCounters.timed``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from llamactor.base.config import Config
 from llamactor.base.errors import ContextFullError, LlamactorError
 from llamactor.base.messages import Generate, PromptPrepared
 from llamactor.base.request import admitted_sampling
-from llamactor.native.engine import DecodeResult, Engine
+from llamactor.native.engine import Engine
 from llamactor.scheduling.packed_kv import PackedPrefixIndex, PackedScheduler
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
@@ -36,6 +36,7 @@ from llamactor.tree.draft_verify import DraftVerifier
 from llamactor.tree.grammar_sampler import GrammarSampler
 from llamactor.tree.graph_chains import GraphChains
 from llamactor.tree.output_rows import OutputRows
+from llamactor.tree.overlapped_steps import OverlappedSteps, overlap_on
 from llamactor.tree.prompt_prep import PromptPrep
 from llamactor.tree.prompt_tokens import PromptBuilder
 from llamactor.tree.request_state import finish_request, request_error, resume_sequence, shared, start_sequence
@@ -89,6 +90,7 @@ class GenerationSteps:
                                 n_batch=engine.info.n_batch, n_ubatch=engine.info.n_ubatch,
                                 n_ctx_seq=engine.info.n_ctx_seq)
         self._plan: StepPlan | None = None  # the step's plan, once scheduled: its suspects
+        self.overlap = OverlappedSteps(self) if overlap_on(config, engine.decodes_async) else None
 
     def _prefill_pinned(self, tokens: list[int]) -> None:
         """Compute a system prompt's KV on a fresh seq_id and pin it in the index."""
@@ -159,7 +161,9 @@ class GenerationSteps:
     # -- one step ---------------------------------------------------------------------------
 
     def step(self, now: float) -> None:
-        """One generation step: schedule -> enact -> run -> postprocess."""
+        """One generation step: schedule -> enact -> run -> postprocess (or the overlapped loop's)."""
+        if self.overlap is not None:
+            return self.overlap.step(now)
         self._plan = None
         timed = self.counters.timed
         plan = timed("schedule", self.schedule, now)
@@ -174,7 +178,8 @@ class GenerationSteps:
         """The requests of the step in hand: its plan's once scheduled, else all there are."""
         if self._plan is None:
             return (s.request_id for s in (*self.scheduler.running, *self.scheduler.pending))
-        return (s.request_id for s in (*(c.seq for c in self._plan.chunks), *self._plan.failed))
+        held = self.overlap.held if self.overlap is not None else ()
+        return (s.request_id for s in (*(c.seq for c in self._plan.chunks), *self._plan.failed, *held))
 
     def schedule(self, now: float) -> StepPlan:
         """The scheduler's plan, with the drafts that pay at its batch size (``draft_rows``)."""
@@ -207,11 +212,11 @@ class GenerationSteps:
 
     def run(self, plan: StepPlan) -> StepResult:
         """One decode of the plan's rows, and the token of each sampling row."""
-        tokens, positions, seq_ids, wants = plan.rows()
+        tokens, positions, seq_ids, wants = self.arrays(plan)
         t0 = time.perf_counter()
         decoded = watched(self.watchdog, self.counters.counts["steps"],
                           {"n_tokens": len(tokens), "n_sequences": len(plan.chunks)},
-                          lambda: self._decode(tokens, positions, seq_ids, wants))
+                          lambda: self.engine.decode(tokens, positions, seq_ids, wants))
         ms = (time.perf_counter() - t0) * 1000
         self.drafts.stepped(len(tokens), ms)  # what a step costs by its rows: when drafts pay
         if self.tiers is not None:  # what saves may take of a step, and what recomputing costs
@@ -219,31 +224,45 @@ class GenerationSteps:
         rows = OutputRows.of(plan, decoded.failed_seq_ids)  # before n_past moves on
         return StepResult(decoded, rows, self.counters.timed("sample", draw_tokens, self.sampler, decoded, rows))
 
-    def _decode(self, tokens: list[int], positions: list[int], seq_ids: list[int], wants: list[int]) -> DecodeResult:
-        return self.engine.decode(np.array(tokens, dtype=np.int32), np.array(positions, dtype=np.int32),
-                                  np.array(seq_ids, dtype=np.int32), np.array(wants, dtype=np.int8))
+    @staticmethod
+    def arrays(plan: StepPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The plan's rows as the engine's decode takes them."""
+        tokens, positions, seq_ids, wants = plan.rows()
+        return (np.array(tokens, dtype=np.int32), np.array(positions, dtype=np.int32),
+                np.array(seq_ids, dtype=np.int32), np.array(wants, dtype=np.int8))
 
     def postprocess(self, plan: StepPlan, result: StepResult) -> None:
         """What the step's result means for each request (``step_postprocess``)."""
         now, counts, failed = time.perf_counter(), self.counters.counts, result.decoded.failed_seq_ids
         post.count_step(counts, plan)
         post.record_computed(self.scheduler, counts, plan, failed, now)
+        self.record_outputs(result)
+        post.finish_prompt_only(plan, self.finish)
+        post.accept_tokens(result.draw, now, self.verifier(result, now), counts, self.finish)
+        post.finish_without_room(plan, failed, self.engine.info.n_ctx, self.finish)
+
+    def record_outputs(self, result: StepResult) -> None:
+        """The step's prompt scores and label probabilities, read off its logits."""
+        counts = self.counters.counts
         if result.rows.scored:
             self.counters.timed("score", post.record_prompt_scores, self.scheduler, counts, result.rows.scored,
                                 result.decoded.logits)
         if result.rows.label_rows:
             self.counters.timed("score", post.record_label_probs, counts, result.rows.label_rows, result.decoded.logits)
-        post.finish_prompt_only(plan, self.finish)
-        verifier = DraftVerifier(self.sampler, self.scheduler, self.engine.seq_rm, self.engine.tokenizer,
-                                 self.engine.info.n_ctx_seq, counts, result.rows, result.decoded.logits, now)
-        post.accept_tokens(result.draw, now, verifier, counts, self.finish)
-        post.finish_without_room(plan, failed, self.engine.info.n_ctx, self.finish)
+
+    def verifier(self, result: StepResult, now: float) -> DraftVerifier:
+        """How the step's requests take their tokens: each one, and the run its drafts allow."""
+        return DraftVerifier(self.sampler, self.scheduler, self.engine.seq_rm, self.engine.tokenizer,
+                             self.engine.info.n_ctx_seq, self.counters.counts, result.rows, result.decoded.logits, now)
 
     # -- requests out, and the KV operations they leave -------------------------------------
 
     def finish(self, seq: Sequence, reason: str, error: LlamactorError | None = None, *,
                kv_lost: bool = False) -> None:
-        """End ``seq``; ``kv_lost``: the engine already removed its cells (no KV slot in a decode)."""
+        """End ``seq``; ``kv_lost``: the engine already removed its cells (no KV slot in a decode).
+        One with a row in an overlapped step still to commit ends at that commit."""
+        if self.overlap is not None and self.overlap.holds(seq):
+            return self.overlap.defer(seq, reason, error, kv_lost)
         self.chains.release(seq, finished=True)
         self.apply(self.scheduler.finish(seq, time.perf_counter(), kv_lost=kv_lost))
         self.counters.counts["requests_finished"] += 1

@@ -1,0 +1,241 @@
+"""The overlapped generation step (batcher thread): step k's postprocess while the device computes k+1.
+
+The serial step is schedule -> enact -> run -> postprocess (``GenerationSteps.step``). On a backend
+whose ``llama_decode`` returns before the device finishes (CUDA, Vulkan, Metal), that leaves the
+device idle through each postprocess and each schedule. Here, as vLLM's async scheduling and
+SGLang's overlap scheduler do, each ``Step`` message runs (docs/architecture.md, *Overlapped steps*):
+
+1. ``commit`` step k (its result collected at the end of the last message): the rows of sequences
+   that ended meanwhile are dropped (their cells removed, then their deferred ``finish``), each
+   ``n_past`` moves on, and each drawn token is appended to its sequence *provisionally*, so that
+   step k+1 can be planned;
+2. schedule and enact step k+1, and ``Engine.launch`` its decode;
+3. the rest of step k's postprocess: the provisional tokens come off again and are accepted as the
+   serial loop accepts them (detokenizing, stop strings, replies, checkpoints), while the device computes;
+4. ``Engine.collect`` step k+1 (synchronise, read) and draw its tokens: step k+1 is then pending.
+
+A sequence that ends at step k (EOG, stop string, max_tokens, a cancel) has a row in step k+1
+already: ``GenerationSteps.finish`` defers its end to the next ``commit`` (``defer``), which drops
+the row; so a sequence wastes at most one row, and stop strings and cancels take effect one step
+later at most. Draws and acceptances happen per sequence in the serial loop's order, from the same
+logits, so outputs are token-identical, greedy and seeded. A step whose result the next plan
+depends on beyond its tokens (``needs_postprocess_first``) is postprocessed in full first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from llamactor.base.config import Config
+from llamactor.base.errors import LlamactorError
+from llamactor.scheduling.sequence import Sequence, StepPlan
+from llamactor.tree import step_postprocess as post
+from llamactor.tree.draft_verify import DraftVerifier
+from llamactor.tree.output_rows import OutputRows
+from llamactor.tree.token_draw import Draw, StepResult, draw_tokens
+from llamactor.tree.watchdog import watched
+
+
+class Steps(Protocol):
+    """What the loop uses of ``GenerationSteps`` (the serial loop's verbs and parts)."""
+
+    engine: Any
+    counters: Any
+    scheduler: Any
+    watchdog: Any
+    tiers: Any
+    sampler: Any
+    _plan: StepPlan | None
+
+    def schedule(self, now: float) -> StepPlan: ...
+    def enact(self, plan: StepPlan) -> None: ...
+    def arrays(self, plan: StepPlan) -> tuple[Any, Any, Any, Any]: ...
+    def record_outputs(self, result: StepResult) -> None: ...
+    def verifier(self, result: StepResult, now: float) -> DraftVerifier: ...
+    def finish(self, seq: Sequence, reason: str, error: LlamactorError | None = None, *,
+               kv_lost: bool = False) -> None: ...
+
+
+def overlap_on(config: Config, decodes_async: bool) -> bool:
+    """Whether the batcher overlaps its steps: as configured, else where the decode is
+    asynchronous; never in batch-invariant mode (its guarantees are verified for the serial loop)."""
+    if config.batch_invariant:
+        return False
+    return decodes_async if config.overlap_steps is None else config.overlap_steps
+
+
+def needs_postprocess_first(plan: StepPlan, result: StepResult) -> bool:
+    """Whether the plan after this step depends on more of its postprocess than its tokens: prompt
+    scores and label rows (read from logits the next launch overwrites), draws that raised,
+    sequences that found no KV room, prompt-only sequences (nothing left to plan once done), and
+    drafted rows (their verification reads rows the next launch overwrites, and its ``seq_rm`` of
+    rejected cells must come before the next decode)."""
+    return bool(result.rows.scored or result.rows.label_rows or result.rows.drafted or result.draw.refused
+                or result.decoded.failed_seq_ids or any(c.seq.prompt_only for c in plan.chunks))
+
+
+def ends_with(seq: Sequence, token: int, tokenizer: Any, n_ctx_seq: int) -> bool:
+    """Whether accepting ``token`` will surely end ``seq`` (EOG, max_tokens, the context): such a
+    sequence is postprocessed before the next plan, so it wastes no row, and its seq_id and cells
+    go to the next step as in the serial loop. (A stop string or a cancel is known only in
+    postprocess: its row is dropped.)"""
+    params = seq.state.params
+    if tokenizer.is_eog(token) and not params.ignore_eos:
+        return True
+    if params.max_tokens is not None and seq.state.n_generated + 1 >= params.max_tokens:
+        return True
+    return len(seq.token_ids) + 1 >= n_ctx_seq
+
+
+def without(rows: OutputRows, dropped: set[Sequence], failed_seq_ids: frozenset[int]) -> OutputRows:
+    """``rows`` less the rows of ``dropped`` sequences and of those the decode found no room for."""
+    def keep(seq: Sequence) -> bool:
+        return seq not in dropped and seq.seq_id not in failed_seq_ids
+    pairs = [(r, s) for r, s in zip(rows.sample_rows, rows.to_sample) if keep(s)]
+    return OutputRows(scored=[(c, r) for c, r in rows.scored if keep(c.seq)],
+                      sample_rows=[r for r, _ in pairs], to_sample=[s for _, s in pairs],
+                      label_rows=[(s, r) for s, r in rows.label_rows if keep(s)])
+
+
+def split_draw(draw: Draw, apart: list[bool]) -> tuple[Draw, Draw]:
+    """``draw``'s tokens set ``apart`` (a flag per token), and the rest (with the counts and refusals)."""
+    def part(keep: list[int], whole: bool) -> Draw:
+        sampled = dataclasses.replace(draw.sampled, tokens=[draw.sampled.tokens[i] for i in keep],
+                                      logprobs=[draw.sampled.logprobs[i] for i in keep],
+                                      top=[draw.sampled.top[i] for i in keep])
+        return Draw([draw.seqs[i] for i in keep], sampled, draw.n_in_graph if whole else 0,
+                    draw.refused if whole else [])
+    return (part([i for i, a in enumerate(apart) if a], False),
+            part([i for i, a in enumerate(apart) if not a], True))
+
+
+@dataclass(slots=True)
+class Deferred:
+    """How a sequence that still has a row in flight or pending is to end, once that row is dropped."""
+
+    reason: str
+    error: LlamactorError | None
+    kv_lost: bool
+
+
+@dataclass(slots=True)
+class Pending:
+    """A step collected and drawn, not yet committed."""
+
+    plan: StepPlan
+    result: StepResult
+
+
+class OverlappedSteps:
+    """The overlapped loop over a ``GenerationSteps``' verbs (batcher thread)."""
+
+    def __init__(self, steps: Steps) -> None:
+        self.steps = steps
+        self.pending: Pending | None = None
+        self.held: set[Sequence] = set()  # the sequences with a row in flight or pending
+        self.finishing: dict[Sequence, Deferred] = {}  # ended meanwhile: finished at the next commit
+        self.provisional: list[Sequence] = []  # those a token was appended to provisionally
+
+    def holds(self, seq: Sequence) -> bool:
+        return seq in self.held
+
+    def defer(self, seq: Sequence, reason: str, error: LlamactorError | None, kv_lost: bool) -> None:
+        """End ``seq`` at the next commit (its first end counts, as the serial loop's would)."""
+        self.finishing.setdefault(seq, Deferred(reason, error, kv_lost))
+
+    def step(self, now: float) -> None:
+        """One ``Step`` message: commit step k, launch k+1, postprocess k, collect k+1."""
+        steps, timed = self.steps, self.steps.counters.timed
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            serial = needs_postprocess_first(pending.plan, pending.result)
+            timed("postprocess", self.commit, pending, not serial)
+            if serial:
+                timed("postprocess", self.postprocess_rest, pending)
+                pending = None
+        steps._plan = None
+        plan = timed("schedule", steps.schedule, now)
+        steps._plan = plan
+        timed("enact", steps.enact, plan)
+        if not plan.chunks:
+            if pending is not None:
+                timed("postprocess", self.postprocess_rest, pending)
+            return
+        t0 = time.perf_counter()
+        launched, rows = timed("run", self.launch, plan)
+        launch_ms = (time.perf_counter() - t0) * 1000
+        if pending is not None:
+            timed("postprocess", self.postprocess_rest, pending)
+        self.pending = timed("run", self.collect, plan, launched, rows, launch_ms)
+
+    def settle(self) -> None:
+        """Commit and postprocess the pending step, if any: the index and the cells agree again."""
+        if (pending := self.pending) is not None:
+            self.pending = None
+            self.commit(pending, False)
+            self.postprocess_rest(pending)
+
+    def launch(self, plan: StepPlan) -> tuple[Any, OutputRows]:
+        """Start the plan's decode; its output rows are laid out now, before any sequence moves on."""
+        steps = self.steps
+        self.held = {c.seq for c in plan.chunks}
+        tokens, positions, seq_ids, wants = steps.arrays(plan)
+        launched = watched(steps.watchdog, steps.counters.counts["steps"],
+                           {"n_tokens": len(tokens), "n_sequences": len(plan.chunks)},
+                           lambda: steps.engine.launch(tokens, positions, seq_ids, wants))
+        return launched, OutputRows.of(plan, frozenset())
+
+    def collect(self, plan: StepPlan, launched: Any, rows: OutputRows, launch_ms: float) -> Pending:
+        """Wait for the decode and draw the tokens of the rows whose sequences go on."""
+        steps = self.steps
+        t0 = time.perf_counter()
+        decoded = watched(steps.watchdog, steps.counters.counts["steps"], {"n_sequences": len(plan.chunks)},
+                          lambda: steps.engine.collect(launched))
+        if steps.tiers is not None:  # the decode's cost as the host saw it: the launch and the wait
+            steps.tiers.stepped(sum(c.n_tokens for c in plan.chunks), launch_ms + (time.perf_counter() - t0) * 1000)
+        rows = without(rows, set(self.finishing), decoded.failed_seq_ids)
+        draw = steps.counters.timed("sample", draw_tokens, steps.sampler, decoded, rows)
+        return Pending(plan, StepResult(decoded, rows, draw))
+
+    def commit(self, pending: Pending, enders_first: bool) -> None:
+        """Step k's tokens are in KV: drop the rows of sequences that ended meanwhile (then end
+        them), move the others on, accept the tokens that surely end theirs (``enders_first``), and
+        append each other drawn token provisionally."""
+        steps, plan, result = self.steps, pending.plan, pending.result
+        ended, self.finishing, self.held = self.finishing, {}, set()
+        failed = result.decoded.failed_seq_ids
+        for chunk in plan.chunks:
+            if chunk.seq in ended:
+                steps.counters.counts["rows_dropped"] += chunk.n_tokens
+                if chunk.seq.seq_id not in failed:
+                    steps.engine.seq_rm(chunk.seq.seq_id, chunk.seq.n_past, -1)  # its wasted row's cells
+        for seq, how in ended.items():
+            steps.finish(seq, how.reason, how.error, kv_lost=how.kv_lost or seq.seq_id in failed)
+        post.count_step(steps.counters.counts, plan)
+        kept = dataclasses.replace(plan, chunks=[c for c in plan.chunks if c.seq not in ended])
+        post.record_computed(steps.scheduler, steps.counters.counts, kept, failed, time.perf_counter())
+        _, draw = split_draw(result.draw, [s in ended for s in result.draw.seqs])
+        tokenizer, n_ctx_seq = steps.engine.tokenizer, steps.engine.info.n_ctx_seq
+        ending, draw = split_draw(draw, [enders_first and ends_with(s, t, tokenizer, n_ctx_seq)
+                                         for s, t in zip(draw.seqs, draw.sampled.tokens)])
+        now = time.perf_counter()
+        post.accept_tokens(ending, now, steps.verifier(pending.result, now), steps.counters.counts, steps.finish)
+        pending.plan, pending.result.draw, self.provisional = kept, draw, list(draw.seqs)
+        for seq, token in zip(draw.seqs, draw.sampled.tokens):
+            seq.token_ids.append(token)
+
+    def postprocess_rest(self, pending: Pending) -> None:
+        """The rest of step k's postprocess, as the serial loop's: the provisional tokens come off
+        and are accepted (streamed, checked for stops), prompt-only and roomless sequences end."""
+        steps, plan, result = self.steps, pending.plan, pending.result
+        for seq in self.provisional:
+            seq.token_ids.pop()
+        self.provisional = []
+        steps.record_outputs(result)
+        post.finish_prompt_only(plan, steps.finish)
+        now = time.perf_counter()
+        post.accept_tokens(result.draw, now, steps.verifier(result, now), steps.counters.counts, steps.finish)
+        post.finish_without_room(plan, result.decoded.failed_seq_ids, steps.engine.info.n_ctx, steps.finish)

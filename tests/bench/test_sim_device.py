@@ -1,0 +1,81 @@
+"""The simulated device: a modelled step time and its busy record (pure), and the real batcher on
+it -- the overlapped loop postprocesses step k between launching and collecting step k+1, the
+serial loop never does -- and the ``sim_device`` workload end to end at a tiny size."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from llamactor.bench import report
+from llamactor.bench.replay import Recording, null_config
+from llamactor.bench.sim_device import measure_sim_device, record
+from llamactor.bench.simulated_device import SimulatedDevice, start_simulated_tree
+from llamactor.tree import step_postprocess
+
+
+@pytest.mark.pure
+def test_the_device_queues_steps_in_order_and_records_how_busy_it_was() -> None:
+    device = SimulatedDevice(fixed_ms=1.0, row_ms=0.5)
+    first = device.start(4, "a")  # 3 ms
+    second = device.start(2, "b")  # queued behind the first: 2 ms
+    assert second.begin == first.ready and second.ready - first.begin == pytest.approx(0.005)
+    assert device.wait(first) == "a" and device.wait(second) == "b"
+    assert device.events == [("launch", 0), ("launch", 1), ("collect", 0), ("collect", 1)]
+    busy, span, steps = device.busy_fraction()
+    assert steps == 2 and span >= 0.005 and 0 < busy <= 1
+
+
+@pytest.fixture(scope="module")
+def recording(model_path: str) -> Recording:
+    return record(model_path, n_threads=2)
+
+
+def interleaving(recording: Recording, model_path: str, overlap: bool,
+                 monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """The device's launches and collections, and each postprocess's acceptance of tokens, in order."""
+    device = SimulatedDevice(fixed_ms=1.0, row_ms=0.1)
+    accept = step_postprocess.accept_tokens
+
+    def recorded(draw: Any, *args: Any) -> None:
+        if draw.seqs:
+            device.events.append(("accept", len(draw.seqs)))
+        accept(draw, *args)
+    monkeypatch.setattr(step_postprocess, "accept_tokens", recorded)
+    config = null_config(4, model=model_path, n_threads=2, n_ctx=1024, max_restarts=0, sample_in_graph=True,
+                         overlap_steps=overlap)
+    with start_simulated_tree(config, recording, device) as llm:
+        futures = [llm.submit(f"Story {i}", max_tokens=12, ignore_eos=True, temperature=0.0) for i in range(4)]
+        assert [f.result(timeout=120).usage.completion_tokens for f in futures] == [12] * 4
+    return device.events
+
+
+def accepted_while_in_flight(events: list[tuple[str, Any]]) -> tuple[int, int]:
+    """How many acceptances happened while a launched step was not yet collected, of how many."""
+    in_flight, during, total = 0, 0, 0
+    for kind, _ in events:
+        in_flight += {"launch": 1, "collect": -1}.get(kind, 0)
+        if kind == "accept":
+            total += 1
+            during += in_flight > 0
+    return during, total
+
+
+def test_the_overlapped_loop_postprocesses_each_step_while_the_next_is_on_the_device(
+        recording: Recording, model_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    during, total = accepted_while_in_flight(interleaving(recording, model_path, True, monkeypatch))
+    # all but the last step's (nothing left to launch) and the tokens that surely end their requests
+    assert total >= 10 and during >= total - 2
+    during, total = accepted_while_in_flight(interleaving(recording, model_path, False, monkeypatch))
+    assert total >= 10 and during == 0
+
+
+def test_the_sim_device_workload_reports_both_loops(model_path: str) -> None:
+    r = measure_sim_device(model_path, max_tokens=6, n_threads=2, sizes=(4,), repeats=1)
+    legs = r["sizes"]["c4"]
+    assert set(legs) == {"serial", "overlapped"} and all(0 < leg["busy"] <= 1 and leg["steps"] >= 6 for leg in legs.values())
+    table = report.markdown({"sim_device": r}, {"timestamp": "t", "machine": "m", "model": "g",
+                                                "settings": {"n_threads": 2, "max_tokens": 6, "quick": True}})
+    assert "| 4 |" in table and "sim_device: device busy share" in table
