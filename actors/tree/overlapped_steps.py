@@ -97,7 +97,8 @@ def without(rows: OutputRows, dropped: set[Sequence], failed_seq_ids: frozenset[
     pairs = [(r, s) for r, s in zip(rows.sample_rows, rows.to_sample) if keep(s)]
     return OutputRows(scored=[(c, r) for c, r in rows.scored if keep(c.seq)],
                       sample_rows=[r for r, _ in pairs], to_sample=[s for _, s in pairs],
-                      label_rows=[(s, r) for s, r in rows.label_rows if keep(s)])
+                      label_rows=[(s, r) for s, r in rows.label_rows if keep(s)],
+                      drafted={s: d for s, d in rows.drafted.items() if keep(s)})
 
 
 def split_draw(draw: Draw, apart: list[bool]) -> tuple[Draw, Draw]:

@@ -77,3 +77,17 @@ def test_a_cancel_takes_effect_and_leaves_the_cells_consistent(start_llm: Callab
     assert other.result(timeout=120).usage.completion_tokens == 40
     assert llm.stats()["rows_dropped"] >= 1
     assert audit_kv(llm) == []
+
+
+def test_drafted_steps_run_serially_in_the_overlapped_loop_and_change_no_token(pair: Callable[..., Any]) -> None:
+    """A step with drafted rows is postprocessed before the next launch (its verification reads
+    those rows and removes rejected cells first); the steps around it still overlap."""
+    serial, overlapped = pair(n_parallel=2)
+    passage = ("The committee approved the budget for the new public library on Tuesday evening. Construction "
+               "will begin in the spring, and the building should open to readers before the end of next year.")
+    prompt = f"Copy the passage exactly.\nPassage: {passage}\nCopy:"  # a copy: margins far from any tie
+    plain = serial.ask(prompt, max_tokens=32, temperature=0.0, ignore_eos=True)
+    drafted = overlapped.ask(prompt, max_tokens=32, temperature=0.0, ignore_eos=True, prediction=plain.text)
+    assert drafted.token_ids == plain.token_ids and drafted.usage.accepted_prediction_tokens > 0
+    assert overlapped.stats()["draft_tokens"] > 0
+    assert audit_kv(overlapped) == []
