@@ -93,6 +93,16 @@ def batcher_ref(llm: llamactor.LLM) -> pykka.ActorRef:
     return llm._supervisor.proxy().batcher.get()
 
 
+def cancel_a_story_after_its_first_piece(llm: llamactor.LLM) -> None:
+    """A long stream cancelled by its caller once its first piece arrived: the rest raises."""
+    stream = llm.stream("Tell me a long story about a lighthouse", max_tokens=100, ignore_eos=True)
+    pieces = iter(stream)
+    next(pieces)
+    stream.cancel()
+    with pytest.raises(llamactor.CancelledError):
+        list(pieces)
+
+
 def audit_kv(llm: llamactor.LLM) -> list[str]:
     """Where the batcher's prefix index and llama.cpp's cells disagree (asked on the batcher's thread)."""
     return batcher_ref(llm).ask(AuditKv(), timeout=30)

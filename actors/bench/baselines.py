@@ -13,8 +13,12 @@ Both run on the calling thread with their own llama context; nothing else may be
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
+from unittest import mock
 
 import llama_cpp
 import numpy as np
@@ -134,13 +138,19 @@ def score_one_at_a_time(model_path: str, requests: list[list[int]], n_threads: i
 
 
 def label_scores_one_at_a_time(model_path: str, prompts: list[list[int]], labels: tuple[tuple[int, ...], ...],
-                               n_threads: int, *, flash_attn: bool = False, n_ubatch: int = 512) -> tuple[float, list[float]]:
+                               n_threads: int, *, flash_attn: bool = False,
+                               invariant: bool = False) -> tuple[float, list[float]]:
     """Each judging prompt alone through ``Llama(logits_all=True)``: its last row's share of the
     first label group, mass(group 0) / sum of masses (a rerank's P(yes) / (P(yes) + P(no)));
-    the seconds it takes and the scores, in order."""
+    the seconds it takes and the scores, in order. ``invariant``: with the kernels of
+    batch-invariant mode (``llamactor.native.invariance``: plain weights, flash attention, 32-row
+    batches, one thread for a one-row batch; tiled matmuls off is the process's)."""
     n_ctx = -(-max(len(p) for p in prompts) // 64) * 64  # the scores buffer is n_ctx rows of the vocabulary
-    llm = llama_cpp.Llama(model_path, logits_all=True, n_ctx=n_ctx, n_batch=512, n_ubatch=n_ubatch, n_threads=n_threads,
-                          n_threads_batch=n_threads, flash_attn=flash_attn, verbose=False)
+    threads = dict(n_threads=1, n_threads_batch=n_threads) if invariant else dict(n_threads=n_threads,
+                                                                                   n_threads_batch=n_threads)
+    with _plain_weights(invariant):
+        llm = llama_cpp.Llama(model_path, logits_all=True, n_ctx=n_ctx, n_batch=512, n_ubatch=32 if invariant else 512,
+                              flash_attn=flash_attn or invariant, verbose=False, **threads)
     try:
         llm.eval(prompts[0][:4])  # warm up
         scores = []
@@ -152,6 +162,23 @@ def label_scores_one_at_a_time(model_path: str, prompts: list[list[int]], labels
         return time.perf_counter() - start, scores
     finally:
         llm.close()
+
+
+@contextlib.contextmanager
+def _plain_weights(on: bool) -> Iterator[None]:
+    """While a ``Llama`` loads: without llama.cpp's repacked weight buffers, if ``on`` (the
+    constructor takes no such option; it starts from the library's default model parameters)."""
+    if not on:
+        yield
+        return
+    default = llama_cpp.llama_cpp.llama_model_default_params
+
+    def plain() -> Any:
+        params = default()
+        params.use_extra_bufts = False
+        return params
+    with mock.patch.object(llama_cpp.llama_cpp, "llama_model_default_params", plain):
+        yield
 
 
 def group_share(row: np.ndarray, labels: tuple[tuple[int, ...], ...]) -> float:

@@ -94,7 +94,7 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("rerank: chat tok/s beside 8 rerank callers / 8 chat streams alone", "rerank.chat_ratio", ">=", 0.8),
     ("rerank quality: top-1 on the labelled set, lower of both models", "rerank.quality_top1_min", ">=", 0.5),
     ("rerank quality: max |score - llama-cpp-python's P(yes) / (P(yes) + P(no))|, both models, the same kernels "
-     "(batch-invariant mode / 32-row batches)", "rerank.quality_exact_max_score_diff", "<=", 1e-3),
+     "(batch-invariant mode's)", "rerank.quality_exact_max_score_diff", "<=", 1e-3),
     ("many users 64×4 on 8: history tokens from cache, RAM tier", "many_users.ram_on.history_from_cache", ">=", 0.95),
     ("many users 64×4 on 8: later-turn TTFT p50, RAM tier / none", "many_users.ttft_later_p50_ratio", "<=", 0.3),
     ("warm restart: next-turn TTFT p50, restarted on --cache-dir / cold", "warm_restart.ttft_p50_ratio", "<=", 0.25),

@@ -9,7 +9,8 @@ others', and the reference computes each prompt in one physical batch of up to 5
 differ by llama.cpp's own kernel choice (llama-cpp-python's scores of one prompt move by up to
 0.04 between ``n_ubatch`` 32 and 512; docs/performance.md, "Rerank"). So the scores are compared a
 second time with the same kernels on both sides (``exact``): our engine in batch-invariant mode,
-the reference in 32-row batches, in a process of its own (tiled matmuls off). ``judging_prompts``
+the reference with its kernels (plain weights, 32-row batches), in a process of its own (tiled
+matmuls off). ``judging_prompts``
 gives the tokens ``LLM.rerank`` scores, for any yardstick.
 """
 
@@ -73,11 +74,10 @@ def one_model(model_path: str, n_threads: int, cases: Sequence[RerankCase], exac
 def exact(model_path: str, n_threads: int, n_cases: int) -> float:
     """The largest |score - reference| when both sides compute the same thing: our engine in
     batch-invariant mode (each row by llama.cpp's one-row kernels, wherever it sits in a step) and
-    llama-cpp-python in physical batches of 32 rows (the same kernels), tiled matmuls off in this
-    process (``GGML_CPU_TILED_MM=0``, read once per process)."""
+    llama-cpp-python with the same kernels (plain weights, 32-row batches), tiled matmuls off in
+    this process (``GGML_CPU_TILED_MM=0``, read once per process)."""
     scores, prompts, labels = _scored(model_path, n_threads, RERANK_SET[:n_cases], batch_invariant=True)
-    _, reference = baselines.label_scores_one_at_a_time(model_path, prompts, labels, n_threads, flash_attn=True,
-                                                       n_ubatch=32)
+    _, reference = baselines.label_scores_one_at_a_time(model_path, prompts, labels, n_threads, invariant=True)
     return max(abs(a - b) for a, b in zip([x for s in scores for x in s], reference, strict=True))
 
 
@@ -113,7 +113,7 @@ def report_lines(quality: dict[str, Any]) -> list[str]:
     return [f"Rerank quality, {q['model']}: top-1 {q['top1']}/{q['cases']}; scores vs llama-cpp-python's "
             f"P(yes) / (P(yes) + P(no)) on the same prompts at most {q['max_score_diff']:.2g} apart; nearest tie "
             f"{q['nearest_tie']:.4f}"
-            + (f"; in batch-invariant mode against llama-cpp-python in 32-row batches ({q['exact_cases']} cases) at most "
+            + (f"; in batch-invariant mode against llama-cpp-python with the same kernels ({q['exact_cases']} cases) at most "
                f"{q['exact_max_score_diff']:.2g} apart." if "exact_max_score_diff" in q else ".") for q in quality.values()]
 
 

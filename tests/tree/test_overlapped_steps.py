@@ -12,7 +12,7 @@ import pytest
 
 import llamactor
 
-from tests.conftest import audit_kv
+from tests.conftest import audit_kv, cancel_a_story_after_its_first_piece
 
 MAX_TOKENS = (5, 9, 14, 20, 3, 12)
 
@@ -68,12 +68,7 @@ def test_a_stop_string_ends_the_stream_as_in_the_serial_loop_and_drops_its_next_
 def test_a_cancel_takes_effect_and_leaves_the_cells_consistent(start_llm: Callable[..., llamactor.LLM]) -> None:
     llm = start_llm(n_parallel=2, overlap_steps=True, max_restarts=0)
     other = llm.submit("Count slowly", max_tokens=40, temperature=0.0, ignore_eos=True)
-    stream = llm.stream("Tell me a long story about a lighthouse", max_tokens=100, ignore_eos=True)
-    pieces = iter(stream)
-    next(pieces)
-    stream.cancel()
-    with pytest.raises(llamactor.CancelledError):
-        list(pieces)
+    cancel_a_story_after_its_first_piece(llm)
     assert other.result(timeout=120).usage.completion_tokens == 40
     assert llm.stats()["rows_dropped"] >= 1
     assert audit_kv(llm) == []

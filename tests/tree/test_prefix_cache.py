@@ -12,7 +12,7 @@ import pytest
 
 import llamactor
 
-from tests.conftest import assert_equal_up_to_near_tie, audit_kv, batcher_ref
+from tests.conftest import assert_equal_up_to_near_tie, audit_kv, batcher_ref, cancel_a_story_after_its_first_piece
 from tests.support.chat_prompts import PERSONA, chat_tokens
 
 # The cache's reuse, sliding window and eviction hold for a quantized KV cache too (kv_type q8_0:
@@ -115,12 +115,7 @@ def test_the_cell_budget_bounds_what_cached_prefixes_hold(start_llm) -> None:
 
 def test_cancelled_and_preempted_requests_leave_the_index_consistent(start_llm) -> None:
     llm = start_llm(n_parallel=2, n_ctx=256, batch_timeout_ms=5)
-    stream = llm.stream("Tell me a long story about a lighthouse", max_tokens=100, ignore_eos=True)
-    pieces = iter(stream)
-    next(pieces)
-    stream.cancel()
-    with pytest.raises(llamactor.CancelledError):
-        list(pieces)
+    cancel_a_story_after_its_first_piece(llm)
     assert audit_kv(llm) == []
     # Two sequences that together outgrow the 256 cells: the newer is preempted, then resumed.
     futures = [llm.submit(f"Story {i}:", max_tokens=200, temperature=0, ignore_eos=True) for i in range(2)]
