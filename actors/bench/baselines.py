@@ -146,11 +146,10 @@ def label_scores_one_at_a_time(model_path: str, prompts: list[list[int]], labels
     batch-invariant mode (``llamactor.native.invariance``: plain weights, flash attention, 32-row
     batches, one thread for a one-row batch; tiled matmuls off is the process's)."""
     n_ctx = -(-max(len(p) for p in prompts) // 64) * 64  # the scores buffer is n_ctx rows of the vocabulary
-    threads = dict(n_threads=1, n_threads_batch=n_threads) if invariant else dict(n_threads=n_threads,
-                                                                                   n_threads_batch=n_threads)
     with _plain_weights(invariant):
         llm = llama_cpp.Llama(model_path, logits_all=True, n_ctx=n_ctx, n_batch=512, n_ubatch=32 if invariant else 512,
-                              flash_attn=flash_attn or invariant, verbose=False, **threads)
+                              n_threads=1 if invariant else n_threads, n_threads_batch=n_threads,
+                              flash_attn=flash_attn or invariant, verbose=False)
     try:
         llm.eval(prompts[0][:4])  # warm up
         scores = []

@@ -20,9 +20,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# A logits row costs about two prompt tokens of compute (Gemma 3's 262k-wide output projection is
-# 168M multiply-adds a row, the rest of the model ~100M a token): the unit of the scoring share.
-ROW_COST = 2
+# What a logits row costs in prompt tokens of compute, the unit of the scoring share: about two
+# for Gemma 3 270M (its 262k-wide output projection is 168M multiply-adds a row, the rest of the
+# model ~100M a token), a quarter for SmolLM2-135M (49k wide); ``logits_row_cost`` says per model.
+ROW_COST = 2.0
+
+
+def logits_row_cost(n_vocab: int, n_embd: int, n_params: int) -> float:
+    """A model's logits row in prompt tokens of compute: its output projection's multiply-adds
+    over the rest of the model's per token (an input embedding is a lookup, counted as the
+    projection it is tied to), kept within [0.1, 8] for odd GGUFs."""
+    head = n_vocab * n_embd
+    return min(8.0, max(0.1, head / max(1, n_params - head)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,16 +113,17 @@ def reusable_end(n_tokens: int, state: ScoreState | None, attach_scored: bool) -
     return max(end, 0)
 
 
-def fit_chunk(state: ScoreState, n_past: int, n: int, rows_left: int, units_left: int | None) -> tuple[int, int, int]:
+def fit_chunk(state: ScoreState, n_past: int, n: int, rows_left: int, units_left: float | None,
+              row_cost: float = ROW_COST) -> tuple[int, int, int]:
     """The longest chunk of at most ``n`` tokens from ``n_past`` whose rows fit ``rows_left`` and whose
-    cost (tokens + ``ROW_COST`` per row) fits ``units_left`` (None: any): ``(n, lo, hi)``, rows
+    cost (tokens + ``row_cost`` per row) fits ``units_left`` (None: any): ``(n, lo, hi)``, rows
     ``[lo, hi)``; ``n`` 0 when nothing fits."""
     lo, hi = state.rows_in(n_past, n_past + n)
     if hi - lo > rows_left:
         hi = lo + rows_left
         n = hi - n_past
-    while units_left is not None and n > 0 and n + ROW_COST * (hi - lo) > units_left:
-        n -= max(1, (n + ROW_COST * (hi - lo) - units_left) // (1 + ROW_COST))
+    while units_left is not None and n > 0 and n + row_cost * (hi - lo) > units_left:
+        n -= max(1, int((n + row_cost * (hi - lo) - units_left) // (1 + row_cost)))
         lo, hi = state.rows_in(n_past, n_past + n)
     return (n, lo, hi) if n > 0 else (0, 0, 0)
 

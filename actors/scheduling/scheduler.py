@@ -33,7 +33,7 @@ from llamactor.scheduling.fairness import FairShare
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, Match, PrefixIndex
 from llamactor.scheduling.prefix_sharing import waits_for_prefix, waits_for_scores
-from llamactor.scheduling.prompt_scores import ScoreCache, reusable_end
+from llamactor.scheduling.prompt_scores import ROW_COST, ScoreCache, reusable_end
 from llamactor.scheduling.queue_shares import admission, waiting_by_tenant
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
 from llamactor.scheduling.step_packing import pack_step
@@ -63,6 +63,7 @@ class Scheduler:
                  max_queue: int, index: PrefixIndex, keep_finished: bool = True,
                  cache_budget_cells: int | None = None, share_min_tokens: int = 32,
                  policy: Policy | None = None, score_rows: int = 64, score_share: float = 0.25,
+                 score_row_cost: float = ROW_COST,
                  score_cache: ScoreCache | None = None, tier: TierLookup | None = None,
                  scoring_attaches_kv: bool = False) -> None:
         if n_batch < n_parallel:
@@ -82,6 +83,7 @@ class Scheduler:
         self.policy = policy or Policy()
         self.score_rows = score_rows
         self.score_share = score_share
+        self.score_row_cost = score_row_cost  # a logits row in prompt tokens of compute, for the share
         self.score_cache = score_cache if score_cache is not None else ScoreCache()
         self.tier = tier
         self.pending: list[Sequence] = []  # in arrival order; the policy orders them at admission
@@ -285,7 +287,7 @@ class Scheduler:
         most urgent; all of one LoRA adapter set, the first in turn (``AdapterTurns``) with work."""
         for adapters in self.turns.order(self.running):
             chunks = pack_step(group(self.running, adapters), self.n_batch, self.score_rows, self.score_share,
-                               lambda s: (self.fair.rank(s), self.policy.urgency(s, now)))
+                               lambda s: (self.fair.rank(s), self.policy.urgency(s, now)), self.score_row_cost)
             if chunks:
                 self.turns.served(adapters)
                 plan.chunks += chunks

@@ -15,8 +15,9 @@ from llamactor.scheduling.sequence import Chunk, Sequence
 
 
 def pack_step(running: list[Sequence], n_batch: int, score_rows: int, score_share: float,
-              order: Callable[[Sequence], Any]) -> list[Chunk]:
-    """The chunks of one step within ``n_batch`` tokens; ``order`` sorts the prompts to compute."""
+              order: Callable[[Sequence], Any], row_cost: float = ROW_COST) -> list[Chunk]:
+    """The chunks of one step within ``n_batch`` tokens; ``order`` sorts the prompts to compute;
+    ``row_cost``: a logits row in prompt tokens of compute (``logits_row_cost``)."""
     chunks: list[Chunk] = []
     budget = n_batch
     prefilling: list[Sequence] = []
@@ -33,34 +34,35 @@ def pack_step(running: list[Sequence], n_batch: int, score_rows: int, score_shar
         n = min(seq.n_unprocessed, budget)
         chunks.append(Chunk(seq, n))
         budget -= n
-    rows, units = score_rows, scoring_units(chunks, score_share)
+    rows, units = score_rows, scoring_units(chunks, score_share, row_cost)
     for seq in sorted(scoring, key=order):
         if budget <= 0:
             break
-        n, lo, hi = fit_scoring_chunk(seq, min(seq.n_unprocessed, budget), rows, units)
+        n, lo, hi = fit_scoring_chunk(seq, min(seq.n_unprocessed, budget), rows, units, row_cost)
         if n == 0:
             continue
         chunk = Chunk(seq, n, lo, hi)
         chunks.append(chunk)
         budget, rows = budget - n, rows - (hi - lo)
         if units is not None:
-            units -= n + ROW_COST * (hi - lo + chunk.reads_labels)
+            units -= n + row_cost * (hi - lo + chunk.reads_labels)
     return chunks
 
 
-def fit_scoring_chunk(seq: Sequence, n: int, rows_left: int, units_left: int | None) -> tuple[int, int, int]:
+def fit_scoring_chunk(seq: Sequence, n: int, rows_left: int, units_left: float | None,
+                      row_cost: float = ROW_COST) -> tuple[int, int, int]:
     """A scoring sequence's chunk of at most ``n`` tokens (``fit_chunk``): ``(n, lo, hi)``. A label
     sequence's last row is one more row of cost (its prompt rows, if also scored, are fitted on
     their own: the label row comes after them)."""
     if seq.scoring is not None:
-        return fit_chunk(seq.scoring, seq.n_past, n, rows_left, units_left)
-    if units_left is not None and n + ROW_COST * (seq.n_past + n == seq.n_prompt) > units_left:
-        n = min(n, units_left, seq.n_unprocessed - 1)  # short of the row: it comes in a later step
+        return fit_chunk(seq.scoring, seq.n_past, n, rows_left, units_left, row_cost)
+    if units_left is not None and n + row_cost * (seq.n_past + n == seq.n_prompt) > units_left:
+        n = min(n, int(units_left), seq.n_unprocessed - 1)  # short of the row: it comes in a later step
     return (max(n, 0), 0, 0)
 
 
-def scoring_units(chunks: list[Chunk], score_share: float) -> int | None:
-    """What scoring may add to a step beside other work (tokens + ``ROW_COST`` per row): the
+def scoring_units(chunks: list[Chunk], score_share: float, row_cost: float = ROW_COST) -> float | None:
+    """What scoring may add to a step beside other work (tokens + ``row_cost`` per row): the
     scoring share of that work, at least one row's worth; None when there is no other work."""
-    other = sum(c.n_tokens + ROW_COST * c.samples for c in chunks if c.seq.scoring is None and not c.seq.labels)
-    return max(1 + ROW_COST, int(score_share * other)) if other else None
+    other = sum(c.n_tokens + row_cost * c.samples for c in chunks if c.seq.scoring is None and not c.seq.labels)
+    return max(1 + row_cost, float(int(score_share * other))) if other else None

@@ -26,6 +26,7 @@ from llamactor.native.engine import Engine
 from llamactor.scheduling.packed_kv import PackedPrefixIndex, PackedScheduler
 from llamactor.scheduling.policy import Policy
 from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
+from llamactor.scheduling.prompt_scores import logits_row_cost
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Sequence, StepPlan
 from llamactor.scheduling.tier_index import RestoreOp
@@ -55,6 +56,7 @@ def make_scheduler(cfg: Config, engine: Engine, index: PrefixIndex, tiers: Cache
         batch_timeout_s=cfg.batch_timeout_ms / 1000, max_queue=cfg.max_queue, index=index,
         keep_finished=cfg.prefix_cache, cache_budget_cells=cfg.prefix_cache_cells,
         score_rows=cfg.score_rows_per_step, score_share=cfg.score_time_share,
+        score_row_cost=logits_row_cost(engine.info.n_vocab, engine.info.n_embd, engine.info.n_params),
         scoring_attaches_kv=not cfg.score_exact,
         policy=Policy(cfg.schedule_policy, cfg.priority_aging_per_s),
         tier=tiers.lookup if tiers is not None else None)

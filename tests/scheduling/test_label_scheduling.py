@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from llamactor.scheduling.fairness import SCORE
-from llamactor.scheduling.prompt_scores import ScoreState
+from llamactor.scheduling.prompt_scores import ScoreState, logits_row_cost
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
 from llamactor.scheduling.step_packing import pack_step
 from llamactor.scheduling.packed_kv import PackedPrefixIndex, PackedScheduler
@@ -105,6 +105,22 @@ def test_a_label_row_counts_against_the_share_and_waits_for_room() -> None:
     doc.n_past = 3  # 5 tokens left: 5 + 2 for the row > the 6 units two decodes allow
     chunks = pack_step([*decoding, doc], n_batch=64, score_rows=64, score_share=1.0, order=lambda s: s.request_id)
     assert [(c.seq.request_id, c.n_tokens, c.reads_labels) for c in chunks][-1] == ("d", 4, False)
+
+
+def test_the_share_counts_a_logits_row_as_the_models_own_cost() -> None:
+    # Gemma 3 270M's 262k-wide head costs ~1.7 prompt tokens a row, SmolLM2-135M's 49k-wide ~0.27:
+    # beside 8 decodes the share lets label prompts add a quarter of (8 + 8 rows' cost) tokens
+    assert logits_row_cost(262_144, 640, 268_098_176) == pytest.approx(1.67, abs=0.01)
+    assert logits_row_cost(49_152, 576, 134_515_008) == pytest.approx(0.27, abs=0.01)
+    assert logits_row_cost(100, 10, 1_000) == 8.0 and logits_row_cost(10, 10, 10**9) == 0.1  # odd GGUFs: bounded
+    decoding = [make_seq(0, tokens=[1, 2, 3], rid=f"g{i}") for i in range(8)]
+    for seq in decoding:
+        seq.n_past = 2
+    doc = label_seq(list(range(40)), rid="d")
+    for row_cost, added in ((2.0, 6), (0.27, 2)):
+        chunks = pack_step([*decoding, doc], n_batch=256, score_rows=64, score_share=0.25,
+                           order=lambda s: s.request_id, row_cost=row_cost)
+        assert [(c.seq.request_id, c.n_tokens) for c in chunks][-1] == ("d", added)
 
 
 def test_the_batch_invariant_scheduler_attaches_a_label_sequences_shared_prompt() -> None:
