@@ -32,11 +32,6 @@ def prediction_ids(params: SamplingParams, tokenizer: Tokenizer) -> list[int] | 
     return tokenizer.tokenize(params.prediction, add_special=False, parse_special=False)
 
 
-def wants_drafter(params: SamplingParams) -> bool:
-    """Whether the request's sampling asks for drafts at all."""
-    return bool(params.prediction) or params.speculation == "ngram"
-
-
 class DraftRows:
     """The batcher's drafting: drafters handed out, draft rows planned, step cost measured."""
 
@@ -51,7 +46,7 @@ class DraftRows:
     def give(self, seq: Sequence, prediction: list[int] | None) -> None:
         """A new or resumed request's drafter, if it asks for one (on its ``RequestState``)."""
         state = seq.state
-        if not self.enabled or state is None or seq.prompt_only or not wants_drafter(state.params):
+        if not self.enabled or state is None or seq.prompt_only:
             return
         state.drafter = make_drafter(state.params.speculation, prediction)
 
