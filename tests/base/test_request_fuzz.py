@@ -82,6 +82,7 @@ TYPED_SAMPLING = {
     "logprobs": st.booleans() | st.integers(-2, 30), "top_logprobs": st.integers(-2, 30),
     "logit_bias": st.dictionaries(st.integers(-2, 300_000) | st.text("0123456789-", max_size=7), NUMBERS, max_size=3),
     "prompt_logprobs": st.none() | st.integers(-2, 30),
+    "prediction": st.none() | TEXT, "speculation": st.sampled_from(["off", "ngram"]) | TEXT,
 }
 # ... and any value at all, of any type (the Python API takes whatever a caller passes)
 ANY_SAMPLING = {name: SCALARS | JSON | st.lists(TEXT, max_size=3) for name in [*TYPED_SAMPLING, "bogus"]}
