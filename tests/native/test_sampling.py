@@ -125,3 +125,22 @@ def test_logprobs_and_alternatives_equal_torchs_log_softmax() -> None:
     assert out.logprobs[0] == pytest.approx(float(vals[0]), abs=1e-5)
     assert [t for t, _ in out.top[0]] == ids.tolist()
     assert [lp for _, lp in out.top[0]] == pytest.approx(vals.tolist(), abs=1e-5)
+
+
+def test_a_temperature_only_row_draws_from_the_whole_softmax_without_sorting(monkeypatch: pytest.MonkeyPatch) -> None:
+    import llamactor.native.sampling as sampling
+
+    def no_sort(*_: object) -> None:
+        raise AssertionError("a temperature-only row must not search candidates")
+    monkeypatch.setattr(sampling, "top_candidates", no_sort)
+    row = np.array([[0.0, 1.0, 2.0, -np.inf, 0.5]], np.float32)
+    temperature, n = 0.7, 20000
+    spec = RowSpec(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, presence_penalty=0.0,
+                   frequency_penalty=0.0, rng=np.random.default_rng(3), recent_tokens=(), want_logprob=False)
+    counts = np.bincount([sample(row.copy(), [spec]).tokens[0] for _ in range(n)], minlength=5)
+    expected = np.exp(np.where(np.isinf(row[0]), -np.inf, row[0] / temperature))
+    expected = n * expected / expected.sum()
+    assert counts[3] == 0  # a masked token is never drawn
+    seen = expected > 0
+    chi2 = float((((counts[seen] - expected[seen]) ** 2) / expected[seen]).sum())
+    assert chi2 < 16.3  # 3 degrees of freedom, p = 0.001
