@@ -14,6 +14,7 @@ lines go to the models over the link). SIGTERM drains it as it drains the daemon
 from __future__ import annotations
 
 import functools
+import os
 import pickle
 import socket
 import sys
@@ -77,7 +78,7 @@ def run(setup: FrontendSetup, listen_fd: int, link_fd: int) -> int:
 
     def ready(_views: list[ModelView]) -> None:  # the link's reader thread, once
         state.router = router
-        log.info("frontend_ready", models=router.names)
+        log.info("frontend_ready", models=router.names, pid=os.getpid())
         if state.jobs is not None:
             state.jobs.start(functools.partial(state.model, router))
 

@@ -123,6 +123,9 @@ class Frontends:
             self._procs[dead.index] = self._start(dead.index)
         return True
 
+    def pids(self) -> list[int]:
+        return [proc.process.pid for proc in self._procs]
+
     def signal(self, sig: int) -> None:
         for proc in self._procs:
             if proc.process.poll() is None:

@@ -11,6 +11,7 @@ passed on (the front ends read the keys file again). A front end that dies is st
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -64,7 +65,7 @@ def serve_split(*, host: str, port: int, uds: str | None, api_key: str | None, d
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
     threading.Thread(target=load, name="model-loader", daemon=True).start()
-    log.info("serving", address=uds or f"http://{host}:{port}", models=[m.name for m in models],
+    log.info("serving", address=uds or f"http://{host}:{port}", models=[m.name for m in models], pid=os.getpid(),
              frontend_processes=transport.frontend_processes)
     while not stopping.is_set():
         frontends.wake.wait()
