@@ -250,7 +250,15 @@ def report_lines(results: dict[str, Any]) -> list[str]:
             ratio = f"{m['vs_in_process']:.2f}" if "vs_in_process" in m else "1"
             lines.append(f"| {n} | {row['max_tokens']} | {leg} | {m['tokens_per_s']:,.0f} | {ratio} | "
                          f"{m['batcher_ms']:.2f} | {m['wall_ms']:.2f} | {_cpu(m, 'batcher')} | {_cpu(m, 'front')} |")
-    return lines + [""] + missed_goals(h) + [""]
+    return lines + [""] + link_lines(h, sizes) + missed_goals(h) + [""]
+
+
+def link_lines(h: dict[str, Any], sizes: list[int]) -> list[str]:
+    """The CPU the engine's end of the front-end process's link took per token (its reader and
+    sender threads, beside the batcher on the engine's GIL), where the split legs ran."""
+    figures = [f"{leg} at {n}: {_cpu(h[f'c{n}'][leg], 'link')} µs" for n in sizes for leg in ("http_fp", "sse_fp")
+               if leg in h[f"c{n}"] and "link_us_per_token" in h[f"c{n}"][leg]]
+    return [f"- the engine's link to the front-end process, CPU per token: {', '.join(figures)}"] if figures else []
 
 
 def _cpu(m: dict[str, Any], role: str) -> str:

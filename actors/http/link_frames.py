@@ -73,9 +73,10 @@ def piece_event(token: int, piece: Piece) -> tuple[int, int, Any]:
     """A piece as few bytes as say it: its text alone where it has no logprobs and its parts (if
     any) are all content."""
     if not piece.logprobs:
-        if piece.parts is None:
+        parts = piece.parts
+        if parts is None:
             return token, TEXT, piece.text
-        if piece.parts == Parts(content=piece.text):
+        if not parts.reasoning and not parts.calls and parts.content == piece.text:  # no Parts made per token
             return token, CONTENT, piece.text
     return token, PIECE, piece
 
