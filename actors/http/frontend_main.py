@@ -13,6 +13,7 @@ lines go to the models over the link). SIGTERM drains it as it drains the daemon
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import pickle
@@ -89,7 +90,13 @@ def run(setup: FrontendSetup, listen_fd: int, link_fd: int) -> int:
 
     link = EngineConnection(socket.socket(fileno=link_fd), ready, gone)
     router = LinkRouter(setup.specs, link)
-    server.run(sockets=[socket.socket(fileno=listen_fd)])  # its family read from the socket: TCP_NODELAY applies
+
+    async def serve() -> None:  # the link is read on uvicorn's own loop
+        link.read_on_loop(asyncio.get_running_loop())
+        await server.serve(sockets=[socket.socket(fileno=listen_fd)])  # its family read from it: TCP_NODELAY
+
+    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+        runner.run(serve())
     state.draining = True
     if state.jobs is not None:
         state.jobs.close()

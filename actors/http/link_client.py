@@ -3,16 +3,19 @@
 model, and ``LinkRouter``, the models by name.
 
 ``EngineConnection`` numbers each message it sends (a token), keeps its reply channel, and hands
-the engine's replies to it on its reader thread -- as the batcher thread does in-process, so a
-frame's pieces reach the event loop through its ``Mailbox`` in one hop. What the app asks without
+the engine's replies to it -- on the event loop itself in a front-end process (``read_on_loop``:
+no thread takes turns with the loop for them), else on a reader thread of its own, as the
+batcher thread does in-process; either way a frame's pieces reach their streams in one hop. What the app asks without
 waiting (loaded or not, the model's info, what ``GET /models`` says) the engine pushes as it
 changes; what may wait (loading, stats) is a blocking call, made from worker threads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import itertools
+import pickle
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -26,17 +29,18 @@ from llamactor.base.sampling import SamplingParams
 from llamactor.base.sampling_defaults import model_sampling
 from llamactor.handles.model import ModelClient
 from llamactor.http.engine_link import ModelView
-from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, OK, QUEUED, READY, RESULT, SEND, STATUS,
+from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, HEADER, OK, QUEUED, READY, RESULT, SEND, STATUS,
                                         FrameReader, FrameWriter, event_piece)
 from llamactor.serving.model_specs import ModelSpec
 
 Future = concurrent.futures.Future
 GONE = "the engine's process is gone"
+READ_BYTES = 1 << 20  # what the loop reads of the link at once
 
 
 class EngineConnection:
     """The link, seen from the front end. ``on_ready(views)`` runs once the engine serves its
-    models; ``on_lost()`` once the link ends (the reader thread)."""
+    models; ``on_lost()`` once the link ends (on the reading loop or thread). Sending: any thread."""
 
     def __init__(self, sock: socket.socket, on_ready: Callable[[list[ModelView]], None],
                  on_lost: Callable[[], None]) -> None:
@@ -48,7 +52,18 @@ class EngineConnection:
         self.views: dict[str, ModelView] = {}
         self._on_ready, self._on_lost = on_ready, on_lost
         self.lost = False
+        self._sock = sock
+        self._unread = bytearray()
+
+    def read_in_thread(self) -> None:
+        """Read the engine's frames on a thread of their own (where no event loop runs)."""
         threading.Thread(target=self._read_forever, name="engine-link-reader", daemon=True).start()
+
+    def read_on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the engine's frames on ``loop`` (its thread), as the socket has them: a frame's
+        pieces reach their streams without a thread of their own taking turns with the loop."""
+        self._loop = loop
+        loop.add_reader(self._sock.fileno(), self._readable)
 
     def send(self, model: str, msgs: Sequence[CallerMessage]) -> list[Future[Any]]:
         """Any thread: ``msgs`` (one request's, together) to ``model``; their futures."""
@@ -94,18 +109,43 @@ class EngineConnection:
     def _read_forever(self) -> None:
         """The reader thread: the engine's frames in order; at the end, everything waiting fails."""
         while (frame := self._reader.read()) is not None:
-            kind = frame[0]
-            if kind == EVENTS:
-                self._deliver(frame[1])
-            elif kind == RESULT:
-                if (future := self._calls.pop(frame[1], None)) is not None:
-                    (future.set_result if frame[2] else future.set_exception)(frame[3])
-            elif kind == STATUS:
-                self.views[frame[1]] = frame[2]
-            elif kind == READY:
-                self.views.update((v.name, v) for v in frame[1])
-                self._on_ready(frame[1])
+            self._handle(frame)
         self._end()
+
+    def _readable(self) -> None:
+        """The event loop: what the socket holds, each whole frame handled in order."""
+        try:
+            data = self._sock.recv(READ_BYTES, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._loop.remove_reader(self._sock.fileno())
+            self._end()
+            return
+        unread = self._unread
+        unread += data
+        while len(unread) >= HEADER.size:
+            end = HEADER.size + HEADER.unpack_from(unread)[0]
+            if len(unread) < end:
+                break
+            frame = pickle.loads(memoryview(unread)[HEADER.size:end])
+            del unread[:end]
+            self._handle(frame)
+
+    def _handle(self, frame: tuple[Any, ...]) -> None:
+        kind = frame[0]
+        if kind == EVENTS:
+            self._deliver(frame[1])
+        elif kind == RESULT:
+            if (future := self._calls.pop(frame[1], None)) is not None:
+                (future.set_result if frame[2] else future.set_exception)(frame[3])
+        elif kind == STATUS:
+            self.views[frame[1]] = frame[2]
+        elif kind == READY:
+            self.views.update((v.name, v) for v in frame[1])
+            self._on_ready(frame[1])
 
     def _deliver(self, events: list[tuple[int, int, Any]]) -> None:
         """One frame's replies, each to its own channel (tokens are this link's alone)."""

@@ -6,6 +6,7 @@ away cancels what it left running."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import socket
 import threading
@@ -72,16 +73,24 @@ def generate(request_id: str, on_piece: Any = None) -> Generate:
                     submitted_at=0.0, text="hi")
 
 
-@pytest.fixture
-def linked() -> Any:
+@pytest.fixture(params=["loop", "thread"])
+def linked(request: pytest.FixtureRequest) -> Any:
+    """Both ends; the front end reads on an event loop (as a front-end process does) or a thread."""
     ours, theirs = socket.socketpair()
     router, ready = StubRouter(), threading.Event()
     engine = EngineLink(ours, "frontend-test")
     connection = EngineConnection(theirs, lambda views: ready.set(), lambda: None)
+    loop = asyncio.new_event_loop()
+    if request.param == "loop":
+        threading.Thread(target=loop.run_forever, daemon=True).start()
+        loop.call_soon_threadsafe(connection.read_on_loop, loop)
+    else:
+        connection.read_in_thread()
     engine.serve(router)
     assert ready.wait(TIMEOUT)
     front = LinkRouter([ModelSpec(name="m", config=Config())], connection)
     yield engine, router.stub, front, theirs
+    loop.call_soon_threadsafe(loop.stop)
     theirs.close()
 
 
