@@ -20,7 +20,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from llamactor.base.completion import Piece
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import CallerMessage, Generate, ReplyChannel

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 from llamactor.base.config import Config
 from llamactor.base.logging import configure_from_env, get_logger
-from llamactor.base.tenants import Tenant, tenant_named
 from llamactor.handles import tracing
-from llamactor.http.daemon import _DrainingServer, _raise_file_limit, open_jobs, uvicorn_config
+from llamactor.http.daemon import _DrainingServer, _raise_file_limit, attach_jobs, open_jobs, uvicorn_config
 from llamactor.http.engine_link import ModelView
 from llamactor.http.keys_file import load_keys, reload_on_sighup
 from llamactor.http.link_client import EngineConnection, LinkRouter
@@ -59,11 +58,7 @@ def front_state(setup: FrontendSetup) -> ServerState:
                         transport=setup.transport, bind_host=setup.bind_host)
     if setup.keys_file:
         reload_on_sighup(state, setup.keys_file, setup.api_key)
-    state.jobs = open_jobs(setup.data_dir) if setup.jobs else None
-    if state.jobs is not None:  # as the daemon's: a job runs as its owner
-        state.jobs.tenant = lambda name: (tenant_named(name, state.keys.tenants) if state.keys.required
-                                          else Tenant(admin=True))
-        state.jobs.limiter = state.limiter
+    attach_jobs(state, open_jobs(setup.data_dir) if setup.jobs else None)
     return state
 
 
