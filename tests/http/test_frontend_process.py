@@ -1,7 +1,8 @@
 """``llamactor serve --frontend-processes 1``: the HTTP front end in a process of its own beside the
 engine's, through the official OpenAI SDK -- answers and streams as the one-process daemon gives
 them, each caller its own, a refusal's 4xx before a stream starts, a disconnect cancelling its
-request in the engine, a killed front end started again without the engine reloading, a drain."""
+request in the engine, a killed front end started again without the engine reloading, a drain;
+tenants' keys, limits and a SIGHUP's reload in the front end."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import concurrent.futures
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -23,6 +25,7 @@ from tests.support.daemon import (
     start_daemon,
     streamed_chat_result,
 )
+from tests.support.keys import write_keys_file
 
 pytestmark = pytest.mark.timeout(300)
 ENDLESS = {"ignore_eos": True}
@@ -107,3 +110,25 @@ def test_a_killed_front_end_is_started_again_and_its_requests_cancelled(daemon: 
     assert answer.usage is not None and answer.usage.completion_tokens == 3
     assert len(daemon.events("model_loaded")) == loads  # the engine and its model were untouched
 
+
+
+def test_tenants_keys_limits_and_a_sighup_reach_the_front_end(tmp_path: Path) -> None:
+    alice, limited, dave = "sk-alice-0001", "sk-limited-05", "sk-dave-000006"
+    tables = {alice: {"tenant": "alice"}, limited: {"tenant": "limited", "requests_per_minute": 2}}
+    keys_file = write_keys_file(tmp_path, tables)
+    d = start_daemon("--keys", str(keys_file), "--n-parallel", "2", "--frontend-processes", "1")
+    try:
+        assert d.wait_for_log(lambda e: e.get("event") == "frontend_ready", timeout=60)
+        for _ in range(2):
+            d.client(limited).completions.create(model=MODEL_ID, prompt="Hi", max_tokens=1)
+        with pytest.raises(openai.RateLimitError):  # the tenant's requests per minute, counted in the front end
+            d.client(limited).completions.create(model=MODEL_ID, prompt="Hi", max_tokens=1)
+        with pytest.raises(openai.AuthenticationError):
+            d.client(dave).models.list()
+        write_keys_file(tmp_path, {**tables, dave: {"tenant": "dave"}})
+        d.process.send_signal(signal.SIGHUP)  # to the daemon, which passes it on
+        assert d.wait_for_log(lambda e: e.get("event") == "keys_reloaded")
+        assert d.client(dave).models.list().data[0].id == MODEL_ID
+        assert d.client(alice).completions.create(model=MODEL_ID, prompt="Hi", max_tokens=1).usage is not None
+    finally:
+        assert d.stop() == 0
