@@ -20,6 +20,7 @@ from typing import Any
 import llamactor
 from llamactor.base.config import Config
 from llamactor.base.logging import get_logger
+from llamactor.handles import tracing
 from llamactor.http.frontend_main import FrontendSetup
 from llamactor.http.frontends import Frontends, listening_socket
 from llamactor.serving.model_specs import ModelSpec
@@ -32,9 +33,14 @@ def serve_split(*, host: str, port: int, uds: str | None, api_key: str | None, d
                 data_dir: str | None = None, keys_file: str | None = None, transport: Config | None = None) -> int:
     """Run until signalled; the exit status (the arguments are ``daemon.serve``'s)."""
     transport = transport or Config(frontend_processes=1)
+    otlp_endpoint = next((m.config.otlp_endpoint for m in models if m.config.otlp_endpoint), None)
+    try:  # spans are recorded where requests are submitted (the front end): a missing SDK ends it now
+        tracing.configure(otlp_endpoint)
+    except tracing.TracingUnavailableError as e:
+        print(f"llamactor serve: {e}", file=sys.stderr)
+        return 1
     setup = FrontendSetup(models, api_key, max_body_bytes, keys_file, transport, None if uds else host,
-                          drain_timeout_s, data_dir,
-                          otlp_endpoint=next((m.config.otlp_endpoint for m in models if m.config.otlp_endpoint), None))
+                          drain_timeout_s, data_dir, otlp_endpoint=otlp_endpoint)
     frontends = Frontends(setup, listening_socket(host, port, uds), transport.frontend_processes)
     stopping = threading.Event()
     exit_code = 0
