@@ -15,7 +15,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from click.testing import CliRunner
 
+from llamactor.base.config import Config
+from llamactor.base.errors import InvalidRequestError
+from llamactor.cli.serve import serve
 from tests.support.daemon import (
     API_KEY,
     MODEL_ID,
@@ -132,3 +136,12 @@ def test_tenants_keys_limits_and_a_sighup_reach_the_front_end(tmp_path: Path) ->
         assert d.client(alice).completions.create(model=MODEL_ID, prompt="Hi", max_tokens=1).usage is not None
     finally:
         assert d.stop() == 0
+
+
+@pytest.mark.pure
+def test_more_than_one_front_end_process_is_refused_naming_why() -> None:
+    assert Config(frontend_processes=1).frontend_processes == 1 and Config().frontend_processes == 0
+    with pytest.raises(InvalidRequestError, match="frontend_processes must be 0 or 1"):
+        Config(frontend_processes=2)
+    result = CliRunner().invoke(serve, ["--frontend-processes", "2"])
+    assert result.exit_code == 1 and "frontend_processes must be 0 or 1, got 2" in result.output
