@@ -72,13 +72,13 @@ def run(setup: FrontendSetup, listen_fd: int, link_fd: int) -> int:
     server = _DrainingServer(config, state)
     lost = False
 
-    def ready(_views: list[ModelView]) -> None:  # the link's reader thread, once
+    def ready(_views: list[ModelView]) -> None:  # uvicorn's event loop (where the link is read), once
         state.router = router
         log.info("frontend_ready", models=router.names, pid=os.getpid())
         if state.jobs is not None:
             state.jobs.start(functools.partial(state.model, router))
 
-    def gone() -> None:  # the link's reader thread: the engine closed it
+    def gone() -> None:  # uvicorn's event loop: the engine closed the link
         nonlocal lost
         lost = not state.draining
         server.should_exit = True

@@ -12,6 +12,7 @@ process waits for its exit; the loader thread hands each link the router once it
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import signal
@@ -88,7 +89,7 @@ class Frontends:
 
     def _start(self, index: int) -> FrontendProcess:
         # only the first runs the batch jobs: their folder has one owner
-        setup = self._setup if index == 0 else FrontendSetup(**{**self._setup.__dict__, "jobs": False})
+        setup = self._setup if index == 0 else dataclasses.replace(self._setup, jobs=False)
         proc = FrontendProcess(index, setup, self._listen, self._exited_one)
         with self._lock:
             if self._router is not None:
