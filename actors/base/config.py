@@ -75,6 +75,8 @@ def _check_transport(c: Config) -> None:
         _require(getattr(c, name) > 0, f"{name} must be > 0, got {getattr(c, name)}")
     _require(c.limit_concurrency >= 1, f"limit_concurrency must be >= 1, got {c.limit_concurrency}")
     _require(c.max_header_bytes >= 1024, f"max_header_bytes must be >= 1024, got {c.max_header_bytes}")
+    # more than one would split what one process keeps per tenant (rate limits, stored responses, batch jobs)
+    _require(c.frontend_processes in (0, 1), f"frontend_processes must be 0 or 1, got {c.frontend_processes}")
     for name in ("allowed_hosts", "allowed_origins"):
         object.__setattr__(c, name, tuple(v.strip() for item in getattr(c, name) for v in item.split(",") if v.strip()))
         _require(all(" " not in v for v in getattr(c, name)), f"{name}: a name holds a space: {getattr(c, name)}")
@@ -172,6 +174,9 @@ class Config:
     max_header_bytes: int = 16384  # a request line and headers larger: refused (431 or 400) and closed
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted without keys (DNS rebinding)
     allowed_origins: tuple[str, ...] = ()  # browser origins accepted, CORS included (CSRF)
+    # The HTTP front end in processes of its own beside the engine's (docs/operations.md, *Front-end
+    # processes*): 0 runs it in the engine's process; 1 in one process of its own.
+    frontend_processes: int = 0
     # -- tenant limits (docs/operations.md, *Tenants*)
     # Sequences one request may ask for: its choices (n, best_of) times its prompts, in any dialect.
     # Beyond it, or beyond what the queue could ever hold at once (max_queue + n_parallel): a 400.

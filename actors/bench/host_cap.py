@@ -11,7 +11,9 @@ sequences need no shadow ids), EOG ignored, through four legs on the same tree, 
 * *stream*: ``stream_async`` streams on an event loop in this thread;
 * *http*: non-streamed ``/v1/chat/completions``; *sse*: the same streamed (SSE, with usage),
   both from a client in a process of its own (``http_load``: raw sockets), so the client never
-  takes the server's GIL.
+  takes the server's GIL;
+* *http_fp*, *sse_fp*: the same two against the daemon's front end in a process of its own
+  (``--frontend-processes 1``; ``split_front``) over the same tree.
 
 Per leg: tokens/s, and from the batcher's counters its own work per step (*batcher ms*) beside
 the wall time per step: the difference is what each step waited for outside the batcher (the
@@ -43,6 +45,7 @@ from llamactor.bench.http_load import MODEL_ID, chat_messages
 from llamactor.bench.measure import median_runs
 from llamactor.bench.replay import Recording, null_config, start_host_tree
 from llamactor.bench.settings import BenchSettings
+from llamactor.bench.split_front import process_cpu_s, split_front_end
 from llamactor.http.daemon import uvicorn_config
 from llamactor.http.server import create_app
 from llamactor.http.state import ServerState
@@ -50,7 +53,7 @@ from llamactor.serving import replicas as replicas_module
 
 SIZES = (64, 126, 250)  # 250: only on a model without sliding-window layers
 NEW_TOKENS = {64: 128, 126: 96, 250: 64}  # the issue's sizes; a quick run halves them
-LEGS = ("submit", "stream", "http", "sse")
+LEGS = ("submit", "stream", "http", "sse", "http_fp", "sse_fp")
 GOAL_IN_PROCESS_TOK_S = 25_000.0  # at 126 streams
 GOAL_HTTP_RATIO = 0.9  # http and sse / submit, at 64 and 126 streams
 UVICORN_THREAD = "host-cap-uvicorn"
@@ -75,9 +78,11 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def replayed_daemon(model_path: str, config: Config, recording: Recording) -> Iterator[tuple[llamactor.LLM, str]]:
-    """The daemon's app on uvicorn (a thread of this process) over one replayed tree; yields the
-    tree's handle and the server's URL."""
+def replayed_daemon(model_path: str, config: Config,
+                    recording: Recording) -> Iterator[tuple[llamactor.LLM, str, tuple[str, int]]]:
+    """The daemon's app on uvicorn (a thread of this process) over one replayed tree, and a
+    front-end process over the same tree; yields the tree's handle, the server's URL and the front
+    end's (URL, pid)."""
     def start_tree(_config: Config) -> llamactor.LLM:
         return start_host_tree(config, recording, replay=True)
 
@@ -93,7 +98,8 @@ def replayed_daemon(model_path: str, config: Config, recording: Recording) -> It
     try:
         while not server.started and thread.is_alive():
             time.sleep(0.05)  # uvicorn has no started event to wait on
-        yield router.model(MODEL_ID).replica(0), f"http://127.0.0.1:{port}"
+        with split_front_end(router, [router.model(MODEL_ID).spec], _free_port()) as split:
+            yield router.model(MODEL_ID).replica(0), f"http://127.0.0.1:{port}", split
     finally:
         server.should_exit = True
         thread.join(timeout=30)
@@ -134,11 +140,12 @@ def http_client(url: str, n: int, max_tokens: int, stream: bool) -> dict[str, An
     return figures
 
 
-def thread_cpu_s() -> dict[str, float]:
+def thread_cpu_s(frontend_pid: int | None = None) -> dict[str, float]:
     """CPU seconds each thread of this process has used, by role: ``batcher`` (the batcher
-    thread), ``front`` (the event loops: uvicorn's, or this thread's in the *stream* leg) and
-    ``other``; empty where ``/proc`` has no per-thread figures."""
-    out = {"batcher": 0.0, "front": 0.0, "other": 0.0}
+    thread), ``front`` (the event loops: uvicorn's, or this thread's in the *stream* leg; with
+    ``frontend_pid``, that front-end process's, all its threads), ``link`` (the engine's end of
+    the front end's link) and ``other``; empty where ``/proc`` has no per-thread figures."""
+    out = {"batcher": 0.0, "front": 0.0, "link": 0.0, "other": 0.0}
     tick = os.sysconf("SC_CLK_TCK")
     for thread in threading.enumerate():
         try:
@@ -146,38 +153,45 @@ def thread_cpu_s() -> dict[str, float]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             return {}
-        role = ("batcher" if "Batcher" in thread.name else
-                "front" if thread.name in (UVICORN_THREAD, "MainThread") else "other")
+        role = ("batcher" if "Batcher" in thread.name else "link" if thread.name.startswith("frontend-") else
+                "front" if frontend_pid is None and thread.name in (UVICORN_THREAD, "MainThread") else "other")
         out[role] += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    if frontend_pid is not None:
+        out["front"] = process_cpu_s(frontend_pid)
     return out
 
 
-def _measured(llm: llamactor.LLM, leg: Callable[[], tuple[int, float]]) -> dict[str, float]:
+def _measured(llm: llamactor.LLM, leg: Callable[[], tuple[int, float]],
+              frontend_pid: int | None = None) -> dict[str, float]:
     """One leg's tokens/s, the batcher's work and wall time per step, and each thread role's CPU
     microseconds per token (what a loaded machine's wall times hide)."""
-    before, cpu_before = llm.stats(), thread_cpu_s()
+    before, cpu_before = llm.stats(), thread_cpu_s(frontend_pid)
     tokens, seconds = leg()
     m = per_step(before, llm.stats(), seconds, tokens)
-    cpu_after = thread_cpu_s()
+    cpu_after = thread_cpu_s(frontend_pid)
     cpu = {f"{role}_us_per_token": (cpu_after[role] - cpu_before[role]) * 1e6 / max(tokens, 1)
            for role in cpu_after if cpu_before}
     return {"tokens_per_s": m["tokens_per_s"], "batcher_ms": m["host_ms"], "wall_ms": m["wall_ms"],
             "steps": m["steps"], **cpu}
 
 
-def measure_size(llm: llamactor.LLM, url: str, n: int, max_tokens: int, repeats: int) -> dict[str, Any]:
+def measure_size(llm: llamactor.LLM, url: str, split: tuple[str, int], n: int, max_tokens: int,
+                 repeats: int) -> dict[str, Any]:
     """Every leg at ``n`` streams, interleaved (median of ``repeats``); ratios against *submit*."""
-    def over_http(stream: bool) -> tuple[int, float]:
-        f = http_client(url, n, max_tokens, stream)
+    def over_http(at: str, stream: bool) -> tuple[int, float]:
+        f = http_client(at, n, max_tokens, stream)
         return int(f["tokens"]), float(f["seconds"])
 
+    split_url, pid = split
     legs: dict[str, Callable[[], tuple[int, float]]] = {
         "submit": lambda: _submit_leg(llm, n, max_tokens), "stream": lambda: _stream_leg(llm, n, max_tokens),
-        "http": lambda: over_http(False), "sse": lambda: over_http(True)}
+        "http": lambda: over_http(url, False), "sse": lambda: over_http(url, True),
+        "http_fp": lambda: over_http(split_url, False), "sse_fp": lambda: over_http(split_url, True)}
     for leg in legs.values():  # warm-up: the client's imports, the app's first routes
         leg()
-    out: dict[str, Any] = {"max_tokens": max_tokens,
-                           **median_runs({k: functools.partial(_measured, llm, f) for k, f in legs.items()}, repeats)}
+    measured: dict[str, Callable[[], dict[str, float]]] = {
+        k: functools.partial(_measured, llm, f, pid if k.endswith("_fp") else None) for k, f in legs.items()}
+    out: dict[str, Any] = {"max_tokens": max_tokens, **median_runs(measured, repeats)}
     for name in LEGS[1:]:
         out[name]["vs_in_process"] = out[name]["tokens_per_s"] / out["submit"]["tokens_per_s"]
     return out
@@ -195,8 +209,8 @@ def measure_host_cap(model_path: str, *, n_threads: int, repeats: int, quick: bo
             max_tokens = NEW_TOKENS[n] // (2 if quick else 1)
             recording.prepare(n)
             config = null_config(n, n_ctx=n * (max_tokens + 64), **common)
-            with replayed_daemon(model_path, config, recording) as (llm, url):
-                out[f"c{n}"] = measure_size(llm, url, n, max_tokens, repeats)
+            with replayed_daemon(model_path, config, recording) as (llm, url, split):
+                out[f"c{n}"] = measure_size(llm, url, split, n, max_tokens, repeats)
         tick()
     return out
 
@@ -222,7 +236,8 @@ def report_lines(results: dict[str, Any]) -> list[str]:
         return []
     lines = ["Host cap: N chat completions at once on the replayed decode (the host workload's null leg), "
              "in-process (`submit_chat` futures, `stream_async`) and through the daemon's app on uvicorn "
-             "(non-streamed, SSE; the client in a process of its own). Batcher ms: its own work per step; "
+             "(non-streamed, SSE; the client in a process of its own), and *_fp*: the same through the front end "
+             "in a process of its own (`--frontend-processes 1`; its CPU is that whole process's). Batcher ms: its own work per step; "
              "wall ms: per step; the rest is what a step waited for outside the batcher.", "",
              "| streams | new tokens | leg | tok/s | / in-process | batcher ms | wall ms "
              "| CPU µs/token: batcher | front end |",
@@ -230,12 +245,20 @@ def report_lines(results: dict[str, Any]) -> list[str]:
     sizes = sorted(int(k[1:]) for k in h if k.startswith("c"))
     for n in sizes:
         row = h[f"c{n}"]
-        for leg in LEGS:
+        for leg in (leg for leg in LEGS if leg in row):
             m = row[leg]
             ratio = f"{m['vs_in_process']:.2f}" if "vs_in_process" in m else "1"
             lines.append(f"| {n} | {row['max_tokens']} | {leg} | {m['tokens_per_s']:,.0f} | {ratio} | "
                          f"{m['batcher_ms']:.2f} | {m['wall_ms']:.2f} | {_cpu(m, 'batcher')} | {_cpu(m, 'front')} |")
-    return lines + [""] + missed_goals(h) + [""]
+    return lines + [""] + link_lines(h, sizes) + missed_goals(h) + [""]
+
+
+def link_lines(h: dict[str, Any], sizes: list[int]) -> list[str]:
+    """The CPU the engine's end of the front-end process's link took per token (its reader and
+    sender threads, beside the batcher on the engine's GIL), where the split legs ran."""
+    figures = [f"{leg} at {n}: {_cpu(h[f'c{n}'][leg], 'link')} µs" for n in sizes for leg in ("http_fp", "sse_fp")
+               if leg in h[f"c{n}"] and "link_us_per_token" in h[f"c{n}"][leg]]
+    return [f"- the engine's link to the front-end process, CPU per token: {', '.join(figures)}"] if figures else []
 
 
 def _cpu(m: dict[str, Any], role: str) -> str:
@@ -252,8 +275,8 @@ def missed_goals(h: dict[str, Any]) -> list[str]:
                    f"{GOAL_IN_PROCESS_TOK_S:,.0f}): the batcher's own work is {m['batcher_ms']:.2f} of "
                    f"{m['wall_ms']:.2f} ms a step")
     for n in (64, 126):
-        for leg in ("http", "sse"):
-            if (row := h.get(f"c{n}")) and row[leg]["vs_in_process"] < GOAL_HTTP_RATIO:
+        for leg in ("http", "sse", "http_fp", "sse_fp"):
+            if (row := h.get(f"c{n}")) and leg in row and row[leg]["vs_in_process"] < GOAL_HTTP_RATIO:
                 m, ref = row[leg], row["submit"]
                 out.append(f"- missed: {leg} at {n} streams, {m['vs_in_process']:.2f}× in-process (goal "
                            f"{GOAL_HTTP_RATIO}×): a step took {m['wall_ms']:.2f} ms against {ref['wall_ms']:.2f} "

@@ -138,6 +138,8 @@ TRANSPORT_TWEAKS: dict[str, Tweak] = {
     "allowed_hosts": Tweak("Without keys, a Host name the daemon answers to besides localhost, IP addresses, "
                            "this machine's name and --host (DNS rebinding); comma list or repeated; * for any.",
                            flag="--allowed-hosts"),
+    "frontend_processes": Tweak("Run the HTTP front end in this many processes of its own beside the engine's "
+                                "(0: in the engine's process; at most 1 for now).", flag="--frontend-processes"),
     "allowed_origins": Tweak("A browser origin (https://app.example.com) allowed to call, with CORS, besides "
                              "loopback ones and the daemon's own pages; comma list or repeated; * for any.",
                              flag="--allowed-origins"),
@@ -164,7 +166,7 @@ SAMPLING_TWEAKS: dict[str, Tweak] = {
 # The HTTP daemon's edge (the transport block): options of ``serve`` alone (``transport_options``),
 # not engine options nor start() keywords.
 TRANSPORT_FIELDS = ("body_timeout_s", "header_timeout_s", "keep_alive_s", "limit_concurrency", "max_header_bytes",
-                    "allowed_hosts", "allowed_origins")
+                    "allowed_hosts", "allowed_origins", "frontend_processes")
 HIDDEN = frozenset({"watchdog_test_hang", "sampling", "given", "logprobs", "top_logprobs", "prompt_logprobs", "grammar", "logit_bias",
                     "prediction", "tenants", *TRANSPORT_FIELDS})
 

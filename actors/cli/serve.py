@@ -153,6 +153,10 @@ def serve(host: str, port: int, uds: str | None, api_key: str | None, keys: str 
                               keys=key_table, transport=transport))  # Ray's proxy: Host, Origin, body deadline
     from llamactor.http.daemon import serve as run_daemon
 
+    if transport.frontend_processes:
+        # the front ends configure their logging from these (configure_from_env)
+        os.environ["LLAMACTOR_LOG_FORMAT"], os.environ["LLAMACTOR_LOG_LEVEL"] = opts["log_format"], opts["log_level"]
+        from llamactor.http.split_daemon import serve_split as run_daemon
     sys.exit(run_daemon(host=host, port=port, uds=uds, api_key=api_key, drain_timeout_s=drain_timeout_s,
                         max_body_bytes=max_body_bytes, models=specs, max_loaded=max_loaded,
                         data_dir=data_dir, keys_file=keys, transport=transport))

@@ -67,11 +67,7 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
                         bind_host=None if uds else host)
     if keys_file:
         reload_on_sighup(state, keys_file, api_key)
-    state.jobs = open_jobs(data_dir)
-    if state.jobs is not None:  # a job runs as its owner, with the owner's weight and cache scope
-        state.jobs.tenant = lambda name: (tenant_named(name, state.keys.tenants) if state.keys.required
-                                          else Tenant(admin=True))  # keyless: as its requests are
-        state.jobs.limiter = state.limiter  # its lines spend the owner's requests and tokens per minute
+    attach_jobs(state, open_jobs(data_dir))
     app = create_app(state)
     config = uvicorn_config(app, transport, host=host, port=port, uds=uds, drain_timeout_s=drain_timeout_s)
     _raise_file_limit(transport.limit_concurrency)
@@ -117,6 +113,16 @@ def uvicorn_config(app: Any, transport: Config, *, host: str, port: int, uds: st
                           h11_max_incomplete_event_size=transport.max_header_bytes,
                           limit_concurrency=transport.limit_concurrency,
                           timeout_keep_alive=transport.keep_alive_s)  # type: ignore[arg-type]
+
+
+def attach_jobs(state: ServerState, jobs: JobService | None) -> None:
+    """``jobs`` as the app's batch jobs: a job runs as its owner, with the owner's weight and cache
+    scope, and its lines spend the owner's requests and tokens per minute."""
+    state.jobs = jobs
+    if jobs is not None:
+        jobs.tenant = lambda name: (tenant_named(name, state.keys.tenants) if state.keys.required
+                                    else Tenant(admin=True))  # keyless: as its requests are
+        jobs.limiter = state.limiter
 
 
 def open_jobs(data_dir: str | None) -> JobService | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
@@ -48,6 +48,8 @@ class Router:
         self.max_loaded = max_loaded
         self._status = StatusMap(s.name for s in specs)
         self._status_lock = threading.Lock()
+        # called with a model's name after each change of its status (the loading or unloading thread)
+        self.status_listeners: list[Callable[[str], None]] = []
         self._models = {s.name: Replicas(s, before_load=self._make_room, on_status=self._record) for s in specs}
         self._room_lock = threading.Lock()
         self._closed = threading.Event()
@@ -113,6 +115,8 @@ class Router:
                 self._status.failed(replicas.name, error or "")
             else:
                 getattr(self._status, status)(replicas.name)
+        for listener in list(self.status_listeners):
+            listener(replicas.name)
 
     def status(self, name: str) -> ModelStatus:
         """The model's ``ModelStatus`` (loaded, loading, unloaded; the last load's error)."""

@@ -24,12 +24,15 @@ RESULTS = {"host_cap": {"max_sequences": 126,
                         "c64": {"max_tokens": 128, "submit": _leg(30_000), "stream": _leg(28_000, 0.93, 5.0),
                                 "http": _leg(29_000, 0.97, 3.0), "sse": _leg(15_000, 0.5, 30.0)},
                         "c126": {"max_tokens": 96, "submit": _leg(20_000), "stream": _leg(19_000, 0.95, 5.0),
-                                 "http": _leg(19_000, 0.95, 3.0), "sse": _leg(19_000, 0.95, 9.0)}}}
+                                 "http": _leg(19_000, 0.95, 3.0), "sse": _leg(19_000, 0.95, 9.0),
+                                 "sse_fp": {**_leg(18_500, 0.925, 40.0), "link_us_per_token": 2.5}}}}
 
 
 def test_the_report_has_a_row_per_size_and_leg_and_names_each_missed_goal_with_where_time_went() -> None:
     lines = report_lines(RESULTS)
-    assert sum(line.startswith("| 64 |") for line in lines) == 4 and sum(line.startswith("| 126 |") for line in lines) == 4
+    assert sum(line.startswith("| 64 |") for line in lines) == 4 and sum(line.startswith("| 126 |") for line in lines) == 5
+    assert "| 126 | 96 | sse_fp | 18,500 | 0.93 | 2.00 | 4.00 | 20.0 | 40.0 |" in lines  # a front-end process's leg
+    assert "- the engine's link to the front-end process, CPU per token: sse_fp at 126: 2.5 µs" in lines
     assert "| 64 | 128 | sse | 15,000 | 0.50 | 2.00 | 4.00 | 20.0 | 30.0 |" in lines
     missed = missed_goals(RESULTS["host_cap"])
     assert len(missed) == 2  # in-process 20k < 25k at 126; SSE 0.5x at 64

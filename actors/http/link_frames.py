@@ -1,0 +1,99 @@
+"""The wire between the engine's process and a front-end process (docs/performance.md, *Host cap
+(front end)*): length-prefixed pickled frames over one Unix stream socket, and what they carry.
+
+Both ends are this program, joined by a ``socketpair`` the daemon made (never a listening
+address), so pickle is safe here; it also carries the frozen request messages as they are (their
+``ReplyChannel`` travels empty: ``ReplyChannel.__reduce__``), every typed error with its details,
+and whole ``Completion``s. The engine sends a step's replies as one ``EVENTS`` frame of
+``(token, kind, value)`` triples, where ``token`` is the front end's number for one message: a
+plain text piece travels as its text alone, not as a ``Piece`` object.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import struct
+import threading
+from typing import Any
+
+from llamactor.base.completion import Parts, Piece
+from llamactor.base.errors import EngineError
+
+HEADER = struct.Struct("!I")  # a frame's byte length
+
+# front end -> engine
+SEND = "send"  # (SEND, model, [(token, message)], stream)
+CANCEL = "cancel"  # (CANCEL, model, request_id)
+CALL = "call"  # (CALL, call_id, method, model, args): a blocking question (load, stats, describe ...)
+# engine -> front end
+EVENTS = "events"  # (EVENTS, [(token, kind, value)]): every reply posted since the last frame
+RESULT = "result"  # (RESULT, call_id, ok, value): a CALL's answer
+STATUS = "status"  # (STATUS, name, ModelView): a model loaded, unloaded or failed to load
+READY = "ready"  # (READY, [ModelView]): the engine's models are served (the router exists)
+
+# an event's kind
+QUEUED, OK, ERROR, PIECE, TEXT, CONTENT = range(6)
+
+
+class FrameWriter:
+    """Writes frames on ``sock`` from any thread (one frame at a time: a lock)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+
+    def write(self, obj: Any) -> None:
+        """OSError when the other end is gone."""
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self._sock.sendall(HEADER.pack(len(data)) + data)
+
+
+class FrameReader:
+    """Reads frames from ``sock`` (one thread)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._file = sock.makefile("rb")
+
+    def read(self) -> Any | None:
+        """The next frame's object; None once the other end closed (or the socket failed)."""
+        try:
+            head = self._file.read(HEADER.size)
+            if len(head) < HEADER.size:
+                return None
+            (size,) = HEADER.unpack(head)
+            body = self._file.read(size)
+        except OSError:
+            return None
+        return pickle.loads(body) if len(body) == size else None
+
+
+def piece_event(token: int, piece: Piece) -> tuple[int, int, Any]:
+    """A piece as few bytes as say it: its text alone where it has no logprobs and its parts (if
+    any) are all content."""
+    if not piece.logprobs:
+        parts = piece.parts
+        if parts is None:
+            return token, TEXT, piece.text
+        if not parts.reasoning and not parts.calls and parts.content == piece.text:  # no Parts made per token
+            return token, CONTENT, piece.text
+    return token, PIECE, piece
+
+
+def event_piece(kind: int, value: Any) -> Piece:
+    """The ``Piece`` a piece event stands for."""
+    if kind == TEXT:
+        return Piece(value)
+    if kind == CONTENT:
+        return Piece(value, (), Parts(content=value))
+    return value  # type: ignore[no-any-return]
+
+
+def portable_error(error: BaseException) -> BaseException:
+    """``error`` if it pickles (typed errors do, details and all), else an ``EngineError`` naming it."""
+    try:
+        pickle.dumps(error)
+    except Exception:  # noqa: BLE001 - whatever an unpicklable exception raises
+        return EngineError(f"the engine failed: {error!r}")
+    return error
