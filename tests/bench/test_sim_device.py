@@ -14,6 +14,7 @@ from llamactor.bench.replay import Recording, null_config
 from llamactor.bench.sim_device import measure_sim_device, record
 from llamactor.bench.simulated_device import SimulatedDevice, start_simulated_tree
 from llamactor.tree import step_postprocess
+from llamactor.tree.batcher import BatcherActor
 
 
 @pytest.mark.pure
@@ -35,15 +36,20 @@ def recording(model_path: str) -> Recording:
 
 def interleaving(recording: Recording, model_path: str, overlap: bool,
                  monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
-    """The device's launches and collections, and each postprocess's acceptance of tokens, in order."""
+    """The device's launches and collections, each postprocess's acceptance of tokens, and the ends
+    of the batcher's messages (where it publishes its stats), in order."""
     device = SimulatedDevice(fixed_ms=1.0, row_ms=0.1)
-    accept = step_postprocess.accept_tokens
+    accept, publish = step_postprocess.accept_tokens, BatcherActor._publish
 
     def recorded(draw: Any, *args: Any) -> None:
         if draw.seqs:
             device.events.append(("accept", len(draw.seqs)))
         accept(draw, *args)
+    def published(actor: BatcherActor, now: float) -> None:
+        device.events.append(("message_end", None))
+        publish(actor, now)
     monkeypatch.setattr(step_postprocess, "accept_tokens", recorded)
+    monkeypatch.setattr(BatcherActor, "_publish", published)
     config = null_config(4, model=model_path, n_threads=2, n_ctx=1024, max_restarts=0, sample_in_graph=True,
                          overlap_steps=overlap)
     with start_simulated_tree(config, recording, device) as llm:
@@ -52,12 +58,12 @@ def interleaving(recording: Recording, model_path: str, overlap: bool,
     return device.events
 
 
-def accepted_while_in_flight(events: list[tuple[str, Any]]) -> tuple[int, int]:
-    """How many acceptances happened while a launched step was not yet collected, of how many."""
+def while_in_flight(events: list[tuple[str, Any]], what: str) -> tuple[int, int]:
+    """How many events of kind ``what`` happened while a launched step was not yet collected, of how many."""
     in_flight, during, total = 0, 0, 0
     for kind, _ in events:
         in_flight += {"launch": 1, "collect": -1}.get(kind, 0)
-        if kind == "accept":
+        if kind == what:
             total += 1
             during += in_flight > 0
     return during, total
@@ -65,11 +71,15 @@ def accepted_while_in_flight(events: list[tuple[str, Any]]) -> tuple[int, int]:
 
 def test_the_overlapped_loop_postprocesses_each_step_while_the_next_is_on_the_device(
         recording: Recording, model_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    during, total = accepted_while_in_flight(interleaving(recording, model_path, True, monkeypatch))
+    overlapped = interleaving(recording, model_path, True, monkeypatch)
+    during, total = while_in_flight(overlapped, "accept")
     # all but the last step's (nothing left to launch) and the tokens that surely end their requests
     assert total >= 10 and during >= total - 2
-    during, total = accepted_while_in_flight(interleaving(recording, model_path, False, monkeypatch))
-    assert total >= 10 and during == 0
+    # a step stays in flight when its message ends: the actor's work between steps is off the device's path
+    during, total = while_in_flight(overlapped, "message_end")
+    assert during >= 10
+    serial = interleaving(recording, model_path, False, monkeypatch)
+    assert while_in_flight(serial, "accept")[0] == 0 and while_in_flight(serial, "message_end")[0] == 0
 
 
 def test_the_sim_device_workload_reports_both_loops(model_path: str) -> None:
