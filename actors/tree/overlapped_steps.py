@@ -192,15 +192,17 @@ class OverlappedSteps:
             self.postprocess_rest(pending)
 
     def launch(self, plan: StepPlan) -> InFlight:
-        """Start the plan's decode; its output rows are laid out now, before any sequence moves on."""
+        """Start the plan's decode; its output rows are laid out once it is launched (off the
+        device's path), before any sequence moves on."""
         steps = self.steps
         t0 = time.perf_counter()
-        self.held = {c.seq for c in plan.chunks}
         tokens, positions, seq_ids, wants = steps.arrays(plan)
         launched = watched(steps.watchdog, steps.counters.counts["steps"],
                            {"n_tokens": len(tokens), "n_sequences": len(plan.chunks)},
                            lambda: steps.engine.launch(tokens, positions, seq_ids, wants))
-        return InFlight(plan, launched, OutputRows.of(plan, frozenset()), (time.perf_counter() - t0) * 1000)
+        launch_ms = (time.perf_counter() - t0) * 1000
+        self.held = {c.seq for c in plan.chunks}
+        return InFlight(plan, launched, OutputRows.of(plan, frozenset()), launch_ms)
 
     def collect(self, flight: InFlight) -> Pending:
         """Wait for the decode in flight and draw the tokens of the rows whose sequences go on."""
@@ -211,7 +213,9 @@ class OverlappedSteps:
         if steps.tiers is not None:  # the decode's cost as the host saw it: the launch and the wait
             steps.tiers.stepped(sum(c.n_tokens for c in plan.chunks),
                                 flight.launch_ms + (time.perf_counter() - t0) * 1000)
-        rows = without(flight.rows, set(self.finishing), decoded.failed_seq_ids)
+        rows = flight.rows
+        if self.finishing or decoded.failed_seq_ids:
+            rows = without(rows, set(self.finishing), decoded.failed_seq_ids)
         draw = steps.counters.timed("sample", draw_tokens, steps.sampler, decoded, rows)
         return Pending(plan, StepResult(decoded, rows, draw))
 
