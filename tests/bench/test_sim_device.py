@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from llamactor.bench import report
+from llamactor.bench import report, sim_device
 from llamactor.bench.replay import Recording, null_config
 from llamactor.bench.sim_device import measure_sim_device, record
 from llamactor.bench.simulated_device import SimulatedDevice, start_simulated_tree
@@ -82,10 +82,30 @@ def test_the_overlapped_loop_postprocesses_each_step_while_the_next_is_on_the_de
     assert while_in_flight(serial, "accept")[0] == 0 and while_in_flight(serial, "message_end")[0] == 0
 
 
-def test_the_sim_device_workload_reports_both_loops(model_path: str) -> None:
+def test_the_sim_device_workload_reports_both_loops_in_process_and_over_sse(model_path: str) -> None:
     r = measure_sim_device(model_path, max_tokens=6, n_threads=2, sizes=(4,), repeats=1)
     legs = r["sizes"]["c4"]
-    assert set(legs) == {"serial", "overlapped"} and all(0 < leg["busy"] <= 1 and leg["steps"] >= 6 for leg in legs.values())
+    assert set(legs) == {"serial", "overlapped", "serial_sse", "overlapped_sse"}
+    # every leg's 4 streams took their 6 steps on the device, the SSE ones through the daemon's app
+    assert all(0 < leg["busy"] <= 1 and leg["steps"] >= 6 and leg["tokens_per_s"] > 0 for leg in legs.values())
+    assert 0 < r["min_busy_overlapped_sse"] <= 1
     table = report.markdown({"sim_device": r}, {"timestamp": "t", "machine": "m", "model": "g",
                                                 "settings": {"n_threads": 2, "max_tokens": 6, "quick": True}})
-    assert "| 4 |" in table and "sim_device: device busy share" in table
+    assert "| 4 | in-process |" in table and "| 4 | SSE |" in table
+    assert "sim_device: device busy share" in table and "sim_device over HTTP (SSE)" in table
+
+
+@pytest.mark.pure
+def test_a_row_that_misses_the_goal_says_where_a_steps_time_went() -> None:
+    def leg(busy: float) -> dict[str, float]:
+        return {"busy": busy, "tokens_per_s": 1000.0, "rows_dropped": 0, "device_ms": 16.0, "wake_p50_ms": 0.5,
+                "wake_p90_ms": 2.0, "path_p50_ms": 1.5, "path_p90_ms": 3.0, "schedule_ms": 0.4, "postprocess_ms": 0.7}
+    r = {"max_tokens": 64, "fixed_ms": 2.4, "row_ms": 0.216,
+         "sizes": {"c64": {"serial": leg(0.9), "overlapped": leg(0.97), "serial_sse": leg(0.8),
+                           "overlapped_sse": leg(0.91)}}}
+    lines = sim_device.report_lines({"sim_device": r})
+    assert "| 64 | in-process | 90.0% | 97.0% | met |" in "\n".join(lines)
+    assert "| 64 | SSE | 80.0% | 91.0% | missed |" in "\n".join(lines)
+    missed = [line for line in lines if line.startswith("- missed")]
+    assert len(missed) == 1 and "64 streams, SSE" in missed[0] and "late wake 0.50 ms median" in missed[0]
+    assert "path to the next launch 1.50 / 3.00 ms" in missed[0]
