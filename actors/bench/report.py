@@ -65,6 +65,8 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("host cap c=126: front-end process, SSE / in-process", "host_cap.c126.sse_fp.vs_in_process", ">=", 0.9),
     ("sim_device: device busy share with overlapped steps, lowest over 16/64/126 streams",
      "sim_device.min_busy_overlapped", ">=", 0.95),
+    ("sim_device over HTTP (SSE): device busy share with overlapped steps, lowest over 16/64/126 streams",
+     "sim_device.min_busy_overlapped_sse", ">=", 0.95),
     ("streams: tok/s, llamactor / llama-server -bs, lowest over N and samplers", "streams.min_ratio_vs_bs",
      ">=", 1.0),
     ("single: TTFT - sequential TTFT (ms)", "single.ttft_delta_ms", "<=", 25.0),

@@ -21,6 +21,7 @@ overlaps on it as it would on a GPU. ``start_simulated_tree`` starts a tree on i
 from __future__ import annotations
 
 import functools
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from unittest import mock
 import numpy as np
 
 from llamactor.base.config import Config
+from llamactor.bench.host import per_step
 from llamactor.bench.replay import Recording, ReplayEngine, start_batcher_tree
 from llamactor.handles.llm import LLM
 from llamactor.tree import batcher as batcher_module
@@ -95,6 +97,38 @@ class SimulatedDevice:
         span = end - steps[0].begin
         busy = sum(s.ready - s.begin for s in steps)
         return (busy / span if span > 0 else 0.0), span, len(steps)
+
+
+    def gaps_ms(self, since: int = 0) -> tuple[list[float], list[float]]:
+        """The device's idle time between consecutive steps from index ``since`` on, in two parts
+        (ms): how late the host saw each step ready (``wait``'s wake), and how long it then took
+        to launch the next (its critical path: collect, commit, schedule, enact, launch)."""
+        with self._lock:
+            steps = self.steps[since:]
+        pairs = [(a, b) for a, b in zip(steps, steps[1:]) if a.collected_at is not None]
+        return ([(a.collected_at - a.ready) * 1000 for a, _ in pairs],  # type: ignore[operator]
+                [(b.begin - a.collected_at) * 1000 for a, b in pairs])  # type: ignore[operator]
+
+
+def _p50_p90(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values) or [0.0]
+    return statistics.median(ordered), ordered[int(0.9 * (len(ordered) - 1))]
+
+
+def device_figures(llm: LLM, device: SimulatedDevice, since: int, before: dict[str, Any]) -> dict[str, float]:
+    """The device's busy share of its steps from ``since`` on, and the per-step profile of where the
+    rest went: the device's mean step, its idle gap between steps split into the host's late wake
+    and its path to the next launch (median, 90th percentile), and the batcher's own work per step
+    (``before``: its ``stats()`` when the steps began)."""
+    busy, span_s, n_steps = device.busy_fraction(since)
+    wakes, paths = device.gaps_ms(since)
+    after = llm.stats()
+    host = per_step(before, after, span_s, 0)
+    (wake_p50, wake_p90), (path_p50, path_p90) = _p50_p90(wakes), _p50_p90(paths)
+    return {"busy": busy, "span_s": span_s, "steps": n_steps, "device_ms": busy * span_s * 1000 / max(n_steps, 1),
+            "wake_p50_ms": wake_p50, "wake_p90_ms": wake_p90, "path_p50_ms": path_p50, "path_p90_ms": path_p90,
+            "schedule_ms": host["schedule_ms"], "postprocess_ms": host["host_ms"] - host["schedule_ms"],
+            "rows_dropped": after["rows_dropped"] - before["rows_dropped"]}
 
 
 class SimulatedEngine(ReplayEngine):

@@ -5,14 +5,17 @@ whose ``llama_decode`` returns before the device finishes (CUDA, Vulkan, Metal),
 device idle through each postprocess and each schedule. Here, as vLLM's async scheduling and
 SGLang's overlap scheduler do, each ``Step`` message runs (docs/architecture.md, *Overlapped steps*):
 
-1. ``commit`` step k (its result collected at the end of the last message): the rows of sequences
-   that ended meanwhile are dropped (their cells removed, then their deferred ``finish``), each
-   ``n_past`` moves on, and each drawn token is appended to its sequence *provisionally*, so that
-   step k+1 can be planned;
-2. schedule and enact step k+1, and ``Engine.launch`` its decode;
-3. the rest of step k's postprocess: the provisional tokens come off again and are accepted as the
-   serial loop accepts them (detokenizing, stop strings, replies, checkpoints), while the device computes;
-4. ``Engine.collect`` step k+1 (synchronise, read) and draw its tokens: step k+1 is then pending.
+1. ``Engine.collect`` step k, launched by the last message (synchronise, read), and draw its tokens;
+2. ``commit`` step k: the rows of sequences that ended meanwhile are dropped (their cells removed,
+   then their deferred ``finish``), each ``n_past`` moves on, and each drawn token is appended to
+   its sequence *provisionally*, so that step k+1 can be planned;
+3. schedule and enact step k+1, and ``Engine.launch`` its decode;
+4. the rest of step k's postprocess: the provisional tokens come off again and are accepted as the
+   serial loop accepts them (detokenizing, stop strings, replies, checkpoints), while the device computes.
+
+Step k+1 stays in flight when the message ends: the actor's own work between steps (queueing the
+next ``Step``, the stats board, new requests and cancels) happens while the device computes, so
+that the path from a step's results to the next launch is collect, commit, schedule, enact, launch.
 
 A sequence that ends at step k (EOG, stop string, max_tokens, a cancel) has a row in step k+1
 already: ``GenerationSteps.finish`` defers its end to the next ``commit`` (``defer``), which drops
@@ -123,6 +126,17 @@ class Deferred:
 
 
 @dataclass(slots=True)
+class InFlight:
+    """A step launched, not yet collected: its plan, what ``Engine.collect`` takes, its output rows
+    (laid out at launch), and how long the launch took (ms)."""
+
+    plan: StepPlan
+    launched: Any
+    rows: OutputRows
+    launch_ms: float
+
+
+@dataclass(slots=True)
 class Pending:
     """A step collected and drawn, not yet committed."""
 
@@ -135,7 +149,7 @@ class OverlappedSteps:
 
     def __init__(self, steps: Steps) -> None:
         self.steps = steps
-        self.pending: Pending | None = None
+        self.in_flight: InFlight | None = None
         self.held: set[Sequence] = set()  # the sequences with a row in flight or pending
         self.finishing: dict[Sequence, Deferred] = {}  # ended meanwhile: finished at the next commit
         self.provisional: list[Sequence] = []  # those a token was appended to provisionally
@@ -148,10 +162,13 @@ class OverlappedSteps:
         self.finishing.setdefault(seq, Deferred(reason, error, kv_lost))
 
     def step(self, now: float) -> None:
-        """One ``Step`` message: commit step k, launch k+1, postprocess k, collect k+1."""
+        """One ``Step`` message: collect and commit step k, launch k+1, postprocess k; k+1 stays in flight."""
         steps, timed = self.steps, self.steps.counters.timed
-        pending, self.pending = self.pending, None
-        if pending is not None:
+        pending = None
+        if (flight := self.in_flight) is not None:
+            self.in_flight = None
+            pending = timed("run", self.collect, flight)
+            now = time.perf_counter()  # the plan's clock: after the wait for the device
             serial = needs_postprocess_first(pending.plan, pending.result)
             timed("postprocess", self.commit, pending, not serial)
             if serial:
@@ -161,43 +178,44 @@ class OverlappedSteps:
         plan = timed("schedule", steps.schedule, now)
         steps._plan = plan
         timed("enact", steps.enact, plan)
-        if not plan.chunks:
-            if pending is not None:
-                timed("postprocess", self.postprocess_rest, pending)
-            return
-        t0 = time.perf_counter()
-        launched, rows = timed("run", self.launch, plan)
-        launch_ms = (time.perf_counter() - t0) * 1000
+        if plan.chunks:
+            self.in_flight = timed("run", self.launch, plan)
         if pending is not None:
             timed("postprocess", self.postprocess_rest, pending)
-        self.pending = timed("run", self.collect, plan, launched, rows, launch_ms)
 
     def settle(self) -> None:
-        """Commit and postprocess the pending step, if any: the index and the cells agree again."""
-        if (pending := self.pending) is not None:
-            self.pending = None
+        """Collect, commit and postprocess the step in flight, if any: the index and the cells agree again."""
+        if (flight := self.in_flight) is not None:
+            self.in_flight = None
+            pending = self.collect(flight)
             self.commit(pending, False)
             self.postprocess_rest(pending)
 
-    def launch(self, plan: StepPlan) -> tuple[Any, OutputRows]:
-        """Start the plan's decode; its output rows are laid out now, before any sequence moves on."""
+    def launch(self, plan: StepPlan) -> InFlight:
+        """Start the plan's decode; its output rows are laid out once it is launched (off the
+        device's path), before any sequence moves on."""
         steps = self.steps
-        self.held = {c.seq for c in plan.chunks}
+        t0 = time.perf_counter()
         tokens, positions, seq_ids, wants = steps.arrays(plan)
         launched = watched(steps.watchdog, steps.counters.counts["steps"],
                            {"n_tokens": len(tokens), "n_sequences": len(plan.chunks)},
                            lambda: steps.engine.launch(tokens, positions, seq_ids, wants))
-        return launched, OutputRows.of(plan, frozenset())
+        launch_ms = (time.perf_counter() - t0) * 1000
+        self.held = {c.seq for c in plan.chunks}
+        return InFlight(plan, launched, OutputRows.of(plan, frozenset()), launch_ms)
 
-    def collect(self, plan: StepPlan, launched: Any, rows: OutputRows, launch_ms: float) -> Pending:
-        """Wait for the decode and draw the tokens of the rows whose sequences go on."""
-        steps = self.steps
+    def collect(self, flight: InFlight) -> Pending:
+        """Wait for the decode in flight and draw the tokens of the rows whose sequences go on."""
+        steps, plan = self.steps, flight.plan
         t0 = time.perf_counter()
         decoded = watched(steps.watchdog, steps.counters.counts["steps"], {"n_sequences": len(plan.chunks)},
-                          lambda: steps.engine.collect(launched))
+                          lambda: steps.engine.collect(flight.launched))
         if steps.tiers is not None:  # the decode's cost as the host saw it: the launch and the wait
-            steps.tiers.stepped(sum(c.n_tokens for c in plan.chunks), launch_ms + (time.perf_counter() - t0) * 1000)
-        rows = without(rows, set(self.finishing), decoded.failed_seq_ids)
+            steps.tiers.stepped(sum(c.n_tokens for c in plan.chunks),
+                                flight.launch_ms + (time.perf_counter() - t0) * 1000)
+        rows = flight.rows
+        if self.finishing or decoded.failed_seq_ids:
+            rows = without(rows, set(self.finishing), decoded.failed_seq_ids)
         draw = steps.counters.timed("sample", draw_tokens, steps.sampler, decoded, rows)
         return Pending(plan, StepResult(decoded, rows, draw))
 

@@ -86,3 +86,27 @@ def test_drafted_steps_run_serially_in_the_overlapped_loop_and_change_no_token(p
     assert drafted.token_ids == plain.token_ids and drafted.usage.accepted_prediction_tokens > 0
     assert overlapped.stats()["draft_tokens"] > 0
     assert audit_kv(overlapped) == []
+
+
+def test_an_audit_between_steps_settles_the_step_in_flight_and_the_streams_go_on_unchanged(
+        pair: Callable[..., Any]) -> None:
+    """A step is in flight whenever a message other than ``Step`` arrives mid-stream (its Step
+    message ended after launching it): the audit collects, commits and postprocesses it first, and
+    the streams then go on to the serial loop's tokens."""
+    serial, overlapped = pair(n_parallel=2)
+    prompts = ["Tell me a long story about a lighthouse", "Describe a busy harbour at dawn"]
+
+    def run(llm: llamactor.LLM, audit: bool) -> list[llamactor.Completion]:
+        options: dict[str, Any] = dict(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=True)
+        other = llm.submit(prompts[1], **options)
+        stream = llm.stream(prompts[0], **options)
+        pieces = iter(stream)
+        next(pieces)
+        if audit:  # mid-stream: the index and the cells agree once the step in flight is settled
+            assert audit_kv(llm) == []
+        list(pieces)
+        return [stream.completion, other.result(timeout=120)]
+
+    want, got = run(serial, False), run(overlapped, True)
+    assert all(same(a, b) for a, b in zip(want, got)), [(a.text, b.text) for a, b in zip(want, got)]
+    assert audit_kv(overlapped) == []
