@@ -42,10 +42,13 @@ class ReplyChannel:
         futures and callbacks stay where they were; the receiver gives the message its own."""
         return ReplyChannel, ()
 
-    def send_piece(self, text: str, logprobs: tuple[TokenLogprob, ...] = (), parts: Parts | None = None) -> bool:
+    def send_piece(self, text: str, logprobs: tuple[TokenLogprob, ...] = (), parts: Parts | None = None, *,
+                   last: bool = False) -> bool:
         """Stream ``text`` (with the logprobs of the tokens it completes, and its answer's parts);
-        False if it is empty and so was not sent (its logprobs then go with the next piece)."""
-        if not text:
+        False if it is empty and so was not sent (its logprobs then go with the next piece). The
+        ``last`` piece of a request goes without text when it has logprobs: no later piece would
+        carry them (the tokens of a stop string, or of a control token, never become text)."""
+        if not text and not (last and logprobs):
             return False
         if self.on_piece is not None:
             self.n_pieces_sent += 1
