@@ -165,10 +165,11 @@ async def load(llm: ModelClient, request: Request) -> ModelClient:
 
 def _as_tenants_see_it(e: ModelLoadError) -> ModelLoadError:
     """A failed load as a tenant reads it: the file named alone, never the folders it sits in (as
-    ``/v1/models`` names it); admins and the ``model_load_failed`` log line have the whole path."""
+    ``/v1/models`` names it); admins and the ``model_load_failed`` log line have the whole path. Its
+    class stays (a ``SequenceLimitError``'s code and limit are the tenant's to read too)."""
     path = e.details.get("path")
     message = str(e).replace(path, os.path.basename(path)) if isinstance(path, str) and path else str(e)
-    return ModelLoadError(message, **{k: v for k, v in e.details.items() if k != "path"})
+    return type(e)(message, **{k: v for k, v in e.details.items() if k != "path"})
 
 
 async def ready_model(state: ServerState, request: Request, name: str | None) -> ModelClient:
