@@ -195,6 +195,14 @@ class Tokenized:
     pieces: tuple[str, ...] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TokenizedTexts:
+    """What the model sees of several plain texts asked in one trip (``Tokenize.texts``): a
+    ``Tokenized`` per text, in their order."""
+
+    each: tuple[Tokenized, ...]
+
+
 # What a stream of ``n`` choices yields, merged (``llamactor.handles.streams.merged``): the index of
 # a choice and its next text piece, then, once, the index and its finished Completion. The event
 # sequences of the HTTP dialects (``llamactor.dialects``) are written over these.
