@@ -30,7 +30,8 @@ from llamactor.base.completion import ChoiceUpdate, Completion, Embeddings, Toke
 from llamactor.base.config import Config
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, InvalidRequestError, ModelLoadError
 from llamactor.base.logging import get_logger
-from llamactor.base.request import EmbeddingRequest, GenerationRequest, choice_request_id
+from llamactor.base.embedding_request import EmbeddingRequest
+from llamactor.base.request import GenerationRequest, choice_request_id
 from llamactor.base.tool_format import FALLBACK
 from llamactor.dialects.context import RequestContext
 from llamactor.handles.limits import Limiter, embedding_estimate, generation_estimate, tokenize_estimate
