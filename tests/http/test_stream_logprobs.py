@@ -15,7 +15,8 @@ from typing import Any
 import ollama
 import pytest
 
-from tests.support.daemon import Daemon, assert_same_greedy_text_up_to_near_tie, chat_steps, legacy_steps, start_daemon
+from tests.support.daemon import (Daemon, assert_same_greedy_text_up_to_near_tie, chat_result, chat_steps, legacy_result,
+                                  start_daemon, streamed_chat_result, streamed_legacy_result)
 
 COUNT_PROMPT = "One, two, three, four,"  # the base model counts on: " five, six, seven, ..."
 COUNT_CHAT = [{"role": "user", "content": "Count from one to ten: one, two, three,"}]
@@ -40,32 +41,9 @@ def assert_tokens_cover(text: str, tokens: list[str], stop: list[str], finish: s
     assert rest.startswith(stop[0]) if finish == "stop" else rest == "", (rest, finish)
 
 
-def streamed_chat(chunks: Any) -> tuple[str, list[Any], str | None, int]:
-    """A streamed chat's text, logprob entries, finish reason and usage's completion tokens."""
-    text, content, finish, n_tokens = "", [], None, -1
-    for chunk in chunks:
-        if chunk.usage is not None:
-            n_tokens = chunk.usage.completion_tokens
-        for c in chunk.choices:
-            text += c.delta.content or ""
-            content += c.logprobs.content if c.logprobs and c.logprobs.content else []
-            finish = c.finish_reason or finish
-    return text, content, finish, n_tokens
-
-
-def streamed_legacy(chunks: Any) -> tuple[str, list[str], list[dict[str, float]], str | None, int]:
-    """A streamed completion's text, tokens, top logprobs, finish reason and completion tokens."""
-    text, tokens, tops, finish, n_tokens = "", [], [], None, -1
-    for chunk in chunks:
-        if chunk.usage is not None:
-            n_tokens = chunk.usage.completion_tokens
-        for c in chunk.choices:
-            text += c.text
-            if c.logprobs:
-                tokens += c.logprobs.tokens
-                tops += c.logprobs.top_logprobs
-            finish = c.finish_reason or finish
-    return text, tokens, tops, finish, n_tokens
+def completion_tokens(chunks: list[Any]) -> int:
+    """The usage chunk's completion tokens (asked with ``include_usage``)."""
+    return next(c.usage.completion_tokens for c in chunks if c.usage is not None)
 
 
 @pytest.mark.parametrize("case", list(STOPS))
@@ -75,14 +53,12 @@ def test_a_streamed_chat_sends_the_logprobs_of_its_held_back_tokens(daemon: Daem
                                logprobs=True, top_logprobs=2)
     whole = daemon.client().chat.completions.create(**ask).choices[0]
     assert_tokens_cover(whole.message.content, [t.token for t in whole.logprobs.content], stop, whole.finish_reason)
-    text, content, finish, n_tokens = streamed_chat(daemon.client().chat.completions.create(
-        **ask, stream=True, stream_options={"include_usage": True}))
+    chunks = list(daemon.client().chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    text, steps, finish = streamed_chat_result(chunks)
     assert finish == ("stop" if case.startswith("stop") else "length")
-    assert len(content) == n_tokens
-    assert_tokens_cover(text, [t.token for t in content], stop, finish)
-    assert_same_greedy_text_up_to_near_tie((text, chat_steps(content), finish),
-                                           (whole.message.content, chat_steps(whole.logprobs.content),
-                                            whole.finish_reason))
+    assert len(steps) == completion_tokens(chunks)
+    assert_tokens_cover(text, [t.token for t in steps], stop, finish)
+    assert_same_greedy_text_up_to_near_tie((text, steps, finish), chat_result(whole))
 
 
 @pytest.mark.parametrize("case", list(STOPS))
@@ -92,14 +68,12 @@ def test_a_streamed_completion_sends_the_logprobs_of_its_held_back_tokens(daemon
                                logprobs=2)
     whole = daemon.client().completions.create(**ask).choices[0]
     assert_tokens_cover(whole.text, whole.logprobs.tokens, stop, whole.finish_reason)
-    text, tokens, tops, finish, n_tokens = streamed_legacy(daemon.client().completions.create(
-        **ask, stream=True, stream_options={"include_usage": True}))
+    chunks = list(daemon.client().completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    text, steps, finish = streamed_legacy_result(chunks)  # a top_logprobs entry per token, or it raises
     assert finish == ("stop" if case.startswith("stop") else "length")
-    assert len(tokens) == len(tops) == n_tokens
-    assert_tokens_cover(text, tokens, stop, finish)
-    assert_same_greedy_text_up_to_near_tie((text, legacy_steps(tokens, tops), finish),
-                                           (whole.text, legacy_steps(whole.logprobs.tokens,
-                                                                     whole.logprobs.top_logprobs), whole.finish_reason))
+    assert len(steps) == completion_tokens(chunks)
+    assert_tokens_cover(text, [t.token for t in steps], stop, finish)
+    assert_same_greedy_text_up_to_near_tie((text, steps, finish), legacy_result(whole))
 
 
 def test_a_stream_ending_on_a_control_token_sends_its_logprob(daemon: Daemon) -> None:
@@ -111,10 +85,11 @@ def test_a_stream_ending_on_a_control_token_sends_its_logprob(daemon: Daemon) ->
     tokens = [t.token for t in whole.logprobs.content]
     assert "" in tokens, tokens  # the end-of-turn token, whose text is empty
     upto = tokens.index("") + 1
-    text, content, finish, n_tokens = streamed_chat(daemon.client().chat.completions.create(
-        **ask, max_tokens=upto, stream=True, stream_options={"include_usage": True}))
-    assert finish == "length" and n_tokens == upto == len(content)
-    assert content[-1].token == "" and "".join(t.token for t in content) == text
+    chunks = list(daemon.client().chat.completions.create(**ask, max_tokens=upto, stream=True,
+                                                          stream_options={"include_usage": True}))
+    text, steps, finish = streamed_chat_result(chunks)
+    assert finish == "length" and completion_tokens(chunks) == upto == len(steps)
+    assert steps[-1].token == "" and "".join(t.token for t in steps) == text
 
 
 def test_an_ollama_stream_sends_the_logprobs_of_a_stop_strings_tokens(daemon: Daemon) -> None:
