@@ -94,7 +94,9 @@ class Piece:
     """One streamed piece of text, with the tokens it completes when logprobs were asked for.
 
     Text is held back while it might become a stop string or splits a UTF-8 character, so a
-    piece may carry several tokens, and a token's logprob arrives with the piece its text ends in.
+    piece may carry several tokens, and a token's logprob arrives with the piece its text ends in;
+    a token whose text never streams (a stop string's, a control token's) with the request's last
+    piece, which then may have no text of its own.
     ``parts``: what the text adds to the answer's reasoning, content and tool calls, when its
     request has its answer split (a chat; ``llamactor.base.answer``); None: all of it is content."""
 
@@ -191,6 +193,14 @@ class Tokenized:
     token_ids: tuple[int, ...]
     text: str
     pieces: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedTexts:
+    """What the model sees of several plain texts asked in one trip (``Tokenize.texts``): a
+    ``Tokenized`` per text, in their order."""
+
+    each: tuple[Tokenized, ...]
 
 
 # What a stream of ``n`` choices yields, merged (``llamactor.handles.streams.merged``): the index of

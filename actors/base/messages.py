@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamactor.base.adapters import AdapterSet
-from llamactor.base.completion import Completion, Embeddings, Parts, Piece, Tokenized, TokenLogprob
+from llamactor.base.completion import Completion, Embeddings, Parts, Piece, Tokenized, TokenizedTexts, TokenLogprob
 from llamactor.base.sampling import SamplingParams
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.errors import LlamactorError, ModelLoadError
@@ -42,10 +42,13 @@ class ReplyChannel:
         futures and callbacks stay where they were; the receiver gives the message its own."""
         return ReplyChannel, ()
 
-    def send_piece(self, text: str, logprobs: tuple[TokenLogprob, ...] = (), parts: Parts | None = None) -> bool:
+    def send_piece(self, text: str, logprobs: tuple[TokenLogprob, ...] = (), parts: Parts | None = None, *,
+                   last: bool = False) -> bool:
         """Stream ``text`` (with the logprobs of the tokens it completes, and its answer's parts);
-        False if it is empty and so was not sent (its logprobs then go with the next piece)."""
-        if not text:
+        False if it is empty and so was not sent (its logprobs then go with the next piece). The
+        ``last`` piece of a request goes without text when it has logprobs: no later piece would
+        carry them (the tokens of a stop string, or of a control token, never become text)."""
+        if not text and not (last and logprobs):
             return False
         if self.on_piece is not None:
             self.n_pieces_sent += 1
@@ -62,7 +65,7 @@ class ReplyChannel:
         if not self.queued.done():
             self.queued.set_result(None)
 
-    def resolve(self, result: Completion | Embeddings | Tokenized) -> None:
+    def resolve(self, result: Completion | Embeddings | Tokenized | TokenizedTexts) -> None:
         self.mark_queued()
         if not self.future.done():
             self.future.set_result(result)
@@ -162,7 +165,9 @@ class Tokenize:
     """Caller -> supervisor -> batcher: what the model sees of a prompt, answered on ``reply`` with a
     ``Tokenized``. Exactly one of ``text`` (tokenized), ``parts`` (strings tokenized and token ids
     kept, joined: llama-server's mixed ``content``), ``messages`` (rendered by the model's chat
-    format, with ``tools``, then tokenized) or ``token_ids`` (decoded)."""
+    format, with ``tools``, then tokenized), ``token_ids`` (decoded) or ``texts``: plain texts,
+    each ``(text, add_special, parse_special)``, answered with a ``TokenizedTexts`` (a ``Tokenized``
+    per text) in one trip: a rerank's query and documents are one message, not one per document."""
 
     request_id: str
     reply: ReplyChannel
@@ -175,10 +180,11 @@ class Tokenize:
     parse_special: bool = True  # text: special-token text read as those tokens (off: as plain text)
     with_pieces: bool = False  # also each token's text
     chat_template_kwargs: dict[str, Any] | None = None
+    texts: tuple[tuple[str, bool, bool], ...] | None = None
 
     def __post_init__(self) -> None:
-        if sum(x is not None for x in (self.text, self.messages, self.token_ids, self.parts)) != 1:
-            raise ValueError("Tokenize needs exactly one of text, parts, messages, token_ids")
+        if sum(x is not None for x in (self.text, self.messages, self.token_ids, self.parts, self.texts)) != 1:
+            raise ValueError("Tokenize needs exactly one of text, parts, messages, token_ids, texts")
 
 
 CallerMessage = Generate | Embed | Tokenize  # the messages a caller sends, kept in flight by the supervisor
@@ -188,10 +194,11 @@ CallerMessage = Generate | Embed | Tokenize  # the messages a caller sends, kept
 class PromptPrepared:
     """The batcher's preparation pool -> batcher: ``request``'s prompt, rendered and tokenized off
     the batcher thread. ``result``: for a ``Generate`` its token ids and where its continuation
-    starts, for a ``Tokenize`` its ``Tokenized``; or ``error``, why it cannot be run."""
+    starts, for a ``Tokenize`` its ``Tokenized`` (``TokenizedTexts`` for ``texts``); or ``error``, why it
+    cannot be run."""
 
     request: Generate | Tokenize
-    result: tuple[list[int], int] | Tokenized | None = None
+    result: tuple[list[int], int] | Tokenized | TokenizedTexts | None = None
     error: LlamactorError | None = None
 
 

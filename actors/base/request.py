@@ -1,4 +1,5 @@
-"""The typed requests every front end builds: ``GenerationRequest`` and ``EmbeddingRequest``.
+"""The typed generation request every front end builds: ``GenerationRequest`` (its sibling for
+embeddings: ``llamactor.base.embedding_request``).
 
 The Python API's arguments, an HTTP dialect's body and a batch line all become one of these,
 built and validated once, on the caller's thread, before anything is queued: a bad value is an
@@ -26,7 +27,7 @@ from llamactor.base.sampling import SEED_LIMIT, SamplingParams
 from llamactor.base.errors import ContextExceededError, InvalidRequestError
 from llamactor.base.grammar import Grammar
 from llamactor.base.logging import get_logger
-from llamactor.base.messages import MAX_EMBEDDING_INPUTS, POOLINGS, Generate, ReplyChannel
+from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
 from llamactor.base.request_checks import check_message_count, check_messages, check_text, label_groups
 from llamactor.base.tenants import DEFAULT, Tenant
@@ -38,7 +39,6 @@ log = get_logger("llamactor.batcher")  # its one event, max_tokens_clamped, is t
 MAX_CHOICES = 64  # choices of one prompt per request (the API's n; HTTP caps n and best_of at 16)
 Prompt = str | Sequence[int]
 Messages = Sequence[Mapping[str, Any]]
-EmbedInputs = str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]]
 Continuation = str | tuple[int, ...]
 
 
@@ -237,36 +237,6 @@ def _fitted_max_tokens(msg: Generate, n_prompt: int, n_ctx_seq: int) -> int | No
         n_prompt_tokens=n_prompt, n_ctx=n_ctx_seq)
 
 
-@dataclass(frozen=True, slots=True)
-class EmbeddingRequest:
-    """Inputs to embed (texts or token-id lists), how to pool and shape their vectors."""
-
-    inputs: tuple[str | tuple[int, ...], ...]
-    pooling: str | None = None  # "mean" | "cls" | "last"; None: the GGUF's, else mean
-    normalize: bool = True  # L2
-    dimensions: int | None = None  # keep the first components, then renormalize
-    truncate: bool = False  # an input longer than one embedding step is cut (Ollama) instead of refused
-    request_id: str | None = None
-    tenant: Tenant = DEFAULT
-
-    def __post_init__(self) -> None:
-        if not 1 <= len(self.inputs) <= MAX_EMBEDDING_INPUTS:
-            raise InvalidRequestError(f"embed takes 1 to {MAX_EMBEDDING_INPUTS} inputs, got {len(self.inputs)}")
-        if not all(isinstance(x, str) or (isinstance(x, tuple) and all(isinstance(t, int) for t in x))
-                   for x in self.inputs):
-            raise InvalidRequestError("each input must be a string or a list of token ids")
-        check_text(self.inputs if len(self.inputs) > 1 else self.inputs[0], "input")
-        if self.pooling is not None and self.pooling not in POOLINGS:
-            raise InvalidRequestError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
-        if self.dimensions is not None and (not isinstance(self.dimensions, int) or self.dimensions < 1):
-            raise InvalidRequestError(f"dimensions must be a positive integer, got {self.dimensions!r}")
-
-    @classmethod
-    def build(cls, inputs: EmbedInputs, **options: Any) -> EmbeddingRequest:
-        """``inputs``: a string, a list of strings, a list of token ids, or a list of such lists."""
-        return cls(embed_inputs(inputs), **options)
-
-
 # -- loose arguments -------------------------------------------------------------------------
 
 def prompt_fields(prompt: Prompt | None) -> dict[str, Any]:
@@ -295,18 +265,6 @@ def continuation_field(c: Prompt) -> Continuation:
             raise InvalidRequestError("a continuation must not be empty")
         return c
     return prompt_fields(c)["token_ids"]  # type: ignore[no-any-return]
-
-
-def embed_inputs(inputs: EmbedInputs) -> tuple[str | tuple[int, ...], ...]:
-    if isinstance(inputs, str):
-        return (inputs,)
-    if isinstance(inputs, Sequence) and inputs and all(isinstance(t, int) for t in inputs):
-        return (tuple(inputs),)  # type: ignore[arg-type]
-    if not isinstance(inputs, Sequence) or not inputs:
-        raise InvalidRequestError("embed takes a string, a list of strings, token ids, or lists of token ids")
-    # anything else (a number, a dict) is refused by EmbeddingRequest with a clear message
-    return tuple(x if isinstance(x, str) else tuple(x) if isinstance(x, Sequence) else x  # type: ignore[misc, arg-type]
-                 for x in inputs)
 
 
 def _constraint(json_schema: Any, grammar: Grammar | str | None) -> Grammar | None:

@@ -1,10 +1,11 @@
 """Futures chained on the caller's side, and texts tokenized by the batcher for code that wants a
 tokenizer at hand (the rerank's prompt and pairs).
 
-The caller's side holds no vocabulary: only the batcher calls llama.cpp, and a ``Tokenize`` trip
-answers each text. ``tokenized(send, build, known)`` runs ``build(tokenizer)`` twice: first over
-a tokenizer that records the texts it is asked for (answering ``[]``), then -- once the batcher
-has tokenized those texts, all sent at once -- over one that answers them. ``build`` must ask the
+The caller's side holds no vocabulary: only the batcher calls llama.cpp (its preparation pool, off
+its thread), and one ``Tokenize`` trip answers many texts. ``tokenized(send, build, known)`` runs
+``build(tokenizer)`` twice: first over a tokenizer that records the texts it is asked for
+(answering ``[]``), then -- once the batcher has tokenized those texts, all in one message -- over
+one that answers them. ``build`` must ask the
 same texts both times (pure code over its arguments does), all of them before it may raise. Callbacks run on whichever thread
 settles a future: the batcher's, or a caller's that cancels.
 """
@@ -16,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from llamactor.base.completion import Tokenized
+from llamactor.base.completion import TokenizedTexts
 from llamactor.base.errors import LlamactorError
 from llamactor.base.messages import CallerMessage, ReplyChannel, Tokenize
 from llamactor.base.request import new_request_id
@@ -152,12 +153,14 @@ class _Answering:
 
 
 def tokenize_texts(send: Send, keys: Sequence[TokensKey]) -> Future[dict[TokensKey, list[int]]]:
-    """The tokens of each text, one ``Tokenize`` trip each, all sent at once."""
-    futures: list[Future[Tokenized]] = [
-        send(Tokenize(request_id=new_request_id(), reply=ReplyChannel(), text=text, add_special=add_special,
-                      parse_special=parse_special))
-        for text, add_special, parse_special in keys]
-    return then(gather(futures), lambda done: {k: list(t.token_ids) for k, t in zip(keys, done, strict=True)})
+    """The tokens of each text, all in one ``Tokenize`` trip (``texts``): a rerank of N documents
+    is one message through the supervisor and the batcher, not N."""
+    if not keys:
+        done: Future[dict[TokensKey, list[int]]] = concurrent.futures.Future()
+        done.set_result({})
+        return done
+    answered: Future[TokenizedTexts] = send(Tokenize(request_id=new_request_id(), reply=ReplyChannel(), texts=tuple(keys)))
+    return then(answered, lambda done: {k: list(t.token_ids) for k, t in zip(keys, done.each, strict=True)})
 
 
 def tokenized(send: Send, build: Callable[[Any], T], known: Mapping[TokensKey, list[int]] | None = None,

@@ -30,8 +30,8 @@ from llamactor.base.errors import InvalidRequestError
 from llamactor.base.messages import CallerMessage, Embed, Generate, ReplyChannel
 from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
 from llamactor.base.rank_pairs import RankPairs, RankScores
-from llamactor.base.request import (EmbedInputs, EmbeddingRequest, GenerationRequest, Messages, Prompt,
-                                    choice_request_id, new_request_id)
+from llamactor.base.embedding_request import EmbedInputs, EmbeddingRequest
+from llamactor.base.request import GenerationRequest, Messages, Prompt, choice_request_id, new_request_id
 from llamactor.base.rerank import RerankArgs, Reranking
 from llamactor.base.tenants import Tenant, tenant_named
 from llamactor.base.trace_spans import SERVICE_NAME

@@ -17,7 +17,8 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from llamactor.base.completion import Completion, Embeddings, Tokenized
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, RateLimitError
 from llamactor.base.logging import get_logger
-from llamactor.base.request import EmbeddingRequest, GenerationRequest
+from llamactor.base.embedding_request import EmbeddingRequest
+from llamactor.base.request import GenerationRequest
 from llamactor.base.rerank import RerankArgs, Reranking
 from llamactor.base.tenants import Tenant
 from llamactor.scheduling.rate_limits import Limits, RateLimits, estimate_tokens

@@ -4,7 +4,8 @@ the threads that answer: the batcher's).
 1. The judging prompt, prepared once per handle (``Judge``): its template (``rerank_prompt``; the
    built-in one rendered by a ``Tokenize`` trip through the model's chat format), its text's
    tokens and the "yes"/"no" answer tokens.
-2. The query, the instruction and every document tokenized by the batcher (plain text), each
+2. The query, the instruction and every document tokenized by the batcher (plain text) in one
+   ``Tokenize`` message (its preparation pool, off the batcher thread), each
    document cut to ``max_tokens_per_doc`` and to what the context leaves (or refused without
    ``truncation``).
 3. Scoring (``Scoring``): the documents in groups of at most ``n_parallel``, each group ONE

@@ -37,8 +37,10 @@ class TextStream:
         self.future: concurrent.futures.Future[Completion] | None = None
 
     def push(self, piece: Piece) -> None:
-        """Called by the batcher thread for each piece."""
-        self._queue.put(piece.text)
+        """Called by the batcher thread for each piece (a text stream skips a last one that only
+        carries logprobs)."""
+        if piece.text:
+            self._queue.put(piece.text)
 
     def attach(self, future: concurrent.futures.Future[Completion]) -> None:
         self.future = future
@@ -158,7 +160,8 @@ class AsyncTextStream:
         pieces = self.pieces()
         try:
             async for piece in pieces:
-                yield piece.text
+                if piece.text:  # not a last piece that only carries logprobs
+                    yield piece.text
         finally:
             await pieces.aclose()  # now, not when collected: leaving early cancels the request
 

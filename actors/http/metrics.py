@@ -182,5 +182,11 @@ class Metrics:
             tenant_ttft.observe(completion.timings.ttft_ms / 1000)
         return observe
 
+    def count_prompt_tokens(self, model: str, dialect: str, tenant: str, tokens: int) -> None:
+        """Prompt tokens a request computed without a completion of its own (a rerank's: its
+        ``Reranking.prompt_tokens``), counted as a completion's are, by model and dialect and by tenant."""
+        self.prompt_tokens.labels(model, dialect).inc(tokens)
+        self.tenant_prompt_tokens.labels(tenant).inc(tokens)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -158,5 +158,5 @@ async def rerank(body: OllamaRerankBody, request: Request, state: State) -> JSON
     llm = lookup(state, body.model or "")
     call = rerank_call(body, llm.config.max_rerank_documents)  # a bad body: 400 before the model loads
     ctx = context(request, llm, body.model)
-    [done] = await reranked(state, request, await load(llm, request), [call], ctx)
+    [done] = await reranked(state, request, await load(llm, request), [call], ctx, "ollama")
     return JSONResponse(ollama_reply(call, done, body.model or ""), background=unload_after(body.keep_alive, llm))

@@ -30,7 +30,8 @@ from llamactor.base.completion import ChoiceUpdate, Completion, Embeddings, Toke
 from llamactor.base.config import Config
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, InvalidRequestError, ModelLoadError
 from llamactor.base.logging import get_logger
-from llamactor.base.request import EmbeddingRequest, GenerationRequest, choice_request_id
+from llamactor.base.embedding_request import EmbeddingRequest
+from llamactor.base.request import GenerationRequest, choice_request_id
 from llamactor.base.tool_format import FALLBACK
 from llamactor.dialects.context import RequestContext
 from llamactor.handles.limits import Limiter, embedding_estimate, generation_estimate, tokenize_estimate
@@ -165,10 +166,11 @@ async def load(llm: ModelClient, request: Request) -> ModelClient:
 
 def _as_tenants_see_it(e: ModelLoadError) -> ModelLoadError:
     """A failed load as a tenant reads it: the file named alone, never the folders it sits in (as
-    ``/v1/models`` names it); admins and the ``model_load_failed`` log line have the whole path."""
+    ``/v1/models`` names it); admins and the ``model_load_failed`` log line have the whole path. Its
+    class stays (a ``SequenceLimitError``'s code and limit are the tenant's to read too)."""
     path = e.details.get("path")
     message = str(e).replace(path, os.path.basename(path)) if isinstance(path, str) and path else str(e)
-    return ModelLoadError(message, **{k: v for k, v in e.details.items() if k != "path"})
+    return type(e)(message, **{k: v for k, v in e.details.items() if k != "path"})
 
 
 async def ready_model(state: ServerState, request: Request, name: str | None) -> ModelClient:

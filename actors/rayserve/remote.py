@@ -105,7 +105,8 @@ class RemoteReplicas(ModelClient):
                     if status == QUEUED:
                         reply.mark_queued()
                     elif status == "piece":
-                        reply.send_piece(value.text, value.logprobs)
+                        # as the replica sent it: its last piece may carry logprobs without text
+                        reply.send_piece(value.text, value.logprobs, last=True)
                     else:
                         (reply.resolve if status == "ok" else reply.fail)(value)
                 return

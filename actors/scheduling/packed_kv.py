@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
+from llamactor.scheduling.kv_nodes import KvOp
+from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler, TierLookup
 from llamactor.scheduling.sequence import Sequence, StepPlan
 from llamactor.scheduling.tier_index import NO_MATCH, TierMatch

@@ -1,10 +1,10 @@
 """The prefix index: which token prefixes have KV cells in the unified cache, and on which seq_ids.
 
 Pure bookkeeping (no threads, no llama calls), run on the batcher's thread through the scheduler.
-It is a radix tree whose nodes are *physical* runs of KV cells: a node's tokens sit at positions
-``[start, end)`` and every seq_id in ``node.seq_ids`` holds those very cells (llama.cpp's unified
-cache keeps a set of seq_ids per cell; ``seq_cp`` adds an id to cells, ``seq_rm`` removes it and
-frees a cell when its set empties). A sequence is a path from the root to its ``leaf`` node, so a
+It is a radix tree whose nodes (``kv_nodes``: walked, split and cut there) are *physical* runs
+of KV cells: a node's tokens sit at positions ``[start, end)`` and every seq_id in
+``node.seq_ids`` holds those very cells (llama.cpp's unified cache keeps a set of seq_ids per
+cell; ``seq_cp`` adds an id to cells, ``seq_rm`` removes it and frees a cell when its set empties). A sequence is a path from the root to its ``leaf`` node, so a
 node's ``seq_ids`` contain its children's. Two sequences that computed the same tokens on their
 own own different cells: the tree may hold sibling nodes with equal tokens.
 
@@ -22,68 +22,17 @@ only by ``flush``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from llamactor.base.tenants import DEFAULT_TENANT
+from llamactor.scheduling.kv_nodes import (KvOp, Match, Node, common_prefix_len, cut, descendants, own_tail, path, split,
+                                             unlink)
 
 
 # An attached prefix at least this long is a sign that its entry may be asked for again (a few
 # tokens, a BOS and a chat template's opening, are shared by every prompt).
 REUSED_MIN_TOKENS = 16
-
-
-@dataclass(frozen=True, slots=True)
-class KvOp:
-    """``seq_rm(seq_id, p0, -1)`` (``p0 = 0``: the whole sequence), or with ``src`` set,
-    ``seq_cp(src, seq_id, 0, p0)``: attach the first ``p0`` cells of ``src`` to ``seq_id``.
-    ``save``: the tokens of a cached entry this ``seq_rm`` evicts, whose KV goes to the lower
-    cache tier first (only when the index was made with ``offer_evicted``) if that pays
-    (``tier_cost``): ``runs``, about how many contiguous runs its cells make, and ``returning``,
-    whether its prefix was used again before, tell what saving it costs and may bring."""
-
-    seq_id: int
-    p0: int = 0
-    src: int = -1
-    save: tuple[int, ...] = ()
-    scope: str | None = None  # the evicted entry's cache scope (with ``save``)
-    runs: int = 0  # with ``save``
-    returning: bool = False  # with ``save``
-
-    def __post_init__(self) -> None:
-        if self.seq_id < 0 or self.p0 < 0 or (self.src >= 0 and self.p0 == 0):
-            raise ValueError(f"bad KV operation {self!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class Match:
-    n_tokens: int  # leading tokens whose KV is in the cache
-    seq_id: int  # a sequence holding them (-1 when n_tokens == 0)
-
-
-@dataclass(slots=True, eq=False)
-class Node:
-    tokens: list[int]
-    start: int  # position of tokens[0]
-    parent: Node | None
-    seq_ids: set[int] = field(default_factory=set)
-    children: list[Node] = field(default_factory=list)
-    last_used: float = 0.0
-    runs: int = 1  # contiguous runs of cells its tokens were computed into (about)
-    reused: bool = False  # attached by a later sequence, or restored from a lower tier
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.tokens)
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class PrefixIndex:
@@ -135,15 +84,15 @@ class PrefixIndex:
         return self.leaf[seq_id].end
 
     def tokens(self, seq_id: int) -> list[int]:
-        return [t for node in reversed(list(self._path(self.leaf[seq_id]))) for t in node.tokens]
+        return [t for node in reversed(list(path(self.leaf[seq_id]))) for t in node.tokens]
 
     def cache_cells(self) -> int:
         """Cells held by unpinned entries alone: what evicting every entry would free."""
-        return sum(len(n.tokens) for n in self._nodes()
+        return sum(len(n.tokens) for n in descendants(self.root)
                    if all(self.entries.get(s) is False for s in n.seq_ids))
 
     def pinned_cells(self) -> int:
-        return sum(len(n.tokens) for n in self._nodes() if any(self.entries.get(s) for s in n.seq_ids))
+        return sum(len(n.tokens) for n in descendants(self.root) if any(self.entries.get(s) for s in n.seq_ids))
 
     def spare_id(self) -> bool:
         """Whether ``allocate`` can give a seq_id without freeing any cell: a free one, or a
@@ -178,9 +127,9 @@ class PrefixIndex:
             assert node.parent is not None
             node = node.parent
         if node.end > match.n_tokens:
-            node = self._split(node, match.n_tokens - node.start)
+            node = split(node, match.n_tokens - node.start)
         self.leaf[seq_id] = node
-        for n in self._path(node):
+        for n in path(node):
             n.seq_ids.add(seq_id)
             n.last_used = now
             n.reused |= match.n_tokens >= REUSED_MIN_TOKENS
@@ -217,7 +166,7 @@ class PrefixIndex:
             return [self._drop(seq_id)]
         self.entries[seq_id] = False
         leaf.last_used = now
-        ops = [self._drop(e) for node in self._path(leaf) for e in list(node.seq_ids)
+        ops = [self._drop(e) for node in path(leaf) for e in list(node.seq_ids)
                if e != seq_id and self.entries.get(e) is False and self.leaf[e] is node]
         if keep_upto is not None and keep_upto < leaf.end:
             ops += self._trim_finished(seq_id, keep_upto)
@@ -228,7 +177,7 @@ class PrefixIndex:
     def _trim_finished(self, seq_id: int, keep_upto: int) -> list[KvOp]:
         """A finished entry cut to its first ``keep_upto`` cells (what it shares with others is
         kept whole): dropped when nothing of its own is left or another entry holds the rest."""
-        cut = max(keep_upto, self.leaf[seq_id].end - self._own_tail(seq_id))
+        cut = max(keep_upto, self.leaf[seq_id].end - own_tail(self.leaf[seq_id], seq_id))
         if cut == 0:
             return [self._drop(seq_id)]
         self._truncate(seq_id, cut)
@@ -253,7 +202,7 @@ class PrefixIndex:
             victim = self._lru_entry(any_owner=False)
             if victim is None:
                 break
-            own = self._own_tail(victim)
+            own = own_tail(self.leaf[victim], victim)
             if own > n_cells:
                 offer = self._offered(victim)
                 keep = self.leaf[victim].end - n_cells
@@ -280,37 +229,13 @@ class PrefixIndex:
 
     def forget_cells(self, seq_id: int) -> None:
         """``seq_id``'s restore failed: it holds no cells after all (it stays allocated)."""
-        for node in list(self._path(self.leaf[seq_id])):
+        for node in list(path(self.leaf[seq_id])):
             node.seq_ids.discard(seq_id)
             if not node.seq_ids:
-                self._remove_node(node)
+                self.cells_used -= unlink(node)
         self.leaf[seq_id] = self.root
 
     # -- internals ----------------------------------------------------------------------------
-
-    def _path(self, node: Node) -> Iterator[Node]:
-        """``node`` and its ancestors, the root excluded."""
-        while node.parent is not None:
-            yield node
-            node = node.parent
-
-    def _nodes(self) -> Iterator[Node]:
-        stack = list(self.root.children)
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children)
-
-    def _split(self, node: Node, at: int) -> Node:
-        """Cut ``node`` after ``at`` tokens; return the head (same cells, now two nodes)."""
-        assert 0 < at < len(node.tokens) and node.parent is not None
-        head_runs = max(1, node.runs * at // len(node.tokens))
-        head = Node(node.tokens[:at], node.start, node.parent, set(node.seq_ids), [node], node.last_used,
-                    head_runs, node.reused)
-        node.runs = max(1, node.runs - head_runs)
-        node.parent.children[node.parent.children.index(node)] = head
-        node.tokens, node.start, node.parent = node.tokens[at:], node.start + at, head
-        return head
 
     def _free_seq_id(self) -> KvOp:
         """Drop an entry for its seq_id: one another sequence covers (nothing to save), else the
@@ -327,10 +252,10 @@ class PrefixIndex:
         return KvOp(self._drop(victim).seq_id, **offer)
 
     def _drop(self, seq_id: int) -> KvOp:
-        for node in list(self._path(self.leaf[seq_id])):
+        for node in list(path(self.leaf[seq_id])):
             node.seq_ids.discard(seq_id)
             if not node.seq_ids:
-                self._remove_node(node)
+                self.cells_used -= unlink(node)
         del self.leaf[seq_id]
         del self.scopes[seq_id]
         self._last_extend.pop(seq_id, None)
@@ -341,7 +266,7 @@ class PrefixIndex:
     def _evict_entry(self, seq_id: int) -> KvOp:
         """Drop the entry ``seq_id`` whole, counted as evicted and offered to the lower tier."""
         offer = self._offered(seq_id)
-        self.counters["evicted_cells"] += self._own_tail(seq_id)
+        self.counters["evicted_cells"] += own_tail(self.leaf[seq_id], seq_id)
         self.counters["evicted_entries"] += 1
         return KvOp(self._drop(seq_id).seq_id, **offer)
 
@@ -350,41 +275,17 @@ class PrefixIndex:
         cell runs, and whether a part of it not pinned was used again."""
         if not self.offer_evicted:
             return {}
-        path = list(self._path(self.leaf[seq_id]))
+        held = list(path(self.leaf[seq_id]))
         # a long reused run: a short head node that a long attach passed through is every prompt's opening
         returning = any(n.reused and n.end >= REUSED_MIN_TOKENS and not any(self.entries.get(s) for s in n.seq_ids)
-                        for n in path)
+                        for n in held)
         return {"save": tuple(self.tokens(seq_id)), "scope": self.scopes[seq_id],
-                "runs": max(1, sum(n.runs for n in path)), "returning": returning}
-
-    def _remove_node(self, node: Node) -> None:
-        assert node.parent is not None and not node.children
-        node.parent.children.remove(node)
-        self.cells_used -= len(node.tokens)
+                "runs": max(1, sum(n.runs for n in held)), "returning": returning}
 
     def _truncate(self, seq_id: int, n: int) -> None:
         """Keep only the first ``n`` cells of ``seq_id``, whose tail beyond ``n`` it owns alone."""
-        node = self.leaf[seq_id]
-        while node.start >= n:
-            assert node.parent is not None and node.seq_ids == {seq_id}
-            parent = node.parent
-            self._remove_node(node)
-            node = parent
-        if node.end > n:
-            assert node.seq_ids == {seq_id}
-            self.cells_used -= node.end - n
-            node.runs = max(1, node.runs * (n - node.start) // len(node.tokens))
-            del node.tokens[n - node.start:]
-        self.leaf[seq_id] = node
-
-    def _own_tail(self, seq_id: int) -> int:
-        """Cells that only ``seq_id`` holds (all at the end of its path)."""
-        n = 0
-        for node in self._path(self.leaf[seq_id]):
-            if node.seq_ids != {seq_id}:
-                break
-            n += len(node.tokens)
-        return n
+        self.leaf[seq_id], freed = cut(self.leaf[seq_id], seq_id, n)
+        self.cells_used -= freed
 
     def _covered(self, seq_id: int, *, entries_only: bool) -> bool:
         """Another sequence (an entry, if ``entries_only``) holds every cell of ``seq_id``."""

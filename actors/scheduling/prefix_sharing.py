@@ -8,7 +8,7 @@ its cells from the prefix index (and its prompt scores from the ``ScoreCache``).
 
 from __future__ import annotations
 
-from llamactor.scheduling.prefix_index import common_prefix_len
+from llamactor.scheduling.kv_nodes import common_prefix_len
 from llamactor.scheduling.sequence import Sequence
 
 SCORE_SHARE_MIN_ROWS = 4  # a scoring prompt waits for another's rows when it would reuse this many

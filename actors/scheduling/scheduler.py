@@ -31,7 +31,8 @@ from llamactor.scheduling.adapter_turns import AdapterTurns, group
 from llamactor.scheduling.fair_order import ahead_of, fair_order
 from llamactor.scheduling.fairness import FairShare
 from llamactor.scheduling.policy import Policy
-from llamactor.scheduling.prefix_index import KvOp, Match, PrefixIndex
+from llamactor.scheduling.kv_nodes import KvOp, Match
+from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.prefix_sharing import waits_for_prefix, waits_for_scores
 from llamactor.scheduling.prompt_scores import ROW_COST, ScoreCache, reusable_end
 from llamactor.scheduling.queue_shares import admission, waiting_by_tenant

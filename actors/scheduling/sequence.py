@@ -9,7 +9,7 @@ from typing import Any
 from llamactor.base.adapters import BASE, AdapterSet, adapter_scope
 from llamactor.base.messages import Generate
 from llamactor.scheduling.fairness import GENERATE, SCORE
-from llamactor.scheduling.prefix_index import KvOp
+from llamactor.scheduling.kv_nodes import KvOp
 from llamactor.scheduling.prompt_scores import ScoreState
 from llamactor.scheduling.tier_index import RestoreOp
 

@@ -20,7 +20,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llamactor.scheduling.prefix_index import KvOp, PrefixIndex, common_prefix_len
+from llamactor.scheduling.kv_nodes import KvOp, common_prefix_len
+from llamactor.scheduling.prefix_index import PrefixIndex
 
 # Measured on this project's 2-core machine with Gemma 3 270M (docs/operations.md, "Host-RAM
 # tier"): restoring copies every position of an entry, ~0.01 ms per token (9 ms for 1,024, 40 ms

@@ -118,8 +118,14 @@ class Replicas(ModelClient):
             return None
 
     def _load_error(self, e: ModelLoadError) -> ModelLoadError:
-        """``e`` naming the model and its file, and what the file's header says when it is no GGUF."""
+        """``e`` naming the model and its file, and what the file's header says when it is no GGUF.
+        A typed refusal (``SequenceLimitError``) is the caller's as raised -- its class, message and
+        details, which it may act on -- with only the model and file added to its details."""
         path = self.path or self.config.model
+        if type(e) is not ModelLoadError:
+            e.details.setdefault("model", self.name)
+            e.details.setdefault("path", path)
+            return e
         reason = str(e)
         if path and os.path.isfile(path) and read_gguf(path) is None:
             reason += "; its GGUF header cannot be read (not a GGUF file, or truncated)"

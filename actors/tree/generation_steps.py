@@ -25,7 +25,8 @@ from llamactor.base.request import admitted_sampling
 from llamactor.native.engine import Engine
 from llamactor.scheduling.packed_kv import PackedPrefixIndex, PackedScheduler
 from llamactor.scheduling.policy import Policy
-from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
+from llamactor.scheduling.kv_nodes import KvOp
+from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.prompt_scores import logits_row_cost
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Sequence, StepPlan

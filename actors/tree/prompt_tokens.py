@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from llamactor.base.errors import ContextExceededError, InvalidRequestError
-from llamactor.base.completion import Tokenized
+from llamactor.base.completion import Tokenized, TokenizedTexts
 from llamactor.base.messages import Generate, Tokenize
 from llamactor.base.tools import Tools
 from llamactor.base.chat_template import ChatTemplate, ChatTemplateError
@@ -135,9 +135,14 @@ class PromptBuilder:
             raise InvalidRequestError("a scored continuation must not be empty")
         return tokens
 
-    def inspect(self, msg: Tokenize) -> Tokenized:
-        """What the model sees of ``msg``'s prompt (the tokenizer and template endpoints). No
-        context cap: counting a text's tokens is asked of texts of any length (the body limit bounds it)."""
+    def inspect(self, msg: Tokenize) -> Tokenized | TokenizedTexts:
+        """What the model sees of ``msg``'s prompt (the tokenizer and template endpoints), or of each
+        of its ``texts``. No context cap: counting a text's tokens is asked of texts of any length
+        (the body limit bounds it)."""
+        if msg.texts is not None:
+            tokenize = self.tokenizer.tokenize
+            return TokenizedTexts(tuple(Tokenized(tuple(tokenize(text, add_special=add, parse_special=parse)), text)
+                                        for text, add, parse in msg.texts))
         if msg.token_ids is not None:
             tokens = list(msg.token_ids)
             self.tokenizer.check_ids(tokens)

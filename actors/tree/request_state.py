@@ -80,11 +80,12 @@ class RequestState:
             self.spec.recent_tokens = token_ids[-p.repeat_last_n:]
         return self.spec
 
-    def send(self, reply: ReplyChannel, text: str) -> None:
-        """Stream ``text``, the answer's parts it completes, and the logprobs not yet sent."""
+    def send(self, reply: ReplyChannel, text: str, *, last: bool = False) -> None:
+        """Stream ``text``, the answer's parts it completes, and the logprobs not yet sent (all of
+        them with the ``last`` piece, which goes even without text if it has any)."""
         unsent = tuple(self.logprobs[self.n_logprobs_sent:]) if self.logprobs is not None else ()
         parts = self.answer.feed(text) if self.answer is not None and text else None
-        if reply.send_piece(text, unsent, parts):
+        if reply.send_piece(text, unsent, parts, last=last):
             self.n_logprobs_sent += len(unsent)
 
     def accept(self, seq: Sequence, token: int, logprob: float | None, top: list[tuple[int, float]],
@@ -278,7 +279,7 @@ def finish_request(seq: Sequence, reason: str, error: LlamactorError | None = No
     if state is not None:
         tail = state.text.finish()
         if reason != "cancelled":
-            state.send(req.reply, tail)
+            state.send(req.reply, tail, last=True)
         text = state.text.text
     n_gen = seq.n_generated
     decode_s = now - seq.first_token_at if seq.first_token_at is not None else 0.0

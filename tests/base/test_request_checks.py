@@ -15,7 +15,8 @@ from pydantic import ValidationError
 from llamactor.base.sampling import SamplingParams
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.grammar import Grammar
-from llamactor.base.request import EmbeddingRequest, GenerationRequest
+from llamactor.base.embedding_request import EmbeddingRequest
+from llamactor.base.request import GenerationRequest
 from llamactor.base.request_checks import MAX_MESSAGES, check_text
 from llamactor.dialects.tokenizer import ApplyTemplateRequest, TokenizeRequest, apply_template_call, tokenize_call
 from llamactor.tree.text import TextAssembler

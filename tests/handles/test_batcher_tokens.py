@@ -1,4 +1,4 @@
-"""Futures chained on the caller's side and texts tokenized in one round of ``Tokenize`` trips
+"""Futures chained on the caller's side and texts tokenized in one ``Tokenize`` trip
 (``llamactor.handles.batcher_tokens``), over a fake batcher that answers on its own thread."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from llamactor.base.completion import Tokenized
+from llamactor.base.completion import Tokenized, TokenizedTexts
 from llamactor.base.errors import BatcherUnavailableError, InvalidRequestError
 from llamactor.base.messages import Tokenize
 from llamactor.handles.batcher_tokens import gather, shielded, then, tokenized
@@ -18,22 +18,24 @@ pytestmark = pytest.mark.pure
 
 
 class FakeBatcher:
-    """Answers each ``Tokenize`` from another thread: one id per character (specials parsed: 0)."""
+    """Answers each ``Tokenize`` of ``texts`` from another thread: one id per character (specials parsed: 0)."""
 
     def __init__(self, fail: bool = False) -> None:
         self.sent: list[Tokenize] = []
         self.fail = fail
 
     def send(self, msg: Any) -> concurrent.futures.Future[Any]:
-        assert isinstance(msg, Tokenize) and msg.text is not None
+        assert isinstance(msg, Tokenize) and msg.texts is not None
         self.sent.append(msg)
 
         def answer() -> None:
             if self.fail:
                 msg.reply.fail(BatcherUnavailableError("gone"))
             else:
-                ids = [0] if msg.parse_special and msg.text == "<s>" else [ord(c) for c in msg.text]
-                msg.reply.resolve(Tokenized(tuple(ids), msg.text))
+                assert msg.texts is not None
+                msg.reply.resolve(TokenizedTexts(tuple(
+                    Tokenized((0,) if parse and text == "<s>" else tuple(map(ord, text)), text)
+                    for text, _, parse in msg.texts)))
         threading.Thread(target=answer).start()
         return msg.reply.future
 
@@ -43,18 +45,20 @@ def build(tok: Any) -> list[list[int]]:
             tok.tokenize("ab", add_special=False, parse_special=False)]
 
 
-def test_a_builder_gets_the_batchers_tokens_after_one_round_of_trips() -> None:
+def test_a_builder_gets_the_batchers_tokens_after_one_trip_for_all_its_texts() -> None:
     batcher = FakeBatcher()
     result, known = tokenized(batcher.send, build).result(timeout=10)
     assert result == [[0], [97, 98]]
-    assert [(m.text, m.parse_special, m.add_special) for m in batcher.sent] == [("<s>", True, False), ("ab", False, False)]
+    assert [m.texts for m in batcher.sent] == [(("<s>", False, True), ("ab", False, False))]
     assert known[("ab", False, False)] == [97, 98]
 
 
 def test_known_texts_are_not_asked_again() -> None:
     batcher = FakeBatcher()
     result, _ = tokenized(batcher.send, build, {("<s>", False, True): [5]}).result(timeout=10)
-    assert result == [[5], [97, 98]] and [m.text for m in batcher.sent] == ["ab"]
+    assert result == [[5], [97, 98]] and [m.texts for m in batcher.sent] == [(("ab", False, False),)]
+    every = {("<s>", False, True): [5], ("ab", False, False): [1]}
+    assert tokenized(batcher.send, build, every).result(timeout=10)[0] == [[5], [1]] and len(batcher.sent) == 1
 
 
 def test_a_builder_that_refuses_the_real_tokens_fails_the_future() -> None:

@@ -17,11 +17,12 @@ import llamactor
 from llamactor.base.errors import ContextExceededError, InvalidRequestError
 from llamactor.bench.rerank_set import RERANK_SET
 from llamactor.handles.batcher_tokens import tokenized
+from llamactor.base.messages import Tokenize
 from llamactor.base.rerank import RerankArgs
 from llamactor.handles.rerank import judge_of, rerank_prompt
 from llamactor.handles.rerank_prompt import DOCUMENT, GGUF_RERANK_TEMPLATE, INSTRUCTION, QUERY, judge_messages
 
-from tests.conftest import closing_what_the_test_started
+from tests.conftest import closing_what_the_test_started, record_sent
 from tests.support.gguf_copies import with_metadata
 from tests.support.rank_gguf import write_rank_gguf
 from tests.support.rerank_scores import assert_ranked
@@ -185,6 +186,21 @@ def check_args(query: str, documents: list[str], **options: object) -> RerankArg
     options = {"top_n": None, "max_tokens_per_doc": 4096, "truncation": True, "instruction": None,
                "max_documents": 1000, **options}
     return RerankArgs.check(query, documents, **options)
+
+
+def test_a_reranks_query_and_documents_are_tokenized_in_one_message(smol: llamactor.LLM,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """One ``Tokenize`` through the supervisor and the batcher for the whole rerank (the judging
+    prompt's own texts are the handle's, tokenized once), not one per document."""
+    smol.rerank("Which is a fruit?", ["An apple.", "A chair."], timeout=120)  # the judge, prepared
+    sent = record_sent(smol, monkeypatch)
+    docs = [f"Note {i}: the sky is {'blue' if i % 2 else 'green'} today." for i in range(12)]
+    result = smol.rerank("What colour is the sky?", docs, timeout=120)
+    assert sorted(r.index for r in result.results) == list(range(12))
+    trips = [m for m in sent if isinstance(m, Tokenize)]
+    assert len(trips) == 1 and trips[0].texts is not None
+    asked = [text for text, _, _ in trips[0].texts]  # each document with the space its slot carries, the query
+    assert all(any(text.endswith(d) for text in asked) for d in docs) and len(asked) <= len(docs) + 2
 
 
 def test_a_long_list_is_scored_in_windows_of_groups(start_llm, instruct_path: str) -> None:

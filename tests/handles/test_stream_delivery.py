@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from llamactor.base.completion import Completion, Piece
-from llamactor.handles.streams import AsyncTextStream, buffered, merged
+from llamactor.base.completion import Completion, Piece, TokenLogprob
+from llamactor.base.messages import ReplyChannel
+from llamactor.handles.streams import AsyncTextStream, TextStream, buffered, merged
 
 from tests.support.dialects import completion
 
@@ -91,3 +92,32 @@ def test_a_closed_loop_refuses_a_piece_so_the_batcher_cancels_the_request() -> N
     loop.close()
     with pytest.raises(RuntimeError):
         stream.push(Piece("x"))
+
+
+def test_a_last_piece_with_only_logprobs_reaches_pieces_but_no_text_reader() -> None:
+    """A request's last piece may carry the logprobs of tokens that never became text (a stop
+    string's): the HTTP stream reads it through ``pieces()``; a text iterator yields no empty text."""
+    held = (TokenLogprob(",", -0.1), TokenLogprob(" six", -0.2))
+    reply = ReplyChannel()
+    assert not reply.send_piece("", held)  # mid-stream: it waits for the next piece's text
+    sent: list[Piece] = []
+    assert ReplyChannel(on_piece=sent.append).send_piece("", held, last=True) and sent == [Piece("", held)]
+
+    async def read() -> tuple[list[str], list[Piece]]:
+        loop = asyncio.get_running_loop()
+        (texts, pieces), futures = _streams(loop, 2)
+        for stream, future in zip((texts, pieces), futures):
+            stream.push(Piece(" five", (TokenLogprob(" five", -0.3),)))
+            stream.push(Piece("", held))
+            future.set_result(completion(" five"))
+        return [t async for t in texts], [p async for p in pieces.pieces()]
+
+    texts, pieces = asyncio.run(read())
+    assert texts == [" five"] and [p.logprobs for p in pieces][1] == held
+    sync = TextStream("r", lambda rid: None)
+    sync.push(Piece("", held))
+    sync.push(Piece(" five"))
+    future: concurrent.futures.Future[Completion] = concurrent.futures.Future()
+    sync.attach(future)
+    future.set_result(completion(" five"))
+    assert list(sync) == [" five"]

@@ -26,7 +26,7 @@ from llama_index.postprocessor.jinaai_rerank import JinaRerank
 
 from llamactor.handles.rank_pairs import rank_pair_tokens
 
-from tests.support.daemon import API_KEY, Daemon, start_daemon
+from tests.support.daemon import API_KEY, Daemon, metric, start_daemon
 from tests.support.keys import write_keys_file
 from tests.support.rerank_scores import assert_ranked, same_score
 from tests.support.rank_gguf import reference_scores, vocab_tokenizer, write_rank_gguf
@@ -193,6 +193,24 @@ def test_a_tenants_rerank_is_charged_the_tokens_it_computed(daemon: Daemon) -> N
     used = r.json()["usage"]["prompt_tokens"]
     assert used > 0 and daemon.wait_for_log(lambda line: line.get("event") == "rate_limit_settled"
                                             and line.get("tenant") == "metered" and line.get("used") == used)
+
+
+def test_a_reranks_tokens_count_in_the_prompt_token_metrics_by_dialect_and_tenant(daemon: Daemon) -> None:
+    def counted() -> list[float]:
+        scraped = httpx.get(f"{daemon.url}/metrics", headers=HEADERS).text  # an admin's key
+        by_dialect = r'llamactor_prompt_tokens_total\{dialect="%s",model="' + MODEL + r'"\}'
+        return [metric(scraped, by_dialect % "rerank"), metric(scraped, by_dialect % "ollama"),
+                metric(scraped, r'llamactor_tenant_prompt_tokens_total\{tenant="metered"\}'),
+                metric(scraped, r'llamactor_tenant_prompt_tokens_total\{tenant="ops"\}')]
+    before = counted()
+    cohere_shaped = httpx.post(f"{daemon.url}/v1/rerank", json={"model": MODEL, "query": QUERY, "documents": DOCS},
+                               headers={"Authorization": f"Bearer {METERED_KEY}"}, timeout=120)
+    ollama_shaped = httpx.post(f"{daemon.url}/api/rerank", json={"model": MODEL, "query": QUERY, "documents": DOCS[:2]},
+                               headers=HEADERS, timeout=120)
+    assert cohere_shaped.status_code == ollama_shaped.status_code == 200
+    rerank_tokens, ollama_tokens = cohere_shaped.json()["usage"]["prompt_tokens"], ollama_shaped.json()["prompt_eval_count"]
+    assert rerank_tokens > ollama_tokens > 0
+    assert [a - b for a, b in zip(counted(), before)] == [rerank_tokens, ollama_tokens, rerank_tokens, ollama_tokens]
 
 
 def test_a_client_that_disconnects_cancels_its_rerank(daemon: Daemon) -> None:

@@ -62,6 +62,13 @@ name = "broken"
 path = "{where / 'broken.gguf'}"
 preload = false
 load_on_request = "tenants"
+
+[[models]]
+name = "crowded"
+path = "{model_path}"
+preload = false
+load_on_request = "tenants"
+n_parallel = 127
 ''')
     (where / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 64)  # a header that says GGUF, then nothing
     d = start_daemon("--config", str(where / "models.toml"), "--keys", str(keys))
@@ -190,6 +197,18 @@ def test_a_model_that_fails_to_load_names_its_path_to_admins_and_its_file_alone_
     with pytest.raises(openai.InternalServerError) as admin:
         daemon.client(KEYS["ops"]).completions.create(model="broken", prompt="hi", max_tokens=1)
     assert "could not be loaded from /" in admin.value.message and "/broken.gguf" in admin.value.message
+
+
+def test_a_model_asking_for_more_sequences_than_it_holds_is_refused_with_its_own_code_and_limit(
+        daemon: Daemon) -> None:
+    """Gemma holds 128 sequence ids (126 parallel): the typed error, not a model_load_error around it."""
+    for who in ("bob", "ops"):  # a tenant, and an admin
+        with pytest.raises(openai.InternalServerError) as refused:
+            daemon.client(KEYS[who]).completions.create(model="crowded", prompt="hi", max_tokens=1)
+        error = refused.value.body
+        assert isinstance(error, dict) and error["code"] == "sequence_limit" and error["max_sequences"] == 128
+        assert error["model"] == "crowded" and ("path" in error) == (who == "ops")
+        assert "holds at most 128 sequence ids" in error["message"] and "n_parallel=127" in error["message"]
 
 
 def upload(client: openai.OpenAI, data: bytes) -> str:

@@ -70,6 +70,15 @@ def test_the_openai_client_gets_answers_from_the_ray_deployment(url: str) -> Non
         client.completions.create(model="chat", prompt="x", max_tokens=4, temperature=-1)
 
 
+def test_a_stream_through_the_ingress_carries_the_logprobs_of_its_stop_strings_tokens(url: str) -> None:
+    """The replica's last piece has logprobs and no text (the stop string's tokens): passed on."""
+    text, steps, finish = streamed_legacy_result(_client(url).completions.create(
+        model="chat", prompt="One, two, three, four,", max_tokens=12, temperature=0, stop=[", six"], stream=True,
+        logprobs=2))
+    joined = "".join(s.token for s in steps)
+    assert finish == "stop" and joined.startswith(text) and joined[len(text):].startswith(", six"), (text, joined)
+
+
 def _steps(url: str) -> dict[str, float]:
     """Each replica's decode steps so far (labels -> count), as /metrics publishes them."""
     metrics = httpx.get(f"{url}/metrics", timeout=60).text

@@ -19,7 +19,8 @@ import pytest
 from llamactor.base.sampling import SamplingParams
 from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.scheduling.packed_kv import PackedPrefixIndex, PackedScheduler
-from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
+from llamactor.scheduling.kv_nodes import KvOp
+from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Sequence
 from llamactor.scheduling.tier_index import RestoreOp, TierMatch

@@ -14,7 +14,8 @@ import random
 
 import pytest
 
-from llamactor.scheduling.prefix_index import KvOp, Match, PrefixIndex
+from llamactor.scheduling.kv_nodes import KvOp, Match
+from llamactor.scheduling.prefix_index import PrefixIndex
 
 pytestmark = pytest.mark.pure
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from llamactor.base.errors import QueueFullError
-from llamactor.scheduling.prefix_index import KvOp, PrefixIndex, common_prefix_len
+from llamactor.scheduling.kv_nodes import KvOp, common_prefix_len
+from llamactor.scheduling.prefix_index import PrefixIndex
 
 from tests.support.scheduling import make_scheduler, make_seq, run_to_end
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from llamactor.scheduling.prefix_index import Match, PrefixIndex
+from llamactor.scheduling.kv_nodes import Match
+from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.tier_cost import (BURST_STEPS, Calibration, SaveCandidate, TierCostModel, Verdict)
 
 pytestmark = pytest.mark.pure

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
+from llamactor.scheduling.kv_nodes import KvOp
+from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.tier_index import RestoreOp, TierIndex, TierMatch, restore_pays
 
 from tests.support.scheduling import make_scheduler, make_seq, run_to_end

@@ -157,6 +157,17 @@ def test_a_model_that_fails_to_load_says_which_file_and_why_and_the_others_keep_
     assert router["gemma"].ask("Hello", max_tokens=2).usage.completion_tokens == 2
 
 
+def test_a_model_asking_for_more_sequences_than_it_holds_raises_the_typed_error_as_raised(start_router) -> None:
+    """Not a ``ModelLoadError`` around it: the caller reads its class, its message and its limit."""
+    router = start_router({"name": "gemma"}, {"name": "crowded", "n_parallel": 127, "preload": False})
+    with pytest.raises(llamactor.SequenceLimitError, match=r"^gemma.*holds at most 128 .*n_parallel=127") as refused:
+        router["crowded"].ask("Hello", max_tokens=2)
+    assert type(refused.value) is llamactor.SequenceLimitError and refused.value.code == "sequence_limit"
+    assert refused.value.details == {"max_sequences": 128, "model": "crowded", "path": router["crowded"].path}
+    assert router.describe("crowded")["status"]["failed"] is True
+    assert router["gemma"].ask("Hello", max_tokens=2).usage.completion_tokens == 2
+
+
 def test_a_model_idle_longer_than_idle_unload_s_is_unloaded_and_loads_again(start_router) -> None:
     router = start_router({"name": "a", "idle_unload_s": 3600})
     assert router.unload_idle() == []

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from llamactor.base.sampling import SamplingParams
 from llamactor.base.messages import Generate, ReplyChannel
-from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
+from llamactor.scheduling.kv_nodes import KvOp
+from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Sequence
 

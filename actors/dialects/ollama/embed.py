@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from llamactor.base.completion import Embeddings
-from llamactor.base.request import EmbeddingRequest
+from llamactor.base.embedding_request import EmbeddingRequest
 from llamactor.dialects.context import RequestContext
 from llamactor.dialects.ollama.schema import EmbeddingsRequest, EmbedRequest
 

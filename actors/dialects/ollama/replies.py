@@ -116,17 +116,16 @@ async def answer_lines(call: OllamaCall, updates: AsyncIterator[ChoiceUpdate],
     """A streamed answer's lines: parts as they arrive, then the final one (``done``, counts,
     durations) with empty content, as Ollama ends its streams."""
     shape = shape_of(call)
-    n_calls = n_logprobs = 0
+    n_calls = 0
 
     def line(parts: Parts, tokens: Any = None) -> dict[str, Any] | None:
-        nonlocal n_calls, n_logprobs
+        nonlocal n_calls
         lp = logprobs(tokens) if call.logprobs else []
         thinking = parts.reasoning if call.keep_thinking else ""
         if not (thinking or parts.content or parts.calls or lp):
             return None
         out = {**head(call), **shape(parts.content, thinking, tool_calls(parts.calls, n_calls)), "done": False}
         n_calls += len(parts.calls)
-        n_logprobs += len(lp)
         return {**out, "logprobs": lp} if lp else out
 
     async for _, item in updates:
@@ -136,8 +135,4 @@ async def answer_lines(call: OllamaCall, updates: AsyncIterator[ChoiceUpdate],
             continue
         if (out := line(item.last_parts or Parts())) is not None:
             yield out
-        last = {**head(call), **shape("", "", []), **done_fields(item, load_ns)}
-        # Tokens whose text never became a piece (a stop string, held back, then cut) still had their
-        # logprobs: they come with the last line, so the stream reports every token once, as a whole reply does.
-        rest = logprobs(item.logprobs)[n_logprobs:] if call.logprobs else []
-        yield {**last, "logprobs": rest} if rest else last
+        yield {**head(call), **shape("", "", []), **done_fields(item, load_ns)}

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from llamactor.base.completion import Embeddings
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.messages import MAX_EMBEDDING_INPUTS
-from llamactor.base.request import EmbeddingRequest
+from llamactor.base.embedding_request import EmbeddingRequest
 from llamactor.dialects.context import RequestContext
 
 

@@ -27,7 +27,8 @@ from llamactor.tree.tiers.disk import DiskTier, model_identity
 from llamactor.base.errors import EngineError
 from llamactor.native.engine import Engine
 from llamactor.native.kv_state import BUILD, SeqState
-from llamactor.scheduling.prefix_index import KvOp, PrefixIndex
+from llamactor.scheduling.kv_nodes import KvOp
+from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.tier_cost import SaveCandidate, TierCostModel
 from llamactor.scheduling.tier_index import NO_MATCH, RESTORE_MIN_GAIN, RestoreOp, TierIndex, TierMatch
 from llamactor.tree.tiers.calibration import calibrate
