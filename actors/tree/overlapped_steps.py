@@ -47,6 +47,7 @@ class Steps(Protocol):
     scheduler: Any
     watchdog: Any
     tiers: Any
+    drafts: Any
     sampler: Any
     _plan: StepPlan | None
 
@@ -195,8 +196,10 @@ class OverlappedSteps:
         t0 = time.perf_counter()
         decoded = watched(steps.watchdog, steps.counters.counts["steps"], {"n_sequences": len(plan.chunks)},
                           lambda: steps.engine.collect(launched))
+        ms, wants = launch_ms + (time.perf_counter() - t0) * 1000, plan.rows()[3]
+        steps.drafts.stepped(len(wants), sum(wants), ms)  # as the host saw it: what a drafted step forgoes
         if steps.tiers is not None:  # the decode's cost as the host saw it: the launch and the wait
-            steps.tiers.stepped(sum(c.n_tokens for c in plan.chunks), launch_ms + (time.perf_counter() - t0) * 1000)
+            steps.tiers.stepped(sum(c.n_tokens for c in plan.chunks), ms)
         rows = without(rows, set(self.finishing), decoded.failed_seq_ids)
         draw = steps.counters.timed("sample", draw_tokens, steps.sampler, decoded, rows)
         return Pending(plan, StepResult(decoded, rows, draw))
