@@ -15,7 +15,7 @@ is small, and no drafts are planned (docs/architecture.md, *Speculation*).
 Measured, never assumed: until the steps timed span two row counts (``StepCost.measured``) nothing
 is drafted but a probe -- a step of ``PROBE_ROWS`` drafted rows more than the steps seen, so that the
 next fit has a slope. The window forgets, so a batcher that stopped drafting probes again now and
-then (two steps in ``WINDOW``) and follows the engine's load.
+then (three steps in ``WINDOW``) and follows the engine's load.
 
 Pure: no clock; the batcher thread records each step's time and plans the next step's drafts.
 """
@@ -32,7 +32,7 @@ MIN_STEPS = 8  # fewer recorded steps: no outliers left out of the fit
 OUTLIER_MADS = 5.0  # steps further than this from the first fit are left out of the second
 # Evidence before the fit is used: steps at two row counts this far apart, this many at each.
 PROBE_ROWS = 4
-PROBES = 2
+PROBES = 3  # the median of three: one stalled probe does not decide
 # A draft row's expected saving must beat its cost by this share: break-even rows (a fit's
 # rounding away from no fixed part) are not worth their KV cells.
 MIN_GAIN = 1e-4
@@ -106,16 +106,22 @@ class StepCost:
 
 
 def least_squares(steps: list[tuple[int, float]]) -> Line:
-    """The line through ``(rows, ms)`` points, its parts kept non-negative."""
-    mean_n = statistics.fmean(n for n, _ in steps)
-    mean_ms = statistics.fmean(ms for _, ms in steps)
-    var = sum((n - mean_n) ** 2 for n, _ in steps)
-    slope = sum((n - mean_n) * (ms - mean_ms) for n, ms in steps) / var if var else 0.0
+    """The line through the median time of each row count, weighted by its steps (a stalled step
+    moves its count's median little, however far it lies), its parts kept non-negative."""
+    by_rows: dict[int, list[float]] = {}
+    for n, ms in steps:
+        by_rows.setdefault(n, []).append(ms)
+    points = [(n, statistics.median(times), len(times)) for n, times in by_rows.items()]
+    total = sum(w for _, _, w in points)
+    mean_n = sum(n * w for n, _, w in points) / total
+    mean_ms = sum(ms * w for _, ms, w in points) / total
+    var = sum(w * (n - mean_n) ** 2 for n, _, w in points)
+    slope = sum(w * (n - mean_n) * (ms - mean_ms) for n, ms, w in points) / var if var else 0.0
     if slope <= 0:
         return Line(max(mean_ms, 0.0), 0.0)
     fixed = mean_ms - slope * mean_n
     if fixed < 0:  # through the origin instead
-        return Line(0.0, sum(n * ms for n, ms in steps) / sum(n * n for n, _ in steps))
+        return Line(0.0, sum(w * n * ms for n, ms, w in points) / sum(w * n * n for n, _, w in points))
     return Line(fixed, slope)
 
 

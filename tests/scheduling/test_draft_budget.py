@@ -50,9 +50,11 @@ def test_until_two_row_counts_are_timed_every_row_costs_the_average_row() -> Non
     for _ in range(3 * WINDOW):  # one stream decoding: every step one row, 33 ms
         cost.record(1, 33.0)
     assert not cost.measured() and cost.line() == Line(0.0, 33.0)
+    for ms in (40.0, 900.0):
+        cost.record(1 + PROBE_ROWS, ms)
+    assert not cost.measured()  # two steps of another size are not yet a slope
     cost.record(1 + PROBE_ROWS, 40.0)
-    assert not cost.measured()  # one step of another size is not yet a slope
-    cost.record(1 + PROBE_ROWS, 40.0)
+    # measured: the median of the three, the stalled one aside
     assert cost.measured() and cost.line().per_row == pytest.approx(7 / PROBE_ROWS)
 
 
