@@ -1,6 +1,7 @@
 """Which sequences draft and the rows a step adds for them (pure: the scheduler over a prefix
 index, no model): within draft_max, max_tokens, the context and the step's room; the batch the
-step decodes and the output rows it reads back."""
+step decodes and the output rows it reads back; and, on the real model, a fresh tree's budget:
+its steps timed, then probed."""
 
 from __future__ import annotations
 
@@ -134,3 +135,16 @@ def test_with_ignore_eos_and_nothing_waiting_only_the_sequences_with_most_left_s
     assert DraftRows.shares(plan, scheduler) == {0: 0.0, 1: 0.5, 2: 0.5, 3: 0.0}
     seqs[0].state.params = SamplingParams(max_tokens=32)  # one may end at any token: a share each
     assert DraftRows.shares(plan, scheduler) == {i: 0.25 for i in range(4)}
+
+
+def test_a_fresh_tree_times_its_steps_then_probes_before_its_budget_decides(start_llm) -> None:
+    llm = start_llm(n_parallel=2, batch_timeout_ms=5)
+    prompt = "Copy the sentence exactly.\nSentence: The library opens in the spring, with a reading room.\nCopy:"
+    greedy = dict(max_tokens=24, temperature=0, ignore_eos=True)
+    plain = llm.ask(prompt, **greedy)  # a fresh tree's one-row steps, timed
+    drafted = llm.ask(prompt, prediction=plain.text, **greedy)
+    # the probes (three steps of four drafted rows) come whatever the host's load; what follows is
+    # the measured budget's to decide
+    assert llm.stats()["draft_tokens"] >= 12
+    if drafted.token_ids == plain.token_ids:
+        assert drafted.usage.accepted_prediction_tokens >= 12
