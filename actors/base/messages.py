@@ -97,6 +97,8 @@ class Progress:
     n_cached: int = 0  # prompt tokens the first admission attached from the prefix cache (usage)
     n_preempted: int = 0
     n_resumed: int = 0  # batchers that resumed it so far
+    n_draft_accepted: int = 0  # drafted tokens taken so far (usage: accepted_prediction_tokens)
+    n_draft_rejected: int = 0  # drafted tokens computed and not taken so far
     admitted_at: float | None = None
     first_token_at: float | None = None
     # ("preempted" | "restarted", perf_counter) as they happened: its trace span's events

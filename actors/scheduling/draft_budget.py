@@ -1,14 +1,21 @@
-"""How many drafted tokens a step verifies: only the rows that raise the step's throughput.
+"""How many drafted tokens a step verifies: only the rows whose expected saving beats their cost.
 
-A step's time grows with its rows: a fixed part (reading the weights once per decode) and a part
-per row (``StepCost``, fitted from the steps the batcher times). Verifying ``d`` drafted tokens
-adds ``d`` rows, ``cost.ms(n + d) - cost.ms(n)`` more milliseconds; a sequence's ``i``-th drafted
-token is emitted with probability ``acceptance ** i`` (only if every token before it was accepted).
-``plan_drafts`` adds rows greedily, the most promising first, while the step's expected useful
-rows per millisecond (each row without drafts is one: a prompt token computed or a token emitted)
-still rise. At one stream the fixed part dominates and drafts pay; at high concurrency the rows are
-already many, the per-row part dominates, and no drafts are planned (docs/architecture.md,
-*Speculation*).
+A decode step's time grows with its rows: a fixed part (reading the weights once per decode) and a
+part per row (``StepCost``, fitted from the decode steps the batcher times: steps whose every row
+has logits, as a draft row has -- a prompt's rows without logits cost a fraction of one, and would
+make rows look cheap). Verifying a drafted token adds a row now: ``per_row`` more milliseconds. A
+sequence's ``i``-th drafted token is accepted with probability ``acceptance ** i`` (only if every
+token before it was), and an accepted token saves what emitting it later would have cost: its row,
+and its ``share`` of a step's fixed part -- the step it makes unnecessary, shared by the sequences
+that must all get ahead before the batch takes one step fewer (``DraftWish.share``). ``plan_drafts``
+adds rows greedily, the most valuable first, while a row's expected saving beats its cost. At one
+stream the fixed part dominates and drafts pay; at high concurrency a row's share of the fixed part
+is small, and no drafts are planned (docs/architecture.md, *Speculation*).
+
+Measured, never assumed: until the steps timed span two row counts (``StepCost.measured``) nothing
+is drafted but a probe -- a step of ``PROBE_ROWS`` drafted rows more than the steps seen, so that the
+next fit has a slope. The window forgets, so a batcher that stopped drafting probes again now and
+then (three steps in ``WINDOW``) and follows the engine's load.
 
 Pure: no clock; the batcher thread records each step's time and plans the next step's drafts.
 """
@@ -16,19 +23,18 @@ Pure: no clock; the batcher thread records each step's time and plans the next s
 from __future__ import annotations
 
 import statistics
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 WINDOW = 128  # the steps the fit is made of: recent ones, so it follows the engine's load
-MIN_STEPS = 8  # fewer recorded steps: the prior's shape at the observed level
-# A step's cost before anything is known, in shape only (its level comes from the steps timed):
-# optimistic about rows, so a first draft is tried and its real cost measured.
-PRIOR_FIXED_MS = 10.0
-PRIOR_ROW_MS = 0.1
+MIN_STEPS = 8  # fewer recorded steps: no outliers left out of the fit
 OUTLIER_MADS = 5.0  # steps further than this from the first fit are left out of the second
-# A draft row must raise the step's expected throughput by at least this share: break-even rows
-# (a fit's rounding away from no fixed part) are not worth their KV cells.
+# Evidence before the fit is used: steps at two row counts this far apart, this many at each.
+PROBE_ROWS = 4
+PROBES = 3  # the median of three: one stalled probe does not decide
+# A draft row's expected saving must beat its cost by this share: break-even rows (a fit's
+# rounding away from no fixed part) are not worth their KV cells.
 MIN_GAIN = 1e-4
 
 
@@ -42,15 +48,14 @@ class Line:
 
 
 class StepCost:
-    """A step's expected milliseconds as ``fixed + per_row * rows`` (batcher thread).
+    """A decode step's expected milliseconds as ``fixed + per_row * rows`` (batcher thread).
 
     Least squares over the last ``WINDOW`` steps, refitted without the outliers of a first fit
-    (a step stalled by the host), constrained to be non-negative and non-decreasing in rows. While
-    the steps seen are too few, or all of about one size (one stream decoding: every step one row),
-    the prior's shape is kept, scaled to the steps' average time."""
+    (a step stalled by the host), constrained to be non-negative and non-decreasing in rows. Until
+    the steps are ``measured`` (two row counts, ``PROBE_ROWS`` apart), the line is the pessimistic
+    one: no fixed part, every row as dear as the steps' average row."""
 
-    def __init__(self, prior: Line = Line(PRIOR_FIXED_MS, PRIOR_ROW_MS)) -> None:
-        self.prior = prior
+    def __init__(self) -> None:
         self.steps: deque[tuple[int, float]] = deque(maxlen=WINDOW)
         self._line: Line | None = None  # the fit, until a step is recorded
 
@@ -64,14 +69,28 @@ class StepCost:
 
     def line(self) -> Line:
         if self._line is None:
-            self._line = self._fit()
+            self._line = self._fit() if self.measured() else self._pessimistic()
         return self._line
+
+    def timed(self, n_rows: int) -> bool:
+        """Whether ``PROBES`` steps of ``n_rows`` rows are in the window."""
+        return sum(1 for n, _ in self.steps if n == n_rows) >= PROBES
+
+    def measured(self) -> bool:
+        """Whether the window holds ``PROBES`` steps at least ``PROBE_ROWS`` rows above its
+        smallest and as many that far below its largest: a slope to fit."""
+        sizes = [n for n, _ in self.steps]
+        if not sizes:
+            return False
+        low, high = min(sizes), max(sizes)
+        return (sum(1 for n in sizes if n >= low + PROBE_ROWS) >= PROBES
+                and sum(1 for n in sizes if n <= high - PROBE_ROWS) >= PROBES)
 
     def _fit(self) -> Line:
         steps = list(self.steps)
-        if len(steps) < MIN_STEPS or len({n for n, _ in steps}) < 2:
-            return self._prior_at_level(steps)
         first = least_squares(steps)
+        if len(steps) < MIN_STEPS:
+            return first
         residuals = [abs(ms - first.ms(n)) for n, ms in steps]
         spread = statistics.median(residuals) * OUTLIER_MADS
         kept = [step for step, r in zip(steps, residuals) if r <= spread] if spread > 0 else steps
@@ -79,26 +98,30 @@ class StepCost:
             return first
         return least_squares(kept)
 
-    def _prior_at_level(self, steps: list[tuple[int, float]]) -> Line:
-        if not steps:
-            return self.prior
-        level = statistics.median(ms for _, ms in steps)
-        rows = statistics.median(n for n, _ in steps)
-        scale = level / self.prior.ms(round(rows)) if self.prior.ms(round(rows)) > 0 else 1.0
-        return Line(self.prior.fixed * scale, self.prior.per_row * scale)
+    def _pessimistic(self) -> Line:
+        """Every row as dear as the average row of the steps seen: no drafted row ever pays."""
+        if not self.steps:
+            return Line(0.0, 1.0)
+        return Line(0.0, sum(ms for _, ms in self.steps) / sum(n for n, _ in self.steps))
 
 
 def least_squares(steps: list[tuple[int, float]]) -> Line:
-    """The line through ``(rows, ms)`` points, its parts kept non-negative."""
-    mean_n = statistics.fmean(n for n, _ in steps)
-    mean_ms = statistics.fmean(ms for _, ms in steps)
-    var = sum((n - mean_n) ** 2 for n, _ in steps)
-    slope = sum((n - mean_n) * (ms - mean_ms) for n, ms in steps) / var if var else 0.0
+    """The line through the median time of each row count, weighted by its steps (a stalled step
+    moves its count's median little, however far it lies), its parts kept non-negative."""
+    by_rows: dict[int, list[float]] = {}
+    for n, ms in steps:
+        by_rows.setdefault(n, []).append(ms)
+    points = [(n, statistics.median(times), len(times)) for n, times in by_rows.items()]
+    total = sum(w for _, _, w in points)
+    mean_n = sum(n * w for n, _, w in points) / total
+    mean_ms = sum(ms * w for _, ms, w in points) / total
+    var = sum(w * (n - mean_n) ** 2 for n, _, w in points)
+    slope = sum(w * (n - mean_n) * (ms - mean_ms) for n, ms, w in points) / var if var else 0.0
     if slope <= 0:
         return Line(max(mean_ms, 0.0), 0.0)
     fixed = mean_ms - slope * mean_n
     if fixed < 0:  # through the origin instead
-        return Line(0.0, sum(n * ms for n, ms in steps) / sum(n * n for n, _ in steps))
+        return Line(0.0, sum(w * n * ms for n, ms, w in points) / sum(w * n * n for n, _, w in points))
     return Line(fixed, slope)
 
 
@@ -106,34 +129,61 @@ def least_squares(steps: list[tuple[int, float]]) -> Line:
 class DraftWish:
     n_proposed: int  # draft tokens its drafter proposed (already cut to draft_max)
     acceptance: float  # the drafter's estimate
+    # The share of a step's fixed part one accepted token saves: 1 / (the sequences that must all
+    # get ahead by a token before the batch takes one step fewer); 0 when its getting ahead shortens
+    # nothing (``draft_shares``).
+    share: float = 1.0
+
+
+def draft_shares(remaining: Sequence[int | None], waiting: bool) -> list[float]:
+    """Each sampling sequence's ``DraftWish.share`` in a step of ``len(remaining)`` of them, given
+    how many tokens each has left when that is known (``ignore_eos``: ``max_tokens`` ends it), else
+    None. With requests waiting, or any length unknown, a token saves a step's ``1 / n`` (a slot freed
+    early is filled, or the sequences end when they will); otherwise the batch lasts as long as its
+    longest sequence, and only the sequences tied for the longest save anything by getting ahead."""
+    n = len(remaining)
+    if waiting or any(r is None for r in remaining):
+        return [1 / n] * n
+    longest = max(r for r in remaining if r is not None)
+    tied = sum(1 for r in remaining if r == longest)
+    return [1 / tied if r == longest else 0.0 for r in remaining]
 
 
 def plan_drafts(wishes: Sequence[DraftWish], n_rows: int, room: int, cost: StepCost) -> list[int]:
     """How many of each wish's drafted tokens this step verifies (same order), given the step's
-    ``n_rows`` rows without drafts and ``room`` rows left in its token budget: rows are added in
-    order of their expected tokens while the step's expected useful rows per ms rise; all zeros when
-    the step is full or drafting does not pay (high concurrency)."""
+    ``n_rows`` rows without drafts and ``room`` rows left in its token budget: rows in order of
+    their expected saving while it beats a row's cost; until the cost is measured, a probe of
+    ``PROBE_ROWS`` (after steps of ``n_rows`` were timed alone). All zeros when the step is full or
+    drafting does not pay (high concurrency)."""
     planned = [0] * len(wishes)
     if room <= 0:
         return planned
-    useful, rows = float(n_rows), n_rows
-    for value, index in _rows_by_value(wishes):
-        if rows - n_rows >= room:
-            break
-        before, after = cost.ms(rows), cost.ms(rows + 1)
-        if value <= 0 or (useful + value) * before <= useful * after * (1 + MIN_GAIN):  # no gain
+    if not cost.measured():
+        return _probe(wishes, min(room, PROBE_ROWS)) if cost.timed(n_rows) else planned
+    line = cost.line()
+    for value, index in _rows_by_value(wishes, line):
+        if sum(planned) >= room or value <= line.per_row * (1 + MIN_GAIN):
             break
         planned[index] += 1
-        useful += value
-        rows += 1
     return planned
 
 
-def _rows_by_value(wishes: Sequence[DraftWish]) -> list[tuple[float, int]]:
-    """Every proposed draft row as (expected tokens, wish index), the most promising first (ties:
-    the earlier wish first); a wish's rows come in order since ``acceptance ** i`` falls with i."""
+def _probe(wishes: Sequence[DraftWish], n: int) -> list[int]:
+    """Up to ``n`` of the most promising rows (a step of another size to time)."""
+    planned = [0] * len(wishes)
+    for value, index in _rows_by_value(wishes, Line(1.0, 0.0))[:n]:
+        if value > 0:
+            planned[index] += 1
+    return planned
+
+
+def _rows_by_value(wishes: Sequence[DraftWish], line: Line) -> list[tuple[float, int]]:
+    """Every proposed draft row as (expected milliseconds saved under ``line``, wish index), the
+    most valuable first (ties: the earlier wish first); a wish's rows come in order since
+    ``acceptance ** i`` falls with i."""
     rows: list[tuple[float, int]] = []
     for index, wish in enumerate(wishes):
         p = min(max(wish.acceptance, 0.0), 1.0)
-        rows.extend((p ** i, index) for i in range(1, max(wish.n_proposed, 0) + 1))
+        saving = line.per_row + line.fixed * max(wish.share, 0.0)
+        rows.extend((p ** i * saving, index) for i in range(1, max(wish.n_proposed, 0) + 1))
     return sorted(rows, key=lambda row: (-row[0], row[1]))

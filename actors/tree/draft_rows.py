@@ -5,7 +5,8 @@ gets a drafter (``make_drafter``) when it is queued. After the scheduler has pac
 of its sampling chunks whose sequence drafts proposes up to ``Config.draft_max`` tokens -- never
 past its ``max_tokens`` or its context, since every drafted token may be accepted and one more
 sampled after them -- and ``plan_drafts`` grants each what pays at this batch size, from the
-step timings recorded here (``StepCost``). The granted drafts ride on the chunk
+decode steps timed here (``StepCost``) and what an accepted token saves (``draft_shares``: with
+``ignore_eos`` and nothing waiting, only the sequences with the most tokens left shorten the batch). The granted drafts ride on the chunk
 (``Chunk.drafts``): a row with logits each, in the same decode as everyone's tokens; the
 verification is ``draft_verify``'s. Batch-invariant mode never drafts (docs/architecture.md,
 *Speculation*): its packed cache keeps each sequence's cells in position order, and a rejected
@@ -18,7 +19,7 @@ import dataclasses
 
 from llamactor.base.sampling import SamplingParams
 from llamactor.native.tokenizer import Tokenizer
-from llamactor.scheduling.draft_budget import DraftWish, StepCost, plan_drafts
+from llamactor.scheduling.draft_budget import DraftWish, StepCost, draft_shares, plan_drafts
 from llamactor.scheduling.drafts import Drafter, make_drafter
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
@@ -50,9 +51,12 @@ class DraftRows:
             return
         state.drafter = make_drafter(state.params.speculation, prediction)
 
-    def stepped(self, n_rows: int, ms: float) -> None:
-        """A decode of ``n_rows`` rows took ``ms``: the cost model learns from it."""
-        self.cost.record(n_rows, ms)
+    def stepped(self, n_rows: int, n_logit_rows: int, ms: float) -> None:
+        """A decode of ``n_rows`` rows, ``n_logit_rows`` of them with logits, took ``ms``: the cost
+        model learns from the steps whose every row has logits, as a draft row has (a prompt's rows
+        without them cost a fraction of one)."""
+        if n_rows == n_logit_rows:
+            self.cost.record(n_rows, ms)
 
     def add_to(self, plan: StepPlan, scheduler: Scheduler) -> None:
         """Add the drafts that pay to ``plan``'s sampling chunks (after the scheduler packed it)."""
@@ -65,11 +69,20 @@ class DraftRows:
             return
         n_rows = plan.n_rows
         room = min(self.batch_room(n_rows), scheduler.draft_room(plan))
-        wishes = [DraftWish(len(p), d.acceptance) for p, (_, _, d) in zip(proposals, slots)]
+        shares = self.shares(plan, scheduler)
+        wishes = [DraftWish(len(p), d.acceptance, shares[i]) for p, (i, _, d) in zip(proposals, slots)]
         granted = plan_drafts(wishes, n_rows, max(0, room), self.cost) if room > 0 else [0] * len(wishes)
         for (i, chunk, _), proposal, n in zip(slots, proposals, granted):
             if n > 0:
                 plan.chunks[i] = dataclasses.replace(chunk, drafts=tuple(proposal[:n]))
+
+    @staticmethod
+    def shares(plan: StepPlan, scheduler: Scheduler) -> dict[int, float]:
+        """Each sampling chunk's share of a step's fixed part that its accepted token saves, by its
+        index in ``plan.chunks`` (``draft_shares``)."""
+        sampling = [(i, c.seq) for i, c in enumerate(plan.chunks) if c.samples and c.seq.state is not None]
+        remaining = [_tokens_left(seq) for _, seq in sampling]
+        return dict(zip((i for i, _ in sampling), draft_shares(remaining, bool(scheduler.pending))))
 
     def limit(self, seq: Sequence) -> int:
         """The most tokens ``seq`` may draft now: every draft may be accepted and one token more
@@ -86,6 +99,14 @@ class DraftRows:
         if n_rows <= self.n_ubatch:
             return min(self.n_batch, self.n_ubatch) - n_rows
         return self.n_batch - n_rows
+
+
+def _tokens_left(seq: Sequence) -> int | None:
+    """The tokens ``seq`` will still generate when that is known (``ignore_eos`` with ``max_tokens``)."""
+    params = seq.state.params
+    if not params.ignore_eos or params.max_tokens is None:
+        return None
+    return params.max_tokens - seq.state.n_generated
 
 
 def _drafter(chunk: Chunk) -> Drafter | None:

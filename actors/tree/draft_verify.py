@@ -80,15 +80,19 @@ class DraftVerifier:
         return one.tokens[0], one.logprobs[0], one.top[0]
 
     def _settle(self, seq: Sequence, n_drafted: int, n_accepted: int) -> None:
-        """The accepted drafts' cells enter the index; the rejected ones leave the context."""
-        self.scheduler.drafts_verified(seq, n_drafted, n_accepted, self.now)
-        if n_accepted < n_drafted:
-            self.seq_rm(seq.seq_id, seq.n_past)
-        self.counts["draft_tokens"] += n_drafted
-        self.counts["accepted_draft_tokens"] += n_accepted
-        self.counts["rejected_draft_tokens"] += n_drafted - n_accepted
+        """The drafts counted (in the checkpoint too, before anything that may raise: usage keeps
+        them across a batcher crash), the accepted drafts' cells enter the index, the rejected ones
+        leave the context."""
         state = seq.state
         state.n_draft_accepted += n_accepted
         state.n_draft_rejected += n_drafted - n_accepted
+        if (progress := state.progress) is not None:
+            progress.n_draft_accepted, progress.n_draft_rejected = state.n_draft_accepted, state.n_draft_rejected
+        self.counts["draft_tokens"] += n_drafted
+        self.counts["accepted_draft_tokens"] += n_accepted
+        self.counts["rejected_draft_tokens"] += n_drafted - n_accepted
+        self.scheduler.drafts_verified(seq, n_drafted, n_accepted, self.now)
+        if n_accepted < n_drafted:
+            self.seq_rm(seq.seq_id, seq.n_past)
         if state.drafter is not None:
             state.drafter.observe(n_drafted, n_accepted)

@@ -221,7 +221,7 @@ class GenerationSteps:
                           {"n_tokens": len(tokens), "n_sequences": len(plan.chunks)},
                           lambda: self.engine.decode(tokens, positions, seq_ids, wants))
         ms = (time.perf_counter() - t0) * 1000
-        self.drafts.stepped(len(tokens), ms)  # what a step costs by its rows: when drafts pay
+        self.drafts.stepped(len(tokens), int(np.count_nonzero(wants)), ms)  # what a decode row costs: when drafts pay
         if self.tiers is not None:  # what saves may take of a step, and what recomputing costs
             self.tiers.stepped(len(tokens), ms)
         rows = OutputRows.of(plan, decoded.failed_seq_ids)  # before n_past moves on

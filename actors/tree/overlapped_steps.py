@@ -50,6 +50,7 @@ class Steps(Protocol):
     scheduler: Any
     watchdog: Any
     tiers: Any
+    drafts: Any
     sampler: Any
     _plan: StepPlan | None
 
@@ -128,12 +129,15 @@ class Deferred:
 @dataclass(slots=True)
 class InFlight:
     """A step launched, not yet collected: its plan, what ``Engine.collect`` takes, its output rows
-    (laid out at launch), and how long the launch took (ms)."""
+    (laid out at launch), how long the launch took (ms), and its rows and rows with logits (for
+    the draft budget's step timings)."""
 
     plan: StepPlan
     launched: Any
     rows: OutputRows
     launch_ms: float
+    n_rows: int
+    n_logit_rows: int
 
 
 @dataclass(slots=True)
@@ -202,7 +206,7 @@ class OverlappedSteps:
                            lambda: steps.engine.launch(tokens, positions, seq_ids, wants))
         launch_ms = (time.perf_counter() - t0) * 1000
         self.held = {c.seq for c in plan.chunks}
-        return InFlight(plan, launched, OutputRows.of(plan, frozenset()), launch_ms)
+        return InFlight(plan, launched, OutputRows.of(plan, frozenset()), launch_ms, len(wants), int(wants.sum()))
 
     def collect(self, flight: InFlight) -> Pending:
         """Wait for the decode in flight and draw the tokens of the rows whose sequences go on."""
@@ -210,9 +214,10 @@ class OverlappedSteps:
         t0 = time.perf_counter()
         decoded = watched(steps.watchdog, steps.counters.counts["steps"], {"n_sequences": len(plan.chunks)},
                           lambda: steps.engine.collect(flight.launched))
-        if steps.tiers is not None:  # the decode's cost as the host saw it: the launch and the wait
-            steps.tiers.stepped(sum(c.n_tokens for c in plan.chunks),
-                                flight.launch_ms + (time.perf_counter() - t0) * 1000)
+        ms = flight.launch_ms + (time.perf_counter() - t0) * 1000  # the decode as the host saw it: launch and wait
+        steps.drafts.stepped(flight.n_rows, flight.n_logit_rows, ms)  # what a drafted step forgoes
+        if steps.tiers is not None:
+            steps.tiers.stepped(sum(c.n_tokens for c in plan.chunks), ms)
         rows = flight.rows
         if self.finishing or decoded.failed_seq_ids:
             rows = without(rows, set(self.finishing), decoded.failed_seq_ids)

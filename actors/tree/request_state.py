@@ -155,6 +155,7 @@ class RequestState:
                 if answer is not None:
                     answer.feed(streamed)
         state.n_generated = len(generated)
+        state.n_draft_accepted, state.n_draft_rejected = progress.n_draft_accepted, progress.n_draft_rejected
         state.progress = progress
         progress.logprobs = state.logprobs
         return state

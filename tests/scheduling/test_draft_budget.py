@@ -1,7 +1,8 @@
 """The draft budget, model-free (``llamactor.scheduling.draft_budget``): a step's cost fitted from
-timed steps (robust to stalls, non-decreasing, the prior's shape until the steps vary), and the plan
-of drafted rows per sequence: drafts at one stream, none at high concurrency, never more than
-proposed or than the room left, more as acceptance rises. Property-tested on any wishes and costs.
+timed steps (robust to stalls, non-decreasing, pessimistic until two row counts are timed, a probe
+to time the second), what an accepted token saves (a share of a step), and the plan of drafted rows
+per sequence: drafts at one stream, none at high concurrency, never more than proposed or than the
+room left, more as acceptance rises. Property-tested on any wishes and costs.
 The batcher's side (the plan applied in the step) is tested with the real model."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from llamactor.scheduling.draft_budget import MIN_STEPS, WINDOW, DraftWish, Line, StepCost, plan_drafts
+from llamactor.scheduling.draft_budget import (PROBE_ROWS, PROBES, WINDOW, DraftWish, Line, StepCost, draft_shares,
+                                               plan_drafts)
 
 pytestmark = pytest.mark.pure
 
@@ -42,14 +44,66 @@ def test_the_fit_follows_the_recent_steps() -> None:
     assert cost.line().per_row == pytest.approx(1.0) and cost.line().fixed == pytest.approx(20.0)
 
 
-def test_before_the_steps_vary_the_prior_shape_is_kept_at_their_level() -> None:
-    prior = Line(10.0, 0.1)
-    cost = StepCost(prior)
-    assert cost.line() == prior
-    for _ in range(3 * MIN_STEPS):  # one stream decoding: every step one row, 33 ms
+def test_until_two_row_counts_are_timed_every_row_costs_the_average_row() -> None:
+    cost = StepCost()
+    assert not cost.measured() and cost.line() == Line(0.0, 1.0)
+    for _ in range(3 * WINDOW):  # one stream decoding: every step one row, 33 ms
         cost.record(1, 33.0)
-    assert cost.ms(1) == pytest.approx(33.0)
-    assert cost.line().per_row / cost.line().fixed == pytest.approx(0.01)
+    assert not cost.measured() and cost.line() == Line(0.0, 33.0)
+    for ms in (40.0, 900.0):
+        cost.record(1 + PROBE_ROWS, ms)
+    assert not cost.measured()  # two steps of another size are not yet a slope
+    cost.record(1 + PROBE_ROWS, 40.0)
+    # measured: the median of the three, the stalled one aside
+    assert cost.measured() and cost.line().per_row == pytest.approx(7 / PROBE_ROWS)
+
+
+def timed_at(n_rows: int, line: Line, steps: int = WINDOW) -> StepCost:
+    cost = StepCost()
+    for _ in range(steps):
+        cost.record(n_rows, line.ms(n_rows))
+    return cost
+
+
+CPU, GPU = Line(35.0, 15.0), Line(10.0, 0.05)  # a row a sizeable part of a step, or nearly free
+
+
+def probe_and_plan(cost: StepCost, line: Line, wishes: list[DraftWish], n_rows: int) -> list[int]:
+    """The probe a cost without a slope plans, its steps timed on ``line``, then the plan."""
+    for _ in range(PROBES):
+        probe = plan_drafts(wishes, n_rows, 512, cost)
+        assert sum(probe) == min(PROBE_ROWS, sum(w.n_proposed for w in wishes))
+        cost.record(n_rows + sum(probe), line.ms(n_rows + sum(probe)))
+    return plan_drafts(wishes, n_rows, 512, cost)
+
+
+def test_uniform_steps_on_a_cpu_plan_no_drafts_once_a_probe_is_timed() -> None:
+    wishes = [DraftWish(16, 0.8, 1 / 16)] * 16
+    cost = timed_at(16, CPU)
+    assert probe_and_plan(cost, CPU, wishes, 16) == [0] * 16
+    for _ in range(WINDOW):  # no drafts, so every step is 16 rows again: the probe is forgotten ...
+        cost.record(16, CPU.ms(16))
+    assert sum(plan_drafts(wishes, 16, 512, cost)) == PROBE_ROWS  # ... and made again
+
+
+def test_one_stream_on_a_gpu_drafts_once_a_probe_is_timed() -> None:
+    assert probe_and_plan(timed_at(1, GPU), GPU, [DraftWish(16, 0.8)], 1) == [16]
+
+
+def test_nothing_is_drafted_before_a_step_of_its_own_size_is_timed() -> None:
+    assert plan_drafts([DraftWish(16, 0.9)], 1, 512, StepCost()) == [0]
+    assert plan_drafts([DraftWish(16, 0.9)], 3, 512, timed_at(1, GPU)) == [0]
+
+
+def test_an_accepted_token_saves_a_share_of_a_step_only_where_it_shortens_the_batch() -> None:
+    assert draft_shares([5, None, 3], waiting=False) == [1 / 3] * 3  # a length unknown: a 1/n share
+    assert draft_shares([5, 9, 3], waiting=True) == [1 / 3] * 3  # a slot freed early is filled
+    assert draft_shares([9, 5, 9, 3], waiting=False) == [0.5, 0.0, 0.5, 0.0]  # the longest last
+    cost = timed_at(1, CPU)
+    for n in range(1, 40):
+        cost.record(n, CPU.ms(n))
+    ahead, last = DraftWish(16, 0.9, 0.0), DraftWish(16, 0.9, 1.0)
+    assert plan_drafts([ahead, last], 2, 512, cost) == [0, 11]
 
 
 @given(st.lists(st.tuples(st.integers(1, 600), st.floats(0, 1e4, allow_nan=False)), max_size=3 * WINDOW))
@@ -65,17 +119,17 @@ def test_one_stream_drafts_when_the_fixed_part_dominates() -> None:
     assert plan_drafts([DraftWish(16, 0.9)], n_rows=1, room=511, cost=fitted(10.0, 0.1)) == [16]
     # a CPU-like cost, a row a third of the step: a few drafts still pay, fewer when less likely
     cpu = fitted(35.0, 15.0)
-    assert plan_drafts([DraftWish(16, 0.9)], 1, 511, cpu) == [5]
+    assert plan_drafts([DraftWish(16, 0.9)], 1, 511, cpu) == [11]  # while 0.9 ** i * 50 ms > 15 ms
     assert plan_drafts([DraftWish(16, 0.5)], 1, 511, cpu) == [1]
 
 
 def test_high_concurrency_plans_no_drafts() -> None:
     gpu = fitted(10.0, 0.1, range(1, 600, 7))
-    assert plan_drafts([DraftWish(16, 0.6)], n_rows=1, room=511, cost=gpu) == [7]  # until 0.6 ** i is tiny
-    assert plan_drafts([DraftWish(16, 0.6)] * 256, n_rows=256, room=256, cost=gpu) == [0] * 256
+    assert plan_drafts([DraftWish(16, 0.6)], n_rows=1, room=511, cost=gpu) == [9]  # until 0.6 ** i is tiny
+    assert plan_drafts([DraftWish(16, 0.6, 1 / 256)] * 256, n_rows=256, room=256, cost=gpu) == [0] * 256
     cpu = fitted(35.0, 15.0)
-    assert plan_drafts([DraftWish(16, 0.8)], n_rows=1, room=511, cost=cpu) == [3]
-    assert plan_drafts([DraftWish(16, 0.8)] * 16, n_rows=16, room=496, cost=cpu) == [0] * 16
+    assert plan_drafts([DraftWish(16, 0.8)], n_rows=1, room=511, cost=cpu) == [5]
+    assert plan_drafts([DraftWish(16, 0.8, 1 / 16)] * 16, n_rows=16, room=496, cost=cpu) == [0] * 16
 
 
 def test_the_room_left_caps_the_drafts_and_the_most_promising_go_first() -> None:
@@ -84,7 +138,7 @@ def test_the_room_left_caps_the_drafts_and_the_most_promising_go_first() -> None
     assert plan_drafts([DraftWish(16, 0.95)], 512, 0, cost) == [0]
 
 
-wishes_strategy = st.lists(st.builds(DraftWish, st.integers(0, 64), st.floats(0, 1)), max_size=24)
+wishes_strategy = st.lists(st.builds(DraftWish, st.integers(0, 64), st.floats(0, 1), st.floats(0, 1)), max_size=24)
 costs = st.builds(Line, st.floats(0, 100), st.floats(0, 50))
 
 
@@ -117,13 +171,14 @@ def test_more_likely_drafts_get_at_least_as_many_rows(n: int, p: float, q: float
 
 @settings(max_examples=300, deadline=None)
 @given(wishes_strategy, st.integers(1, 512), costs)
-def test_a_planned_step_never_expects_less_throughput_than_without_drafts(wishes: list[DraftWish], n_rows: int,
-                                                                       line: Line) -> None:
+def test_every_planned_row_is_expected_to_save_more_than_it_costs(wishes: list[DraftWish], n_rows: int,
+                                                                 line: Line) -> None:
     cost = cost_of(line)
-    assume(cost.ms(n_rows) > 0)
     plan = plan_drafts(wishes, n_rows, 512, cost)
-    expected = n_rows + sum(sum(w.acceptance ** i for i in range(1, d + 1)) for d, w in zip(plan, wishes))
-    assert expected / cost.ms(n_rows + sum(plan)) >= n_rows / cost.ms(n_rows) * (1 - 1e-9)
+    fitted_line = cost.line()
+    for d, w in zip(plan, wishes):
+        saving = fitted_line.per_row + fitted_line.fixed * w.share
+        assert all(w.acceptance ** i * saving >= fitted_line.per_row for i in range(1, d + 1))
 
 
 @settings(max_examples=200, deadline=None)

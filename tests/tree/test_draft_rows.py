@@ -1,6 +1,7 @@
 """Which sequences draft and the rows a step adds for them (pure: the scheduler over a prefix
 index, no model): within draft_max, max_tokens, the context and the step's room; the batch the
-step decodes and the output rows it reads back."""
+step decodes and the output rows it reads back; and, on the real model, a fresh tree's budget:
+its steps timed, then probed."""
 
 from __future__ import annotations
 
@@ -80,6 +81,13 @@ class FixedDrafter:
     def observe(self, n_drafted: int, n_accepted: int) -> None: ...
 
 
+def timed(draft_rows: DraftRows) -> DraftRows:
+    """``draft_rows`` after decode steps of 1 to 8 rows, each 10 ms and 0.1 ms a row (a GPU's)."""
+    for n in range(1, 9):
+        draft_rows.stepped(n, n, 10 + 0.1 * n)
+    return draft_rows
+
+
 def planned_step(n_cells: int) -> tuple[Sequence, StepPlan]:
     """A step of one decode row for a sequence whose drafter proposes 50, 51, 52, drafts added."""
     scheduler = make_scheduler(n_cells=n_cells)
@@ -88,7 +96,7 @@ def planned_step(n_cells: int) -> tuple[Sequence, StepPlan]:
     seq.seq_id, _ = scheduler.index.allocate(None)
     scheduler.index.extend(seq.seq_id, seq.token_ids[:seq.n_past], 0.0)
     plan = StepPlan(chunks=[Chunk(seq, 1)])
-    rows().add_to(plan, scheduler)
+    timed(rows()).add_to(plan, scheduler)
     return seq, plan
 
 
@@ -107,3 +115,36 @@ def test_granted_drafts_are_rows_with_logits_after_the_chunk_and_their_output_ro
 def test_no_drafts_where_the_kv_cache_has_no_room_for_them() -> None:
     _, plan = planned_step(n_cells=5)
     assert plan.chunks[0].drafts == ()
+
+
+@pytest.mark.pure
+def test_only_steps_whose_every_row_has_logits_time_a_draft_row() -> None:
+    draft_rows = rows()
+    for n in range(1, 9):  # a prompt's rows without logits are cheap: they say nothing of a draft's
+        draft_rows.stepped(100 * n, 1, 10 + 0.1 * n)
+    assert not draft_rows.cost.steps
+    assert timed(draft_rows).cost.measured()
+
+
+@pytest.mark.pure
+def test_with_ignore_eos_and_nothing_waiting_only_the_sequences_with_most_left_save_a_step() -> None:
+    scheduler = make_scheduler(n_cells=1000)
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    seqs = [drafting(params, n_generated=g) for g in (3, 1, 1, 2)]
+    plan = StepPlan(chunks=[Chunk(seq, 1) for seq in seqs])
+    assert DraftRows.shares(plan, scheduler) == {0: 0.0, 1: 0.5, 2: 0.5, 3: 0.0}
+    seqs[0].state.params = SamplingParams(max_tokens=32)  # one may end at any token: a share each
+    assert DraftRows.shares(plan, scheduler) == {i: 0.25 for i in range(4)}
+
+
+def test_a_fresh_tree_times_its_steps_then_probes_before_its_budget_decides(start_llm) -> None:
+    llm = start_llm(n_parallel=2, batch_timeout_ms=5)
+    prompt = "Copy the sentence exactly.\nSentence: The library opens in the spring, with a reading room.\nCopy:"
+    greedy = dict(max_tokens=24, temperature=0, ignore_eos=True)
+    plain = llm.ask(prompt, **greedy)  # a fresh tree's one-row steps, timed
+    drafted = llm.ask(prompt, prediction=plain.text, **greedy)
+    # the probes (three steps of four drafted rows) come whatever the host's load; what follows is
+    # the measured budget's to decide
+    assert llm.stats()["draft_tokens"] >= 12
+    if drafted.token_ids == plain.token_ids:
+        assert drafted.usage.accepted_prediction_tokens >= 12

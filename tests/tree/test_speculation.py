@@ -2,14 +2,20 @@
 model: the output is the one decoding without drafts gives (token ids, up to the suite's
 near-tie rule: a drafted step computes its rows in another batch shape), the drafts a prediction
 makes are accepted where the model agrees, and everything a token goes through -- grammars, stop
-strings, max_tokens, streaming, restarts, the prefix cache -- holds for a drafted run."""
+strings, max_tokens, streaming, restarts, the prefix cache -- holds for a drafted run.
+
+What a step drafts is the budget's decision, measured from step times (``draft_budget``, tested
+model-free): on a loaded host it may draft little, so these tests of the verification grant every
+proposal the step has room for (test_draft_rows.py runs the budget itself on a fresh tree)."""
 
 from __future__ import annotations
 
 import pytest
 
 import llamactor
+import llamactor.tree.draft_rows
 from llamactor.base.errors import EngineError
+from llamactor.scheduling.draft_budget import DraftWish, StepCost
 from llamactor.tree.draft_verify import DraftVerifier
 
 from tests.conftest import assert_equal_up_to_near_tie, audit_kv
@@ -22,6 +28,20 @@ PASSAGE = ("The committee approved the budget for the new public library on Tues
            "with a reading room, a children's corner and a small cafe on the ground floor.")
 PROMPT = f"Copy the passage exactly.\nPassage: {PASSAGE}\nCopy:"
 GREEDY = dict(max_tokens=48, temperature=0, ignore_eos=True)
+
+
+def every_proposal(wishes: list[DraftWish], n_rows: int, room: int, cost: StepCost) -> list[int]:
+    """A budget that grants each proposal what the step's room leaves, in order."""
+    granted = []
+    for wish in wishes:
+        granted.append(max(0, min(wish.n_proposed, room)))
+        room -= granted[-1]
+    return granted
+
+
+@pytest.fixture(autouse=True)
+def drafts_granted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(llamactor.tree.draft_rows, "plan_drafts", every_proposal)
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +156,9 @@ def test_a_crash_in_the_middle_of_a_drafted_run_resumes_with_the_accepted_tokens
     assert calls["n"] > 5 and llm.stats()["restarts"] == 1
     assert "".join(pieces) == resumed.text  # each piece once: the drafted rows were never checkpointed
     assert resumed.usage.completion_tokens == len(resumed.token_ids) == 48
+    # Each draw follows an accepted draft (the crashed batcher's five too: the checkpoint carries
+    # their count), and a run may end on an accepted draft without one.
+    assert calls["n"] <= resumed.usage.accepted_prediction_tokens <= calls["n"] + 1
     assert_equal_up_to_near_tie(reference_engine, prompt_ids(reference_engine), plain, resumed)
     assert audit_kv(llm) == []
 
@@ -170,3 +193,4 @@ def test_a_model_without_sliding_window_layers_verifies_drafts_alike(start_llm, 
     assert drafted.token_ids == plain.token_ids == ngram.token_ids  # a copy: margins far from any tie
     assert drafted.usage.accepted_prediction_tokens >= 30 and ngram.usage.accepted_prediction_tokens > 0
     assert audit_kv(llm) == []
+
