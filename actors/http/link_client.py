@@ -23,7 +23,7 @@ from typing import Any
 
 from llamactor.base.completion import Completion
 from llamactor.base.engine_info import EngineInfo
-from llamactor.base.errors import BatcherUnavailableError, ModelNotFoundError
+from llamactor.base.errors import BatcherUnavailableError
 from llamactor.base.messages import CallerMessage, Generate, ReplyChannel
 from llamactor.base.sampling import SamplingParams
 from llamactor.base.sampling_defaults import model_sampling
@@ -31,7 +31,7 @@ from llamactor.handles.model import ModelClient
 from llamactor.http.engine_link import ModelView
 from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, HEADER, OK, QUEUED, READY, RESULT, SEND, STATUS,
                                         FrameReader, FrameWriter, event_piece)
-from llamactor.serving.model_specs import ModelSpec
+from llamactor.serving.model_specs import ModelSpec, model_named
 
 Future = concurrent.futures.Future
 GONE = "the engine's process is gone"
@@ -237,11 +237,7 @@ class LinkRouter:
         self.names = list(self._models)
 
     def model(self, name: str | None = None) -> LinkModel:
-        if name is None:
-            return next(iter(self._models.values()))
-        if name not in self._models:
-            raise ModelNotFoundError.among(name, self.names)
-        return self._models[name]
+        return model_named(self._models, name)
 
     def load(self, name: str) -> None:
         self.model(name).load()

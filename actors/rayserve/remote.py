@@ -23,9 +23,9 @@ from llamactor.base.logging import get_logger
 from llamactor.handles.model import ModelClient
 from llamactor.base.completion import Completion
 from llamactor.base.engine_info import EngineInfo
-from llamactor.base.errors import BatcherRestartedError, BatcherUnavailableError, EngineError, ModelNotFoundError
+from llamactor.base.errors import BatcherRestartedError, BatcherUnavailableError, EngineError
 from llamactor.base.messages import CallerMessage, Embed, Generate, ReplyChannel
-from llamactor.serving.model_specs import ModelSpec
+from llamactor.serving.model_specs import ModelSpec, model_named
 from llamactor.rayserve.replica import QUEUED
 
 log = get_logger("llamactor.rayserve")
@@ -155,8 +155,4 @@ class RemoteRouter:
         self.names = list(self._models)
 
     def model(self, name: str | None = None) -> RemoteReplicas:
-        if name is None:
-            return next(iter(self._models.values()))
-        if name not in self._models:
-            raise ModelNotFoundError.among(name, self.names)
-        return self._models[name]
+        return model_named(self._models, name)

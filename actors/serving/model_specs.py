@@ -27,12 +27,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from llamactor.base.config import Config, default_n_threads
 from llamactor.base.sampling import SamplingParams
 from llamactor.base.unset import fill_unset, set_options
-from llamactor.base.errors import InvalidRequestError
+from llamactor.base.errors import InvalidRequestError, ModelNotFoundError
 from llamactor.serving.routing import POLICIES
 
 SPEC_FIELDS = ("name", "path", "model", "replicas", "policy", "imbalance_threshold", "preload", "idle_unload_s",
@@ -112,3 +112,16 @@ def specs_from(models: Sequence[ModelSpec | Mapping[str, Any]], defaults: Mappin
         raise InvalidRequestError(f"model names must be unique: {', '.join(duplicated)}")
     return specs
 
+
+M = TypeVar("M")
+
+
+def model_named(models: Mapping[str, M], name: str | None) -> M:
+    """The model called ``name`` (None: the first) among a router's, or ``ModelNotFoundError``
+    naming the ones served (the in-process router, a front-end process's and Ray's ingress's)."""
+    if name is None:
+        return next(iter(models.values()))
+    try:
+        return models[name]
+    except KeyError:
+        raise ModelNotFoundError.among(name, list(models)) from None

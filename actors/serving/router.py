@@ -25,8 +25,8 @@ from typing import Any
 
 
 from llamactor.base.logging import get_logger
-from llamactor.base.errors import BatcherUnavailableError, InvalidRequestError, ModelNotFoundError
-from llamactor.serving.model_specs import ModelSpec, specs_from
+from llamactor.base.errors import BatcherUnavailableError, InvalidRequestError
+from llamactor.serving.model_specs import ModelSpec, model_named, specs_from
 from llamactor.serving.model_status import ModelStatus, Resident, StatusMap, evictions
 from llamactor.serving.replicas import Replicas
 
@@ -80,12 +80,7 @@ class Router:
 
     def model(self, name: str | None = None) -> Replicas:
         """The model called ``name`` (None: the first); ``ModelNotFoundError`` if there is none."""
-        if name is None:
-            return self.default
-        try:
-            return self._models[name]
-        except KeyError:
-            raise ModelNotFoundError.among(name, self.names) from None
+        return model_named(self._models, name)
 
     __getitem__ = model
 
