@@ -133,6 +133,10 @@ class DraftWish:
     # get ahead by a token before the batch takes one step fewer); 0 when its getting ahead shortens
     # nothing (``draft_shares``).
     share: float = 1.0
+    # How many sequences must all get ahead by a token before the batch takes one step fewer
+    # (``draft_together``): the fixed part is saved with the chance that each of them does, about
+    # ``acceptance ** (i * together)`` for the i-th drafted token, not ``acceptance ** i``.
+    together: int = 1
 
 
 def draft_shares(remaining: Sequence[int | None], waiting: bool) -> list[float]:
@@ -147,6 +151,15 @@ def draft_shares(remaining: Sequence[int | None], waiting: bool) -> list[float]:
     longest = max(r for r in remaining if r is not None)
     tied = sum(1 for r in remaining if r == longest)
     return [1 / tied if r == longest else 0.0 for r in remaining]
+
+
+def draft_together(shares: Sequence[float], waiting: bool) -> int:
+    """``DraftWish.together`` for a step whose sampling sequences hold ``shares``: with requests
+    waiting, 1 (a slot freed early is filled, so each sequence's token counts alone); otherwise the
+    sequences holding a share -- the batch ends with the last of them, so it is a step shorter only
+    when every one of them got ahead (two edits running to ``max_tokens`` shorten the burst by the
+    lesser of their accepted runs)."""
+    return 1 if waiting else max(1, sum(1 for share in shares if share > 0))
 
 
 def plan_drafts(wishes: Sequence[DraftWish], n_rows: int, room: int, cost: StepCost) -> list[int]:
@@ -180,10 +193,12 @@ def _probe(wishes: Sequence[DraftWish], n: int) -> list[int]:
 def _rows_by_value(wishes: Sequence[DraftWish], line: Line) -> list[tuple[float, int]]:
     """Every proposed draft row as (expected milliseconds saved under ``line``, wish index), the
     most valuable first (ties: the earlier wish first); a wish's rows come in order since
-    ``acceptance ** i`` falls with i."""
+    ``acceptance ** i`` falls with i. A row saves its own row for sure once accepted, and its share
+    of the step's fixed part when every sequence the step waits for got as far (``together``)."""
     rows: list[tuple[float, int]] = []
     for index, wish in enumerate(wishes):
         p = min(max(wish.acceptance, 0.0), 1.0)
-        saving = line.per_row + line.fixed * max(wish.share, 0.0)
-        rows.extend((p ** i * saving, index) for i in range(1, max(wish.n_proposed, 0) + 1))
+        fixed, together = line.fixed * max(wish.share, 0.0), max(wish.together, 1)
+        rows.extend((p ** i * line.per_row + p ** (i * together) * fixed, index)
+                    for i in range(1, max(wish.n_proposed, 0) + 1))
     return sorted(rows, key=lambda row: (-row[0], row[1]))

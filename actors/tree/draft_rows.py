@@ -19,7 +19,7 @@ import dataclasses
 
 from llamactor.base.sampling import SamplingParams
 from llamactor.native.tokenizer import Tokenizer
-from llamactor.scheduling.draft_budget import DraftWish, StepCost, draft_shares, plan_drafts
+from llamactor.scheduling.draft_budget import DraftWish, StepCost, draft_shares, draft_together, plan_drafts
 from llamactor.scheduling.drafts import Drafter, make_drafter
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
@@ -70,7 +70,8 @@ class DraftRows:
         n_rows = plan.n_rows
         room = min(self.batch_room(n_rows), scheduler.draft_room(plan))
         shares = self.shares(plan, scheduler)
-        wishes = [DraftWish(len(p), d.acceptance, shares[i]) for p, (i, _, d) in zip(proposals, slots)]
+        together = draft_together(list(shares.values()), bool(scheduler.pending))
+        wishes = [DraftWish(len(p), d.acceptance, shares[i], together) for p, (i, _, d) in zip(proposals, slots)]
         granted = plan_drafts(wishes, n_rows, max(0, room), self.cost) if room > 0 else [0] * len(wishes)
         for (i, chunk, _), proposal, n in zip(slots, proposals, granted):
             if n > 0:

@@ -14,6 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from llamactor.scheduling.draft_budget import (PROBE_ROWS, PROBES, WINDOW, DraftWish, Line, StepCost, draft_shares,
+                                               draft_together,
                                                plan_drafts)
 
 pytestmark = pytest.mark.pure
@@ -198,3 +199,17 @@ def test_plans_for_many_sequences_are_cheap_enough_for_every_step() -> None:
     for _ in range(20):
         plan_drafts(wishes, 64, 448, cost)
     assert (time.perf_counter() - start) / 20 < 0.01
+
+
+def test_sequences_the_batch_waits_for_together_draft_as_deep_as_the_lesser_run_they_all_reach() -> None:
+    assert draft_together([1 / 3] * 3, waiting=True) == 1  # a slot freed early is filled
+    assert draft_together([0.5, 0.0, 0.5, 0.0], waiting=False) == 2  # the two tied for the longest
+    assert draft_together([1 / 2] * 2, waiting=False) == 2
+    assert draft_together([1.0], waiting=False) == 1
+    cpu = fitted(35.0, 15.0)
+    alone = plan_drafts([DraftWish(16, 0.8, 1 / 2)] * 2, n_rows=2, room=510, cost=cpu)
+    tied = plan_drafts([DraftWish(16, 0.8, 1 / 2, together=2)] * 2, n_rows=2, room=510, cost=cpu)
+    # both must get ahead: 0.8 ** i * 15 + 0.8 ** (2 i) * 17.5 > 15 ms up to i = 2; alone 0.8 ** i * 32.5 up to 3
+    assert tied == [2, 2] and alone == [3, 3]
+    assert plan_drafts([DraftWish(16, 0.8, 1.0, together=1)], 1, 511, cpu) == \
+        plan_drafts([DraftWish(16, 0.8)], 1, 511, cpu)  # one stream: as before
