@@ -6,7 +6,9 @@ of its sampling chunks whose sequence drafts proposes up to ``Config.draft_max``
 past its ``max_tokens`` or its context, since every drafted token may be accepted and one more
 sampled after them -- and ``plan_drafts`` grants each what pays at this batch size, from the
 decode steps timed here (``StepCost``) and what an accepted token saves (``draft_shares``: with
-``ignore_eos`` and nothing waiting, only the sequences with the most tokens left shorten the batch). The granted drafts ride on the chunk
+``ignore_eos`` and nothing waiting, only the sequences with the most tokens left shorten the batch;
+``draft_together``: with nothing waiting, a step is saved only when all of those get ahead). The
+granted drafts ride on the chunk
 (``Chunk.drafts``): a row with logits each, in the same decode as everyone's tokens; the
 verification is ``draft_verify``'s. Batch-invariant mode never drafts (docs/architecture.md,
 *Speculation*): its packed cache keeps each sequence's cells in position order, and a rejected
