@@ -25,7 +25,8 @@ def side(tok_s: float, accepted: int = 0) -> dict[str, Any]:
 
 
 def row(off: float, on: float, streams: int = 1, identical: int | None = 1) -> dict[str, Any]:
-    out = {"streams": streams, "off": side(off), "on": side(on, accepted=250), "ratio": on / off}
+    out = {"streams": streams, "off": side(off), "on": side(on, accepted=250), "ratio": on / off,
+           "decode_ratio": on / off + 0.5}  # without the prefill both sides pay
     if identical is not None:
         out.update(identical=identical, near_tie=streams - identical, unexplained=0)
     return out
@@ -66,8 +67,8 @@ def test_the_report_tables_every_leg_and_profiles_the_rows_below_their_goal() ->
     results = {"speculation": {"rounds": 2, "models": MODELS, **speculation.summary(MODELS)}}
     lines = report.markdown(results, {"timestamp": "t", "machine": "m", "model": "g", "settings": {
         "n_threads": 2, "max_tokens": 32, "quick": True}}).splitlines()
-    assert "| g.gguf | edit | 1 | 10.0 | 25.0 | 2.50 | 250 / 3 | 1/1 |" in lines
-    assert "| s.gguf | uniform | 16 | 50.0 | 50.0 | 1.00 | 250 / 3 | - |" in lines
+    assert "| g.gguf | edit | 1 | 10.0 | 25.0 | 2.50 | 3.00 | 250 / 3 | 1/1 |" in lines
+    assert "| s.gguf | uniform | 16 | 50.0 | 50.0 | 1.00 | 1.50 | 250 / 3 | - |" in lines
     below = [line for line in lines if line.startswith("- ")]
     assert below == [f"- s.gguf edit at 4: 0.90× (goal 0.97×); step ms decode / sample / other, off: "
                      f"20.0 / 0.50 / 0.75 (40 steps), on: 20.0 / 0.50 / 0.75 (40 steps)"]
