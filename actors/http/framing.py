@@ -16,8 +16,8 @@ A stream's body chunks skip the middleware (``DirectStreamingResponse``): the re
 its end go through every middleware's ``send`` (the status, the headers they add), each chunk
 between them straight to the server's own ``send`` (``SERVER_SEND`` in the scope, put there by
 ``server.App``): no middleware of the app changes a response body, and five ``async`` wrappers
-per token per stream were a fifth of the loop's cost of an SSE token (docs/performance.md,
-*Host cap (front end)*).
+per token per stream were about a fifth of the loop's cost of a chunk (docs/performance.md,
+*Host cap (front end)*, "The front end's cost per chunk").
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def stream_response(events: AsyncGenerator[Event, None], framing: Framing, on_er
     what the events are made of, closed with them (which ends the requests still running);
     ``buffered``: whether pieces wait under the events (their frames then join this write)."""
     headers = {"Cache-Control": "no-cache"} if not framing.ndjson else None
-    return DirectStreamingResponse(frames(events, framing, on_error, pieces, buffered), media_type=framing.media_type,
-                             headers=headers, background=background)
+    return DirectStreamingResponse(frames(events, framing, on_error, pieces, buffered),
+                                   media_type=framing.media_type, headers=headers, background=background)
 
 
 class DirectStreamingResponse(StreamingResponse):

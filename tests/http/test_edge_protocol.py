@@ -21,7 +21,7 @@ from llamactor.http.edge_protocol import BoundedHead
 
 pytestmark = pytest.mark.pure
 
-HEAD_TIMEOUT_S = 0.5
+HEAD_TIMEOUT_S = 1.0  # long enough that a loaded machine reads a prompt head before it
 MAX_HEAD = 4096
 SOCKET_WAIT_S = 20  # a bounded wait on a socket: the server answers (or closes) well before
 
