@@ -11,6 +11,10 @@ C) with the two defences of a request head that uvicorn lacks (docs/operations.m
   and its connection closed (what h11's ``max_incomplete_event_size`` did). A complete head over
   the limit reaches the app, whose ``middleware.RequestLog`` answers 431.
 
+- **HTTP/1.0 answers without chunks**: uvicorn's httptools protocol chunks a response without
+  Content-Length whatever the request's version, which an HTTP/1.0 client cannot read (RFC 9112
+  §6.1: never to 1.0); as h11 did, such a response is delimited by closing the connection.
+
 Why httptools rather than uvicorn's pure-Python h11: a streamed token is one body write per stream,
 and h11's event machinery per write cost the loop about as much as everything else of a chunk
 (docs/performance.md, *Host cap (front end)*).
@@ -21,7 +25,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from llamactor.http.body_limit import Message
 
 from llamactor.base.logging import get_logger
 
@@ -90,6 +96,8 @@ class BoundedHead(HttpToolsProtocol):
         self.head_bytes = None
         self.heads_complete += 1
         super().on_headers_complete()
+        if self.scope["http_version"] == "1.0" and self.cycle is not None and self.cycle.scope is self.scope:
+            self.cycle.send = CloseDelimited(self.cycle)  # type: ignore[method-assign, assignment]
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -106,3 +114,23 @@ class BoundedHead(HttpToolsProtocol):
         if self.heads_complete == heads_then and not self.transport.is_closing():
             log.info("http_head_timeout", client=str(self.client))
             self.transport.close()
+
+
+class CloseDelimited:
+    """An HTTP/1.0 request's ``send`` (uvicorn's event loop): a response without Content-Length
+    (a stream) goes out as its bytes, ended by closing the connection, where uvicorn would chunk it."""
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self.cycle, self.send = cycle, cycle.send
+        self.delimited = False  # by the close
+
+    async def __call__(self, message: Message) -> None:
+        cycle = self.cycle
+        if message["type"] == "http.response.start" and not cycle.response_started:
+            self.delimited = cycle.scope["method"] != "HEAD" and not any(
+                name.lower() == b"content-length" for name, _ in message.get("headers", []))
+            if self.delimited:
+                cycle.chunked_encoding, cycle.keep_alive = False, False
+        elif self.delimited and message["type"] == "http.response.body":
+            cycle.expected_content_length = len(message.get("body", b""))  # each message: as long as it is
+        await self.send(message)  # type: ignore[arg-type]

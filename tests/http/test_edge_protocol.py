@@ -36,12 +36,11 @@ class HeldResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.loop = asyncio.get_running_loop()
-        self.released = self.released or asyncio.Event()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         if scope["path"] == "/held":
+            self.released = released = asyncio.Event()  # made before the first chunk, which the test waits for
             await send({"type": "http.response.body", "body": b"first ", "more_body": True})
-            await self.released.wait()
+            await released.wait()
         await send({"type": "http.response.body", "body": b"ok"})
 
     def release(self) -> None:
@@ -134,3 +133,14 @@ def test_a_pipelined_head_after_a_large_body_is_not_counted_with_the_body(server
         sock.sendall(second[20:])
         rest = read_until_closed(sock)
     assert first.startswith(b"HTTP/1.1 200") and rest.startswith(b"HTTP/1.1 200"), (first[:100], rest[:100])
+
+
+def test_an_http_1_0_client_gets_its_stream_unchunked_and_ended_by_the_close(server: tuple[int, HeldResponse]) -> None:
+    port, app = server
+    with connect(port) as sock:
+        sock.sendall(b"GET /held HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        head = read_until(sock, b"first ")
+        app.release()
+        rest = read_until_closed(sock)
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding" not in head.lower(), head
+    assert head.endswith(b"\r\n\r\nfirst ") and rest == b"ok"
