@@ -7,10 +7,11 @@ SIGTERM and SIGINT drain: uvicorn stops accepting connections and waits up to
 the process exits 0.
 
 The edge is bounded (``Config``'s transport fields; docs/operations.md, *Threat model*, "The
-transport"): uvicorn's h11 parser, whose request head is capped at ``max_header_bytes`` (httptools
-takes any size), with a deadline on each head (``header_timeout_s``: a client trickling its headers
-cannot hold a connection), at most ``limit_concurrency`` connections and requests (503 beyond), idle
-keep-alive connections closed.
+transport"): uvicorn's httptools protocol with a request head capped at ``max_header_bytes`` and a
+deadline on each head (``header_timeout_s``: a client trickling its headers cannot hold a
+connection; both in ``edge_protocol``), at most ``limit_concurrency`` connections and requests (503
+beyond), idle keep-alive connections closed. The event loop is uvloop's (uvicorn's ``loop="auto"``
+takes it when it is installed, as it is with llamactor outside Windows), else asyncio's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import llamactor
 from llamactor.base.config import Config
@@ -35,6 +35,7 @@ from llamactor.base.logging import get_logger
 from llamactor.base.tenants import Tenant, tenant_named
 from llamactor.handles import tracing
 from llamactor.serving.model_specs import ModelSpec
+from llamactor.http.edge_protocol import edge_protocol
 from llamactor.http.keys_file import load_keys, reload_on_sighup
 from llamactor.http.server import create_app
 from llamactor.http.state import ServerState
@@ -109,8 +110,7 @@ def uvicorn_config(app: Any, transport: Config, *, host: str, port: int, uds: st
     """How the daemon runs its app on uvicorn (also what the ``host_cap`` benchmark serves with)."""
     return uvicorn.Config(app, host=host, port=port, uds=uds, log_config=None, access_log=False,
                           timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)), lifespan="off",
-                          http=head_deadline_protocol(transport.header_timeout_s),
-                          h11_max_incomplete_event_size=transport.max_header_bytes,
+                          http=edge_protocol(transport.header_timeout_s, transport.max_header_bytes),
                           limit_concurrency=transport.limit_concurrency,
                           timeout_keep_alive=transport.keep_alive_s)  # type: ignore[arg-type]
 
@@ -135,29 +135,6 @@ def open_jobs(data_dir: str | None) -> JobService | None:
     except StoreLockedError as e:
         log.warning("jobs_unavailable", data_dir=path, reason=str(e))
         return None
-
-
-def head_deadline_protocol(timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a deadline on each request head: a connection that has not
-    sent a whole request line and headers ``timeout_s`` after it opened (or after its last
-    response) is closed. uvicorn has none (its keep-alive timer stops at the first byte)."""
-
-    class HeadDeadlineH11(H11Protocol):
-        def connection_made(self, transport: Any) -> None:  # event loop
-            super().connection_made(transport)
-            self.loop.call_later(timeout_s, self._head_overdue, self.cycle)
-
-        def on_response_complete(self) -> None:  # event loop
-            cycle = self.cycle  # a pipelined request may start in super()'s call: then no deadline
-            super().on_response_complete()
-            self.loop.call_later(timeout_s, self._head_overdue, cycle)
-
-        def _head_overdue(self, cycle: Any) -> None:
-            if self.cycle is cycle and not self.transport.is_closing():  # no new request began
-                log.info("http_head_timeout", client=str(self.client))
-                self.transport.close()
-
-    return HeadDeadlineH11
 
 
 def _raise_file_limit(connections: int) -> None:

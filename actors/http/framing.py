@@ -11,6 +11,13 @@ error event, and the stream then closes properly, with ``[DONE]`` where the dial
 keepalive event goes out whenever a while passes without one (Anthropic's ``ping``, during a long
 prefill). When the client disconnects Starlette cancels the body; closing the event iterator then
 closes the pieces under it, which cancels the requests and frees their sequences.
+
+A stream's body chunks skip the middleware (``DirectStreamingResponse``): the response's start and
+its end go through every middleware's ``send`` (the status, the headers they add), each chunk
+between them straight to the server's own ``send`` (``SERVER_SEND`` in the scope, put there by
+``server.App``): no middleware of the app changes a response body, and five ``async`` wrappers
+per token per stream were about a fifth of the loop's cost of a chunk (docs/performance.md,
+*Host cap (front end)*, "The front end's cost per chunk").
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any
 import orjson
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
+from starlette.types import Receive, Scope, Send
 
 from llamactor.base.errors import LlamactorError
 from llamactor.base.logging import get_logger
@@ -33,6 +41,7 @@ log = get_logger("llamactor.http")
 Event = dict[str, Any] | bytes  # bytes: the event's JSON, made by the dialect from a template
 OnError = Callable[[BaseException], Sequence[Event]]  # Sequence: a dialect's list of dicts is one
 Buffered = Callable[[], bool]
+SERVER_SEND = "llamactor.server_send"  # the scope's key of the server's own send (``server.App``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +85,27 @@ def stream_response(events: AsyncGenerator[Event, None], framing: Framing, on_er
     what the events are made of, closed with them (which ends the requests still running);
     ``buffered``: whether pieces wait under the events (their frames then join this write)."""
     headers = {"Cache-Control": "no-cache"} if not framing.ndjson else None
-    return StreamingResponse(frames(events, framing, on_error, pieces, buffered), media_type=framing.media_type,
-                             headers=headers, background=background)
+    return DirectStreamingResponse(frames(events, framing, on_error, pieces, buffered),
+                                   media_type=framing.media_type, headers=headers, background=background)
+
+
+class DirectStreamingResponse(StreamingResponse):
+    """Starlette's streamed response whose body chunks go to the server's own ``send`` when the
+    scope has one (``SERVER_SEND``); its start and its last, empty message still go through the
+    middleware's (uvicorn's event loop)."""
+
+    server_send: Send | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.server_send = scope.get(SERVER_SEND)
+        await super().__call__(scope, receive, send)
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        body_send = self.server_send or send
+        async for chunk in self.body_iterator:  # bytes: ``frames`` makes nothing else
+            await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def frames(events: AsyncGenerator[Event, None], framing: Framing, on_error: OnError,

@@ -52,7 +52,8 @@ class RequestLog:
     request inside the actors; a valid client X-Request-Id is echoed back instead and logged
     beside it), and counts and logs it once it has been answered -- refusals included -- labelled
     by its route's template, never by its raw path. A head over ``max_header_bytes`` is a 431
-    here: h11 refuses a larger head only while it is incomplete, not one that came in one read."""
+    here: the protocol (``edge_protocol``) refuses a larger head only while it is incomplete, not
+    one that came whole in one read."""
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app, self.state = app, state

@@ -22,7 +22,8 @@ from llamactor.handles import tracing
 from llamactor.http import (anthropic_routes, batches_routes, engine_routes, errors, files_routes, model_admin_routes,
                             ollama_model_routes, ollama_routes, openai_routes, ops_routes, rerank_routes,
                             responses_routes, tokenizer_routes, ui_routes)
-from llamactor.http.body_limit import BodyLimitMiddleware
+from llamactor.http.body_limit import BodyLimitMiddleware, Receive, Scope, Send
+from llamactor.http.framing import SERVER_SEND
 from llamactor.http.metrics import RouteTemplates
 from llamactor.http.middleware import JsonBodies, KeyGuard, RequestLog, is_json_or_upload
 from llamactor.http.origins import OriginGuard, PolicyCors
@@ -40,8 +41,19 @@ def _templates(routes: Iterable[BaseRoute], prefix: str = "") -> list[str]:
     return [prefix + path for route in routes if isinstance(path := getattr(route, "path", None), str)]
 
 
+class App(FastAPI):
+    """The app: FastAPI, with the server's own ``send`` in each HTTP request's scope
+    (``framing.SERVER_SEND``), where a streamed response's body chunks go past the middleware.
+    Middleware added here may read and change a response's start, never its body."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # event loop
+        if scope["type"] == "http":
+            scope[SERVER_SEND] = send
+        await super().__call__(scope, receive, send)
+
+
 def create_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="llamactor", docs_url=None, redoc_url=None, strict_content_type=False)
+    app = App(title="llamactor", docs_url=None, redoc_url=None, strict_content_type=False)
     app.state.server = state
     app.add_exception_handler(RequestValidationError, errors.invalid_body)  # type: ignore[arg-type]
     app.add_exception_handler(LlamactorError, errors.llamactor_error)  # type: ignore[arg-type]
