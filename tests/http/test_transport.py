@@ -86,7 +86,7 @@ def test_a_request_head_over_max_header_bytes_is_refused(daemon: Daemon) -> None
     big = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + b"a" * 100_000 + b"\r\n\r\n"
     answer, closed = raw_exchange(daemon, big)
     assert closed and answer.startswith(b"HTTP/1.1 431"), answer[:100]
-    trickled, closed = raw_exchange(daemon, big[:50_000])  # incomplete: h11 gives up past the limit
+    trickled, closed = raw_exchange(daemon, big[:50_000])  # incomplete: the head bound (edge_protocol) gives up past the limit
     assert closed and trickled.startswith(b"HTTP/1.1 400"), trickled[:100]
     assert httpx.get(f"{daemon.url}/health", headers={"X-Padding": "a" * 8000}).status_code == 200  # 8 KB: fine
 
