@@ -4,8 +4,11 @@ The order follows llama.cpp's default chain: logit bias, penalties, the grammar 
 min-p, then temperature and the draw. A step whose rows are all plain greedy costs one ``argmax``
 over the batch. A sampled row never sorts its 262k-entry vocabulary: its candidates are the
 entries within a margin of the row's maximum (one vectorised comparison), widened until they hold
-the row's top-k (or its nucleus when top-k is off); only those are partitioned and sorted. A row
-with temperature alone draws over the whole row in vocabulary order, sorting nothing.
+the row's top-k (or its nucleus when top-k is off); only those are partitioned and sorted. A
+nucleus wider than a few thousand tokens (a flat row under top-p or min-p) is found by halving
+with ``argpartition`` and drawn from unsorted (``_wide_nucleus``), where llama.cpp's top-p sorts
+the whole vocabulary once its first 256 candidates fall short. A row with temperature alone draws
+over the whole row in vocabulary order, sorting nothing.
 
 Why numpy and not torch: a step has a handful of rows and the prefilter keeps each sort small, so
 numpy is faster here (no thread-pool wake-ups: 2.7 vs 4.4 ms for 16 rows with the default
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_MIN_CANDIDATES = 64
+_SORTED_BAND = 4096  # a wide nucleus's edge is sorted once the undecided band is this small
 _FIRST_MARGIN = 8.0  # nats below the row's maximum: ~100 - 1,000 of Gemma's tokens, usually enough
 
 
@@ -109,16 +112,77 @@ def top_candidates(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return row[ids], ids
 
 
-def _nucleus(row: np.ndarray, spec: RowSpec, lse: float) -> tuple[np.ndarray, np.ndarray]:
-    """A row without top-k: the smallest candidate set (x4 from 64) that holds every token it could
-    draw -- its top-p nucleus, or everything above min_p of the best."""
-    k = _MIN_CANDIDATES
+def _nucleus(row: np.ndarray, spec: RowSpec) -> tuple[np.ndarray, np.ndarray]:
+    """A row without top-k: the tokens its top-p and min-p keep (values, ids). The usual peaked
+    row's are among the few tokens within ``_FIRST_MARGIN`` of its best (sorted, as a full sort
+    would order them); a wider nucleus is found without sorting the row (``_wide_nucleus``)."""
+    lse = log_sum_exp(row)  # top-p runs over the whole distribution: the full-vocabulary normaliser
+    near = np.flatnonzero(row >= row.max() - _FIRST_MARGIN)
+    if near.size <= _SORTED_BAND:
+        near = near[np.argsort(-row[near], kind="stable")]
+        vals = row[near]
+        probs = np.exp(vals.astype(np.float64) - lse)
+        if near.size == row.shape[0] or probs.sum() >= spec.top_p or probs[-1] < spec.min_p * probs[0]:
+            keep = _kept(probs, spec)
+            return vals[keep], near[keep]
+    return _wide_nucleus(row, spec, lse)
+
+
+def _kept(probs: np.ndarray, spec: RowSpec) -> np.ndarray:
+    """Which of the candidates ``probs`` (largest first) top-p and min-p keep: llama.cpp's rules
+    (a token stays while the mass before it is under top_p; the best token always stays)."""
+    keep = (np.cumsum(probs) - probs) < spec.top_p
+    keep &= probs >= spec.min_p * probs[0]
+    keep[0] = True
+    return keep
+
+
+def _wide_nucleus(row: np.ndarray, spec: RowSpec, lse: float) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens top-p and min-p keep where the nucleus is wider than ``_nucleus`` looked, in no
+    particular order (the draw's distribution does not depend on it). A full sort would cost
+    O(n log n) on the batcher thread -- a flat row's nucleus is most of its 262k entries -- so
+    the edge is found by halving: the better half of the undecided band (one ``argpartition``)
+    is kept whole if the mass before it plus its own is under top_p, else the edge lies inside
+    it; the work is about 2n, and only the last band (``_SORTED_BAND`` tokens at most) is sorted."""
+    ids, vals, probs = _eligible_band(row, spec, lse)
+    if spec.top_p >= 1.0 or probs.sum() < spec.top_p:
+        return vals, ids  # every eligible token is inside the nucleus: min-p alone decides
+    kept: list[np.ndarray] = []
+    mass_before = 0.0  # of the tokens kept so far: every one of them beats every token in the band
+    while ids.size > _SORTED_BAND:
+        n_lower = ids.size - ids.size // 2
+        order = np.argpartition(vals, n_lower)
+        ids, vals, probs = ids[order], vals[order], probs[order]
+        upper_mass = float(probs[n_lower:].sum())
+        if mass_before + upper_mass < spec.top_p:  # the whole upper half is inside the nucleus
+            kept.append(ids[n_lower:])
+            mass_before += upper_mass
+            ids, vals, probs = ids[:n_lower], vals[:n_lower], probs[:n_lower]
+        else:  # the nucleus ends inside the upper half: the lower half is out
+            ids, vals, probs = ids[n_lower:], vals[n_lower:], probs[n_lower:]
+    order = np.argsort(-vals, kind="stable")
+    probs = probs[order]
+    kept.append(ids[order][(mass_before + np.cumsum(probs) - probs) < spec.top_p])
+    nucleus = np.concatenate(kept)
+    return row[nucleus], nucleus
+
+
+def _eligible_band(row: np.ndarray, spec: RowSpec, lse: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The tokens min-p keeps within a margin of the row's maximum (doubling from
+    ``_FIRST_MARGIN``) until their mass reaches top_p, or all that min-p keeps: (ids, values,
+    probabilities). The nucleus is among them: a peaked row's are a few thousand."""
+    top = float(row.max())
+    floor_p = spec.min_p * float(np.exp(top - lse))  # min-p's cut, as llama.cpp's probs[0] * min_p
+    margin = _FIRST_MARGIN
     while True:
-        vals, ids = top_candidates(row, k)
-        probs = np.exp(vals - lse)
-        if k >= row.shape[0] or probs.sum() >= spec.top_p or probs[-1] < spec.min_p * probs[0]:
-            return vals, ids
-        k *= 4
+        everything = spec.top_p >= 1.0 or margin >= 1e4 or (spec.min_p > 0.0 and margin >= -np.log(spec.min_p))
+        ids = np.flatnonzero(row > -np.inf) if everything else np.flatnonzero(row >= top - margin)
+        probs = np.exp(row[ids].astype(np.float64) - lse)
+        if spec.min_p > 0.0:
+            ids, probs = ids[probs >= floor_p], probs[probs >= floor_p]
+        if everything or probs.sum() >= spec.top_p:
+            return ids, row[ids], probs
+        margin *= 2
 
 
 def _draw_whole_row(row: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
@@ -137,19 +201,15 @@ def _draw(row: np.ndarray, spec: RowSpec) -> int:
     if spec.top_k > 0:
         vals, ids = top_candidates(row, spec.top_k)
         denom = float(np.logaddexp.reduce(vals.astype(np.float64)))  # top-p over the top-k survivors
+        keep = _kept(np.exp(vals.astype(np.float64) - denom), spec)
+        vals, ids = vals[keep], ids[keep]
     else:
-        # The full-vocabulary normaliser matters only here: top-p runs over the whole distribution.
-        denom = log_sum_exp(row)
-        vals, ids = _nucleus(row, spec, denom)
-    probs = np.exp(vals.astype(np.float64) - denom)
-    keep = (np.cumsum(probs) - probs) < spec.top_p
-    keep &= probs >= spec.min_p * probs[0]
-    keep[0] = True
-    kept = vals[keep].astype(np.float64) / spec.temperature
-    weights = np.exp(kept - kept[0])  # kept[0] is the largest: no overflow
+        vals, ids = _nucleus(row, spec)
+    kept = vals.astype(np.float64) / spec.temperature
+    weights = np.exp(kept - kept.max())  # no overflow
     cdf = np.cumsum(weights)
     pick = min(int(np.searchsorted(cdf, spec.rng.random() * cdf[-1])), cdf.size - 1)
-    return int(ids[keep][pick])
+    return int(ids[pick])
 
 
 @dataclass(slots=True)

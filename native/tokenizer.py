@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import codecs
 import ctypes
-import re
 import threading
 import time
 import warnings
@@ -23,6 +22,7 @@ import llama_cpp
 
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.logging import get_logger
+from llamactor.base.text_finder import TextFinder
 
 log = get_logger("llamactor.native")
 
@@ -51,31 +51,22 @@ class SpecialSplitter:
     """
 
     def __init__(self, specials: Iterable[bytes], parse_only: Iterable[bytes] = ()) -> None:
-        self._tokens = frozenset(t for t in specials if t)
-        self._parse_only = frozenset(t for t in parse_only if t)
+        self._tokens = TextFinder(specials)
+        self._parse_only = TextFinder(parse_only)
         inner = bytearray(65536)
-        for token in self._tokens:
+        for token in self._tokens.texts:
             for a, b in zip(token, token[1:]):
                 inner[a << 8 | b] = 1
         self._inner = bytes(inner)
-        self._lengths, self._starts = _first_bytes(self._tokens)
-        self._parse_lengths, self._parse_starts = _first_bytes(self._parse_only)
 
     def needs_parse(self, data: bytes, start: int, end: int) -> bool:
         """Whether ``data[start:end]`` holds a token that only ``parse_special`` matches."""
-        if self._parse_starts is None:
-            return False
-        match = self._parse_starts.search(data, start, end)
-        while match is not None:
-            x = match.start()
-            if any(data[x:x + n] in self._parse_only for n in self._parse_lengths[data[x]] if x + n <= end):
-                return True
-            match = self._parse_starts.search(data, x + 1, end)
-        return False
+        return self._parse_only.found_in(data, start, end)
 
     def cuts(self, data: bytes, chunk: int) -> list[int]:
         """Offsets from 0 to ``len(data)`` that cut ``data`` into pieces of ``chunk`` bytes or more
-        (the last may be shorter); each byte is looked at once at most, so this is linear."""
+        (the last may be shorter); each byte is looked at a bounded number of times (the longest
+        token's length at most), so this is linear."""
         cuts, pos = [0], chunk
         while pos < len(data):
             cut = self._cut_from(data, pos)
@@ -89,30 +80,12 @@ class SpecialSplitter:
     def _cut_from(self, data: bytes, pos: int) -> int | None:
         """The first offset at or after ``pos`` where a matched token starts at a safe cut and
         ends at one."""
-        if self._starts is None:
-            return None
-        match = self._starts.search(data, pos)
-        while match is not None:
-            x = match.start()
-            if self._free(data, x):
-                for n in self._lengths[data[x]]:
-                    if data[x:x + n] in self._tokens and self._free(data, x + n):
-                        return x
-            match = self._starts.search(data, x + 1)
-        return None
+        return next((x for x, n in self._tokens.occurrences(data, pos)
+                     if self._free(data, x) and self._free(data, x + n)), None)
 
     def _free(self, data: bytes, x: int) -> bool:
         """No matched token can straddle offset ``x`` (its two neighbours are no inner pair)."""
         return x <= 0 or x >= len(data) or not self._inner[data[x - 1] << 8 | data[x]]
-
-
-def _first_bytes(tokens: frozenset[bytes]) -> tuple[dict[int, tuple[int, ...]], re.Pattern[bytes] | None]:
-    """The lengths of ``tokens`` by first byte, and a pattern finding where one may start."""
-    lengths: dict[int, set[int]] = {}
-    for token in tokens:
-        lengths.setdefault(token[0], set()).add(len(token))
-    firsts = b"".join(re.escape(bytes([first])) for first in sorted(lengths))
-    return {first: tuple(sorted(n)) for first, n in lengths.items()}, re.compile(b"[" + firsts + b"]") if firsts else None
 
 
 class VocabFacts:

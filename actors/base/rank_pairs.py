@@ -23,6 +23,7 @@ refused with ``InvalidRequestError``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -67,8 +68,8 @@ class RankPairs:
     def tokens(self, tokenizer: PairTokenizer, gguf_template: str | None) -> list[list[int]]:
         """Every document's pair (``InvalidRequestError`` for one over ``max_doc_tokens`` untruncated)."""
         template = self.template if self.template is not None else gguf_template
-        return [rank_pair_tokens(tokenizer, template, self.query, d, self.max_doc_tokens, self.truncation)
-                for d in self.documents]
+        return [rank_pair_tokens(tokenizer, template, self.query, d, self.max_doc_tokens, self.truncation, index=i)
+                for i, d in enumerate(self.documents)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +82,12 @@ class RankScores:
 
 
 def rank_pair_tokens(tokenizer: PairTokenizer, template: str | None, query: str, document: str,
-                     max_doc_tokens: int | None, truncation: bool) -> list[int]:
-    """The tokens of one (query, document) input, laid out as the module docstring says."""
+                     max_doc_tokens: int | None, truncation: bool, *, index: int = 0) -> list[int]:
+    """The tokens of one (query, document) input, laid out as the module docstring says
+    (``index``: the document's, named where it is refused)."""
     if template is not None:
-        return _templated(tokenizer, template, query, document, max_doc_tokens, truncation)
-    doc = _capped(plain_text(tokenizer, document), max_doc_tokens, truncation)
+        return _templated(tokenizer, template, query, document, max_doc_tokens, truncation, index)
+    doc = capped_document(plain_text(tokenizer, document), index, max_doc_tokens, truncation)
     eos = tokenizer.eos_id if tokenizer.eos_id >= 0 else tokenizer.sep_id
     tokens = [tokenizer.bos_id] if tokenizer.adds_bos else []
     tokens += plain_text(tokenizer, query)
@@ -97,7 +99,7 @@ def rank_pair_tokens(tokenizer: PairTokenizer, template: str | None, query: str,
 
 
 def _templated(tokenizer: PairTokenizer, template: str, query: str, document: str,
-               max_doc_tokens: int | None, truncation: bool) -> list[int]:
+               max_doc_tokens: int | None, truncation: bool, index: int) -> list[int]:
     tokens: list[int] = []
     for piece, slot in _split(template):
         literal, carried = carry_space(piece) if slot is not None else (piece, "")
@@ -105,7 +107,7 @@ def _templated(tokenizer: PairTokenizer, template: str, query: str, document: st
         if slot == QUERY:
             tokens += plain_text(tokenizer, carried + query)
         elif slot == DOCUMENT:
-            tokens += _capped(plain_text(tokenizer, carried + document), max_doc_tokens, truncation)
+            tokens += capped_document(plain_text(tokenizer, carried + document), index, max_doc_tokens, truncation)
     return tokens
 
 
@@ -139,10 +141,14 @@ def _split(template: str) -> list[tuple[str, str | None]]:
         rest = rest[at + len(slot):]
 
 
-def _capped(tokens: list[int], max_tokens: int | None, truncation: bool) -> list[int]:
-    if max_tokens is None or len(tokens) <= max_tokens:
-        return tokens
+def capped_document(tokens: Sequence[int], index: int, cap: int | None, truncation: bool,
+                    limits: str = "max_tokens_per_doc") -> list[int]:
+    """``documents[index]``'s tokens within ``cap`` (None: no cap): its head when ``truncation``,
+    else ``InvalidRequestError`` naming it and what set the cap (``limits``). A ranking head's
+    pairs and a judging prompt's documents (``llamactor.handles.rerank_prompt``) are capped so."""
+    if cap is None or len(tokens) <= cap:
+        return list(tokens)
     if not truncation:
-        raise InvalidRequestError(f"a document has {len(tokens)} tokens, over max_tokens_per_doc = {max_tokens} "
-                                  "(truncation is off)")
-    return tokens[:max_tokens]
+        raise InvalidRequestError(f"documents[{index}] has {len(tokens)} tokens, more than the {cap} a document may "
+                                  f"have here ({limits}); truncation is off", param=f"documents[{index}]")
+    return list(tokens[:cap])

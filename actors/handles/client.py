@@ -1,8 +1,10 @@
 """``Client``: the request API every llamactor handle offers (``LLM``, ``Replicas``).
 
 Every method runs on the caller's thread (or event loop) and only builds messages; where a
-message goes is the subclass's ``send``: one actor tree (``LLM``), a replica chosen by policy
-(``Replicas``), or a Ray Serve deployment (``llamactor.rayserve``). Nothing here touches llama.cpp.
+message goes is the subclass's ``send`` (``Delivery``): one actor tree (``LLM``), a replica chosen
+by policy (``Replicas``), or a Ray Serve deployment (``llamactor.rayserve``). Nothing here touches
+llama.cpp. The verbs that answer no generated text (rerank, embeddings, ranking-head scores,
+tokenize) are ``NonGenerativeVerbs``'.
 
 The core verbs take a typed ``GenerationRequest`` (``request()`` builds one from loose arguments,
 against this model's defaults) and answer one result per choice: ``submit(request)`` futures,
@@ -15,60 +17,28 @@ prompt's KV (choice ``i`` seeded ``seed + i``, its id ``<request_id>-<i>``).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import Any, TypeVar, overload
+from collections.abc import Sequence
+from typing import Any, overload
 
-from llamactor.base.tool_format import FALLBACK, ToolCallFormat
-from llamactor.base.completion import Completion, Embeddings, Score, Tokenized
-from llamactor.base.config import Config
-from llamactor.base.sampling import SamplingParams
+from llamactor.base.completion import Completion, Score
 from llamactor.base.errors import InvalidRequestError
-from llamactor.base.messages import CallerMessage, Embed, Generate, ReplyChannel
-from llamactor.base.priority import DEFAULT_PRIORITY, parse_priority
-from llamactor.base.rank_pairs import RankPairs, RankScores
-from llamactor.base.embedding_request import EmbedInputs, EmbeddingRequest
+from llamactor.base.messages import Generate, ReplyChannel
+from llamactor.base.priority import DEFAULT_PRIORITY
 from llamactor.base.request import GenerationRequest, Messages, Prompt, choice_request_id, new_request_id
-from llamactor.base.rerank import RerankArgs, Reranking
 from llamactor.base.tenants import Tenant, tenant_named
-from llamactor.base.trace_spans import SERVICE_NAME
-from llamactor.handles import rank_pairs, rerank, tracing
 from llamactor.handles.batcher_tokens import then
-from llamactor.handles.limits import (Limiter, WaitForLimits, embedding_estimate, generation_estimate,
-                                      rerank_estimate)
+from llamactor.handles.delivery import Future, alone
+from llamactor.handles.limits import generation_estimate
+from llamactor.handles.non_generative import NonGenerativeVerbs
 from llamactor.handles.streams import AsyncTextStream, TextStream
-from llamactor.handles.tokenize_call import TokenizerPrompt, tokenize_message
 
-T = TypeVar("T")  # what a future resolves to: a Completion or Embeddings
-Future = concurrent.futures.Future
+__all__ = ["Client", "Future"]
 
 
-class Client:
+class Client(NonGenerativeVerbs):
     """The request API. Subclasses set ``config`` (the model's defaults) and implement ``send``
     and ``cancel``; ``send_n`` when the ``n`` choices of one prompt need to stay together."""
-
-    config: Config
-    rate_wait: WaitForLimits | None = None  # how a request over its tenant's rate limits waits; None: refused
-
-    @functools.cached_property
-    def limiter(self) -> Limiter | None:
-        """The rate limits of ``config.tenants``, enforced on this handle's submissions."""
-        return Limiter.for_tenants(self.config.tenants)
-
-    def send(self, msg: CallerMessage) -> Future[Any]:
-        """Deliver ``msg``; its answer goes to ``msg.reply``, whose future this returns."""
-        raise NotImplementedError
-
-    def send_n(self, msgs: Sequence[Generate]) -> list[Future[Completion]]:
-        """Deliver the ``n`` choices of one prompt, in order."""
-        return [self.send(m) for m in msgs]
-
-    def cancel(self, request_id: str) -> None:
-        """End ``request_id`` now; its caller gets ``CancelledError`` holding the partial completion."""
-        raise NotImplementedError
 
     # -- the core verbs ---------------------------------------------------------------------
     # Sampling options (``max_tokens``, ``temperature``, ``stop`` ...; see ``SamplingParams``),
@@ -91,16 +61,6 @@ class Client:
         return GenerationRequest.build(self.sampling_defaults(), prompt=prompt, messages=messages,
                                        tenant=tenant_named(tenant, self.config.tenants), **options)
 
-    def sampling_defaults(self) -> SamplingParams:
-        """What a request's unset sampling fields get: the operator's (``config.sampling``); a
-        handle on a loaded model layers the GGUF's own under them (``model_sampling``)."""
-        return self.config.sampling
-
-    def tool_format(self) -> ToolCallFormat:
-        """How this model writes a tool call (its ``EngineInfo.tool_format``); the Hermes
-        fallback where the handle knows no model."""
-        return FALLBACK
-
     @overload
     def submit(self, prompt: GenerationRequest) -> list[Future[Completion]]: ...
     @overload
@@ -111,7 +71,7 @@ class Client:
         """A request: one future per choice. A prompt (text or token ids) and options: its one
         completion's future, returned at once."""
         if isinstance(prompt, GenerationRequest):
-            _alone(request_id, sampling)
+            alone(request_id, sampling)
             return self._send(prompt, prompt.request_id or new_request_id(), [ReplyChannel() for _ in range(prompt.n)])
         return self.submit(self.request(prompt, request_id=request_id, **sampling))[0]
 
@@ -126,7 +86,7 @@ class Client:
         afterwards, ``.cancel()`` any time."""
         if not isinstance(prompt, GenerationRequest):
             return self.stream(self.request(prompt, request_id=request_id, **sampling))[0]
-        _alone(request_id, sampling)
+        alone(request_id, sampling)
         rid = prompt.request_id or new_request_id()
         streams = [TextStream(choice_request_id(rid, i, prompt.n), self.cancel) for i in range(prompt.n)]
         for stream, future in zip(streams, self._send(prompt, rid, [ReplyChannel(on_piece=s.push) for s in streams])):
@@ -144,7 +104,7 @@ class Client:
         ``await stream.queued()`` to learn that the batcher accepted the request (or why not)."""
         if not isinstance(prompt, GenerationRequest):
             return self.stream_async(self.request(prompt, request_id=request_id, **sampling))[0]
-        _alone(request_id, sampling)
+        alone(request_id, sampling)
         rid, loop = prompt.request_id or new_request_id(), asyncio.get_running_loop()
         streams = [AsyncTextStream(choice_request_id(rid, i, prompt.n), self.cancel, loop) for i in range(prompt.n)]
         replies = [ReplyChannel(on_piece=s.push) for s in streams]
@@ -244,103 +204,6 @@ class Client:
     async def score_async(self, context: Prompt, continuations: Sequence[Prompt], **options: Any) -> list[Score]:
         return list(await asyncio.gather(*(self._await(f) for f in self.submit_score(context, continuations, **options))))
 
-    # -- rerank ------------------------------------------------------------------------------
-    # Each document's relevance to ``query`` as P("yes") / (P("yes") + P("no")) after a judging
-    # prompt (``llamactor.handles.rerank``): the documents of one call share the prompt and the
-    # query as one prefix, computed once. ``top_n``: keep the best n (None: all);
-    # ``max_tokens_per_doc``: a document's tokens (None: ``Config.rerank_max_tokens_per_doc``), a
-    # longer one cut (``truncation``) or refused; ``instruction``: the task the judge is told.
-
-    def submit_rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,
-                      max_tokens_per_doc: int | None = None, truncation: bool = True, instruction: str | None = None,
-                      tenant: str | Tenant | None = None, request_id: str | None = None,
-                      priority: Any = DEFAULT_PRIORITY) -> Future[Reranking]:
-        args = RerankArgs.check(query, documents, top_n=top_n, truncation=truncation, instruction=instruction,
-                                max_tokens_per_doc=self.config.rerank_max_tokens_per_doc if max_tokens_per_doc is None
-                                else max_tokens_per_doc, max_documents=self.config.max_rerank_documents)
-        who = tenant_named(tenant, self.config.tenants)
-        if rerank.has_ranking_head(self):
-            return rerank.submit_ranked(self, args, tenant=who, request_id=request_id)
-        level = who.priority(parse_priority(priority))
-        return self._limited(who, rerank_estimate(args), lambda: [rerank.submit_rerank(
-            self, args, tenant=who, request_id=request_id, priority=level)])[0]
-
-    def rerank(self, query: str, documents: Sequence[str], *, timeout: float | None = None,
-               **options: Any) -> Reranking:
-        """``Reranking``: the documents by relevance, best first, each with its score in [0, 1]."""
-        return self._wait(self.submit_rerank(query, documents, **options), timeout)
-
-    async def rerank_async(self, query: str, documents: Sequence[str], **options: Any) -> Reranking:
-        return await self._await(self.submit_rerank(query, documents, **options))
-
-    # -- embeddings --------------------------------------------------------------------------
-    # ``inputs``: a string, a list of strings, a list of token ids, or a list of such lists (or an
-    # ``EmbeddingRequest``). ``pooling``: "mean" | "cls" | "last" (default: the GGUF's pooling
-    # type, else mean); ``normalize``: L2 (default True); ``dimensions``: keep the first
-    # components, then renormalize; ``truncate``: cut inputs longer than one embedding step.
-
-    def submit_embed(self, inputs: EmbedInputs | EmbeddingRequest, **options: Any) -> Future[Embeddings]:
-        """Queue ``inputs`` for embedding; they are packed with other callers' inputs by tokens."""
-        if isinstance(inputs, EmbeddingRequest):
-            _alone(None, options)
-            r = inputs
-        else:
-            tenant = tenant_named(options.pop("tenant", None), self.config.tenants)
-            r = EmbeddingRequest.build(inputs, tenant=tenant, **options)
-        msg = Embed(request_id=r.request_id or new_request_id(), inputs=r.inputs, reply=ReplyChannel(),
-                    submitted_at=time.perf_counter(), pooling=r.pooling, normalize=r.normalize,
-                    dimensions=r.dimensions, truncate=r.truncate, tenant=r.tenant)
-        return self._traced([msg], self._limited(r.tenant, embedding_estimate(r), lambda: [self.send(msg)]))[0]
-
-    def embed(self, inputs: EmbedInputs | EmbeddingRequest, *, timeout: float | None = None,
-              **options: Any) -> Embeddings:
-        """One vector per input (``Embeddings``: iterable, ``.vectors`` a float32 array)."""
-        return self._wait(self.submit_embed(inputs, **options), timeout)
-
-    async def embed_async(self, inputs: EmbedInputs | EmbeddingRequest, **options: Any) -> Embeddings:
-        return await self._await(self.submit_embed(inputs, **options))
-
-    # -- ranking-head scores -----------------------------------------------------------------
-    # A ranking-head GGUF (``EngineInfo.ranking``) scores each whole (query, document) input
-    # through llama.cpp's rank pooling, in the embedding queue: packed by tokens, rate-limited as
-    # embeddings; an input longer than one embedding step (or an encoder's training context) is
-    # refused, nothing queued. ``InvalidRequestError`` from a model without a ranking head.
-
-    def submit_rank_scores(self, inputs: Sequence[Sequence[int]], *, tenant: str | Tenant | None = None,
-                           request_id: str | None = None) -> Future[list[float]]:
-        """One relevance in [0, 1] per input (token ids of a whole pair: ``rank_pair_tokens``)."""
-        msg = rank_pairs.scores_message(inputs, tenant_named(tenant, self.config.tenants), request_id)
-        sent = self._traced([msg], self._limited(msg.tenant, rank_pairs.estimate(msg), lambda: [self.send(msg)]))
-        return then(sent[0], lambda done: list(rank_pairs.scores_of(done).scores))
-
-    def submit_rank_pairs(self, query: str, documents: Sequence[str], *, max_doc_tokens: int | None = None,
-                          truncation: bool = True, template: str | None = None, tenant: str | Tenant | None = None,
-                          request_id: str | None = None) -> Future[RankScores]:
-        """``query`` against each document, each pair laid out where the vocabulary is, as
-        llama-server does (``llamactor.base.rank_pairs``; ``template`` None: the GGUF's)."""
-        pairs = RankPairs(query, tuple(documents), max_doc_tokens, truncation, template)
-        msg = rank_pairs.pairs_message(pairs, tenant_named(tenant, self.config.tenants), request_id)
-        sent = self._traced([msg], self._limited(msg.tenant, rank_pairs.estimate(msg), lambda: [self.send(msg)]))
-        return then(sent[0], rank_pairs.scores_of)
-
-    # -- what the model sees ------------------------------------------------------------------
-    # ``prompt``: text, token ids, strings and token ids mixed, or chat messages (rendered by the
-    # model's chat format, with ``tools``): see ``tokenize_message``. Answered by the batcher.
-
-    def submit_tokenize(self, prompt: TokenizerPrompt, *, add_special: bool = True, with_pieces: bool = False,
-                        tools: Any = None, chat_template_kwargs: Mapping[str, Any] | None = None,
-                        request_id: str | None = None) -> Future[Tokenized]:
-        return self.send(tokenize_message(prompt, add_special=add_special, with_pieces=with_pieces, tools=tools,
-                                          chat_template_kwargs=chat_template_kwargs, request_id=request_id))
-
-    def tokenize(self, prompt: TokenizerPrompt, *, timeout: float | None = None,
-                 **options: Any) -> Tokenized:
-        """``Tokenized``: token ids, text (a chat as rendered), pieces (``with_pieces=True``)."""
-        return self._wait(self.submit_tokenize(prompt, **options), timeout)
-
-    async def tokenize_async(self, prompt: TokenizerPrompt, **options: Any) -> Tokenized:
-        return await self._await(self.submit_tokenize(prompt, **options))
-
     # -- internals (caller's thread) --------------------------------------------------------
 
     def _send(self, request: GenerationRequest, request_id: str, replies: list[ReplyChannel]) -> list[Future[Completion]]:
@@ -356,41 +219,3 @@ class Client:
             return self.send_n(msgs)
 
         return self._traced(msgs, self._limited(request.tenant, generation_estimate(request), send))
-
-    def _traced(self, msgs: Sequence[Generate | Embed], futures: list[Future[T]]) -> list[Future[T]]:
-        """``futures``, each recording its request's span when done if tracing is on
-        (``llamactor.handles.tracing``; its parent: the caller's current OpenTelemetry context)."""
-        if (tracer := tracing.active()) is not None:
-            tracer.watch(msgs, futures, self.served_name())
-        return futures
-
-    def served_name(self) -> str:
-        """The model's name as served (a ``ModelClient``'s), else its file's stem: its spans' model."""
-        name = getattr(self, "name", None)
-        return name if isinstance(name, str) else Path(self.config.model or SERVICE_NAME).name.removesuffix(".gguf")
-
-    def _limited(self, tenant: Tenant, tokens: int, send: Callable[[], list[Future[T]]]) -> list[Future[T]]:
-        """``send()``, within the tenant's rate limits if any tenant has some (``Limiter.submit``)."""
-        limiter = self.limiter
-        return send() if limiter is None else limiter.submit(tenant, tokens, send, self.rate_wait).sent
-
-    def _wait(self, future: Future[T], timeout: float | None) -> T:
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise
-
-    async def _await(self, future: Future[T]) -> T:
-        try:
-            return await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-
-
-def _alone(request_id: str | None, options: Mapping[str, Any]) -> None:
-    """A typed request carries everything: refuse options given beside it."""
-    if request_id is not None or options:
-        raise TypeError("a request object carries its own options and id: pass it alone "
-                        f"(got {', '.join(sorted([*options, *(['request_id'] if request_id else [])]))})")

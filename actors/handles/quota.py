@@ -19,7 +19,7 @@ from llamactor.base.logging import get_logger
 from llamactor.base.messages import CallerMessage, Generate
 from llamactor.base.tenants import Tenant
 from llamactor.base.tool_format import ToolCallFormat
-from llamactor.handles.client import Future
+from llamactor.handles.delivery import Future
 from llamactor.handles.limits import Limiter, WaitForLimits
 from llamactor.handles.model import ModelClient
 

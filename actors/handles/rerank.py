@@ -34,14 +34,14 @@ from llamactor.base.config import Config
 from llamactor.base.errors import ContextExceededError, InvalidRequestError, QueueFullError
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import CallerMessage, Generate, ReplyChannel, Tokenize
-from llamactor.base.rank_pairs import RankScores
+from llamactor.base.rank_pairs import RankScores, capped_document
 from llamactor.base.request import MAX_CHOICES, GenerationRequest, new_request_id
 from llamactor.base.rerank import RerankArgs, Reranking, ranked
 from llamactor.base.sampling import SamplingParams
 from llamactor.base.tenants import Tenant
 from llamactor.handles.batcher_tokens import Future, TokensKey, resolve, shielded, then, tokenized
 from llamactor.handles.rerank_prompt import (DEFAULT_INSTRUCTION, JudgeTemplate, TextTokenizer, answer_ids,
-                                             fitted_document, judge_messages, placeholder_template)
+                                             judge_messages, placeholder_template)
 
 log = get_logger("llamactor.rerank")
 Labels = tuple[tuple[int, ...], tuple[int, ...]]
@@ -67,6 +67,7 @@ class Client(Protocol):
 
 
 WINDOW_GROUPS = 2  # groups of one rerank waiting at once
+CAP_LIMITS = "max_tokens_per_doc and the context"  # what caps a judged document's tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +144,7 @@ def rerank_prompt(client: Client, args: RerankArgs) -> Future[RerankPrompt]:
 
     def fit(judge: Judge, context: list[int], documents: list[list[int]], suffix: list[int]) -> RerankPrompt:
         cap = min(args.max_tokens_per_doc, _room(client, len(context) + len(suffix)))
-        return RerankPrompt(context, [tuple(fitted_document(d, i, cap, args.truncation)) + tuple(suffix)
+        return RerankPrompt(context, [tuple(capped_document(d, i, cap, args.truncation, CAP_LIMITS)) + tuple(suffix)
                                       for i, d in enumerate(documents)], judge.labels)
     return then(judge_of(client), tokenize)
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,15 +157,3 @@ def answer_ids(tokenizer: TextTokenizer) -> tuple[tuple[int, ...], tuple[int, ..
             raise InvalidRequestError(f"this model's vocabulary has no single token for {word!r}: it cannot rerank "
                                       "with a judging prompt (a ranking-head GGUF reranks without one)")
     return groups[0], groups[1]
-
-
-def fitted_document(tokens: Sequence[int], index: int, cap: int, truncation: bool) -> list[int]:
-    """A document's tokens within ``cap``: its head when ``truncation``, else
-    ``InvalidRequestError`` naming it."""
-    if len(tokens) <= cap:
-        return list(tokens)
-    if not truncation:
-        raise InvalidRequestError(f"documents[{index}] has {len(tokens)} tokens, more than the {cap} a document may "
-                                  "have here (max_tokens_per_doc and the context); truncation is off",
-                                  param=f"documents[{index}]")
-    return list(tokens[:cap])

@@ -148,7 +148,7 @@ class Metrics:
         self.latency = Histogram("llamactor_request_latency_seconds", "Submit to last token", by,
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
         # Per tenant (the tenants of the keys file: a bounded set; "default" without one)
-        self.tenant_requests = Counter("llamactor_tenant_requests", "Requests finished, by tenant", ["tenant"],
+        self.tenant_requests = Counter("llamactor_tenant_requests", "Requests finished (a completion, a rerank), by tenant", ["tenant"],
                                        registry=self.registry)
         self.tenant_prompt_tokens = Counter("llamactor_tenant_prompt_tokens", "Prompt tokens, by tenant", ["tenant"],
                                             registry=self.registry)
@@ -182,11 +182,13 @@ class Metrics:
             tenant_ttft.observe(completion.timings.ttft_ms / 1000)
         return observe
 
-    def count_prompt_tokens(self, model: str, dialect: str, tenant: str, tokens: int) -> None:
-        """Prompt tokens a request computed without a completion of its own (a rerank's: its
-        ``Reranking.prompt_tokens``), counted as a completion's are, by model and dialect and by tenant."""
-        self.prompt_tokens.labels(model, dialect).inc(tokens)
-        self.tenant_prompt_tokens.labels(tenant).inc(tokens)
+    def count_rerank(self, model: str, dialect: str, tenant: str, prompt_tokens: int) -> None:
+        """A finished rerank or score request (no completion of its own): one of the tenant's
+        requests, however many queries and documents it held, and the prompt tokens it computed
+        (its ``Reranking.prompt_tokens``), counted as a completion's are, by model and dialect and by tenant."""
+        self.prompt_tokens.labels(model, dialect).inc(prompt_tokens)
+        self.tenant_requests.labels(tenant).inc()
+        self.tenant_prompt_tokens.labels(tenant).inc(prompt_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -30,8 +30,9 @@ async def reranked(state: ServerState, request: Request, llm: ModelClient, calls
                    ctx: RequestContext, dialect: str = DIALECT) -> list[Any]:
     """Each call's ``Reranking``, sent together within the tenant's rate limits (a 429 before
     anything is queued; the estimate settled with the tokens computed) at its priority under the
-    tenant's ceiling; cancelled if the client disconnects first. The tokens they computed count in
-    the metrics' prompt tokens (by ``dialect``: the one the request came in, and by tenant)."""
+    tenant's ceiling; cancelled if the client disconnects first. The request counts in the
+    metrics as one of the tenant's, and the tokens they computed in the prompt tokens (by
+    ``dialect``: the one the request came in, and by tenant)."""
     tenant = tenant_of(request)
 
     def send() -> list[Future[Any]]:
@@ -50,7 +51,7 @@ async def reranked(state: ServerState, request: Request, llm: ModelClient, calls
     tokens = estimate_tokens(sum(c.estimate for c in calls), 0, 0, 0) + sum(len(c.documents) for c in calls)
     futures, request.state.rate_limits = state.limiter.submit(tenant, tokens, send)
     done = await gather(request, futures)
-    state.metrics.count_prompt_tokens(llm.name, dialect, tenant.name, sum(r.prompt_tokens for r in done))
+    state.metrics.count_rerank(llm.name, dialect, tenant.name, sum(r.prompt_tokens for r in done))
     return done
 
 

@@ -108,8 +108,11 @@ class JobService(FilesApi):
             raise InvalidRequestError(f"input_file_id {input_file_id!r} names no file uploaded with purpose "
                                       "'batch'") from None
         log.info("job_created", batch_id=batch_id, endpoint=endpoint, input_file_id=input_file_id, tenant=tenant)
+        # the batch as created ("validating", as OpenAI answers): read after the spawn, it would be
+        # whatever the worker had done by then -- on a loaded machine, the whole job
+        created = self.get(batch_id, tenant=tenant)
         self._spawn(batch_id)
-        return self.get(batch_id, tenant=tenant)
+        return created
 
     def get(self, batch_id: str, *, tenant: str | None = DEFAULT_TENANT) -> dict[str, Any]:
         """The Batch object (``tenant=None``: whoever's, for the workers)."""

@@ -18,7 +18,6 @@ model). A prompt that starts with the BOS text gets no second BOS.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any
 
 from llamactor.base.errors import ContextExceededError, InvalidRequestError
@@ -26,39 +25,16 @@ from llamactor.base.completion import Tokenized, TokenizedTexts
 from llamactor.base.messages import Generate, Tokenize
 from llamactor.base.tools import Tools
 from llamactor.base.chat_template import ChatTemplate, ChatTemplateError
+from llamactor.base.text_finder import TextFinder
 from llamactor.native.tokenizer import Tokenizer
 
 _SPLIT_MARK = "\x00llamactor-split\x00"
 # Where a message's content held control-token text: replaced by this mark and its index while the
 # template renders, then tokenized as plain text. Private-use characters, so a template leaves them
-# as they are; a content holding the mark's own character is set aside too (``ControlText``).
+# as they are; a content holding the mark's own character is set aside too (``_control_text``).
 _CONTENT_MARK = "\U000f8000"
 _CONTENT_END = "\U000f8001"
 _CONTENT_SLOT = re.compile(f"{_CONTENT_MARK}([0-9]+){_CONTENT_END}")
-
-
-class ControlText:
-    """Finds the text of control tokens (those only ``parse_special`` matches) in a string: from
-    each place where one may start, one character at a time while what is read is the start of
-    one, so a text costs at most its length times the longest token's (1 MB of ``<`` about 0.6 s,
-    of HTML 0.2 s with Gemma's 6,250 texts, where one regex alternation of them took 35 s). Pure."""
-
-    def __init__(self, texts: Iterable[str]) -> None:
-        self._texts = frozenset(t for t in texts if t) | {_CONTENT_MARK}
-        self._starts = frozenset(t[:n] for t in self._texts for n in range(1, len(t)))
-        self._firsts = re.compile("[" + "".join(re.escape(c) for c in sorted({t[0] for t in self._texts})) + "]")
-
-    def found_in(self, text: str) -> bool:
-        """Whether ``text`` holds a control token's text (or the content mark)."""
-        for match in self._firsts.finditer(text):
-            x = end = match.start()
-            while end < len(text):
-                end += 1
-                if text[x:end] in self._texts:
-                    return True
-                if text[x:end] not in self._starts:
-                    break
-        return False
 
 
 class PromptBuilder:
@@ -67,7 +43,7 @@ class PromptBuilder:
         self.template = template
         self.system_prompt = system_prompt
         self._system_tokens = tokenizer.tokenize(system_prompt, add_special=True) if system_prompt else []
-        self._control: ControlText | None = None  # read on first use: a tree that serves no chat never does
+        self._control: TextFinder[str] | None = None  # read on first use: a tree that serves no chat never does
 
     def shared_prefix_tokens(self) -> list[list[int]]:
         """Token prefixes worth prefilling once: the raw and the chat-templated system prompt."""
@@ -211,10 +187,10 @@ class PromptBuilder:
                                            else p for p in content]}
         return message
 
-    def _control_text(self) -> ControlText:
+    def _control_text(self) -> TextFinder[str]:
         """Any thread: two that ask at once both build it, alike (about 0.2 s for Gemma's vocabulary)."""
         if self._control is None:
-            self._control = ControlText(self.tokenizer.facts().control_texts)
+            self._control = TextFinder([*self.tokenizer.facts().control_texts, _CONTENT_MARK])
         return self._control
 
     def _tokenize_rendered(self, rendered: str, kept: list[str]) -> list[int]:

@@ -1,7 +1,7 @@
 """``parse_special``, model-free: where each front end takes it (a completions body, a batch line,
 Ollama's options or its top level, the typed request), that it defaults to on, that a value
-other than a bool is refused before anything is queued, and how control-token text is found in
-a chat message's content (``ControlText``)."""
+other than a bool is refused before anything is queued (how control-token text is found in a
+chat message's content: tests/base/test_text_finder.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from llamactor.dialects.ollama.schema import GenerateRequest
 from llamactor.dialects.openai.call import completions_call
 from llamactor.dialects.openai.schema import ChatRequest, CompletionRequest
 from llamactor.jobs.endpoints import check_body
-from llamactor.tree.prompt_tokens import ControlText
 
 from tests.support.dialects import CTX
 
@@ -80,12 +79,3 @@ def test_the_typed_request_checks_parse_special_and_hands_it_to_every_choice() -
     assert [m.parse_special for m in messages] == [False] * 3
     assert GenerationRequest.build(SamplingParams(), prompt=CHATML).generate_messages(
         "r", [ReplyChannel()], 0.0)[0].parse_special is True
-
-
-def test_control_text_is_found_wherever_it_starts_and_only_whole() -> None:
-    control = ControlText(["<|im_start|>", "<|im_end|>", "<eos>", ""])
-    assert control.found_in("hi <|im_end|>") and control.found_in("<eos>") and control.found_in("a<<|im_start|>")
-    assert not control.found_in("hi <|im_end") and not control.found_in("<eo s>") and not control.found_in("")
-    assert not control.found_in("<b>bold</b> and <|im>")
-    assert control.found_in("a \U000f8000 b")  # the slot mark itself is set aside too: no forged slots
-    assert ControlText([]).found_in("\U000f80000\U000f8001") and not ControlText([]).found_in("plain <text>")

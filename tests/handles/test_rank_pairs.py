@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from llamactor import InvalidRequestError
-from llamactor.handles.rank_pairs import rank_pair_tokens
+from llamactor.handles.rank_pairs import RankPairs, rank_pair_tokens
 
 from tests.support.rank_gguf import CLS, SEP, vocab_tokenizer, write_rank_gguf
 
@@ -82,8 +82,11 @@ def test_a_document_over_max_doc_tokens_keeps_its_head_or_is_refused() -> None:
     assert rank_pair_tokens(vocab, None, "a b c d e f", doc, 3, True)[-3:] == vocab.ids("one two three")
     assert rank_pair_tokens(vocab, "{query} : {document} !", "q", doc, 2, True) == vocab.ids("q : one two !")
     assert rank_pair_tokens(vocab, None, "q", doc, 5, False)[-5:] == vocab.ids(doc)  # exactly the cap fits
-    with pytest.raises(InvalidRequestError, match="5 tokens, over max_tokens_per_doc = 4"):
+    with pytest.raises(InvalidRequestError, match="5 tokens, more than the 4 .* .max_tokens_per_doc."):
         rank_pair_tokens(vocab, None, "q", doc, 4, False)
+    with pytest.raises(InvalidRequestError) as e:  # refused naming the document
+        RankPairs("q", ("short", doc), 4, False).tokens(vocab, None)
+    assert e.value.details["param"] == "documents[1]"
 
 
 def _llama_server(tokenizer: object, template: str, query: str, document: str) -> list[int]:

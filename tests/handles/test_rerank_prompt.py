@@ -8,8 +8,9 @@ import pytest
 
 from llamactor.base.chat_template import ChatTemplate
 from llamactor.base.errors import InvalidRequestError
+from llamactor.base.rank_pairs import capped_document
 from llamactor.handles.rerank_prompt import (DOCUMENT, GGUF_RERANK_TEMPLATE, INSTRUCTION, QUERY, JudgeTemplate,
-                                             answer_ids, answer_spellings, fitted_document, judge_messages,
+                                             answer_ids, answer_spellings, judge_messages,
                                              placeholder_template)
 
 pytestmark = pytest.mark.pure
@@ -109,8 +110,9 @@ def test_a_vocabulary_without_a_single_token_answer_cannot_rerank() -> None:
 
 
 def test_a_long_document_keeps_its_head_or_is_refused_naming_it() -> None:
-    assert fitted_document([1, 2, 3], 0, 3, truncation=False) == [1, 2, 3]
-    assert fitted_document([1, 2, 3, 4], 0, 2, truncation=True) == [1, 2]
-    with pytest.raises(InvalidRequestError) as e:
-        fitted_document([1, 2, 3, 4], 5, 2, truncation=False)
+    assert capped_document([1, 2, 3], 0, 3, truncation=False) == [1, 2, 3]
+    assert capped_document([1, 2, 3, 4], 0, 2, truncation=True) == [1, 2]
+    assert capped_document([1, 2, 3, 4], 0, None, truncation=False) == [1, 2, 3, 4]
+    with pytest.raises(InvalidRequestError, match="the 2 a document may have here .the context.") as e:
+        capped_document([1, 2, 3, 4], 5, 2, truncation=False, limits="the context")
     assert e.value.details["param"] == "documents[5]"

@@ -195,22 +195,29 @@ def test_a_tenants_rerank_is_charged_the_tokens_it_computed(daemon: Daemon) -> N
                                             and line.get("tenant") == "metered" and line.get("used") == used)
 
 
-def test_a_reranks_tokens_count_in_the_prompt_token_metrics_by_dialect_and_tenant(daemon: Daemon) -> None:
+def test_a_rerank_counts_as_its_tenants_request_and_its_tokens_as_prompt_tokens(daemon: Daemon) -> None:
     def counted() -> list[float]:
         scraped = httpx.get(f"{daemon.url}/metrics", headers=HEADERS).text  # an admin's key
         by_dialect = r'llamactor_prompt_tokens_total\{dialect="%s",model="' + MODEL + r'"\}'
         return [metric(scraped, by_dialect % "rerank"), metric(scraped, by_dialect % "ollama"),
                 metric(scraped, r'llamactor_tenant_prompt_tokens_total\{tenant="metered"\}'),
-                metric(scraped, r'llamactor_tenant_prompt_tokens_total\{tenant="ops"\}')]
+                metric(scraped, r'llamactor_tenant_prompt_tokens_total\{tenant="ops"\}'),
+                metric(scraped, r'llamactor_tenant_requests_total\{tenant="metered"\}'),
+                metric(scraped, r'llamactor_tenant_requests_total\{tenant="ops"\}')]
     before = counted()
     cohere_shaped = httpx.post(f"{daemon.url}/v1/rerank", json={"model": MODEL, "query": QUERY, "documents": DOCS},
                                headers={"Authorization": f"Bearer {METERED_KEY}"}, timeout=120)
     ollama_shaped = httpx.post(f"{daemon.url}/api/rerank", json={"model": MODEL, "query": QUERY, "documents": DOCS[:2]},
                                headers=HEADERS, timeout=120)
-    assert cohere_shaped.status_code == ollama_shaped.status_code == 200
+    # vLLM's N:N score: two pairs, two reranks inside, one request of the tenant's
+    pairs = httpx.post(f"{daemon.url}/v1/score", json={"model": MODEL, "text_1": [QUERY, QUERY], "text_2": DOCS[:2]},
+                       headers={"Authorization": f"Bearer {METERED_KEY}"}, timeout=120)
+    assert cohere_shaped.status_code == ollama_shaped.status_code == pairs.status_code == 200
     rerank_tokens, ollama_tokens = cohere_shaped.json()["usage"]["prompt_tokens"], ollama_shaped.json()["prompt_eval_count"]
-    assert rerank_tokens > ollama_tokens > 0
-    assert [a - b for a, b in zip(counted(), before)] == [rerank_tokens, ollama_tokens, rerank_tokens, ollama_tokens]
+    pair_tokens = pairs.json()["usage"]["prompt_tokens"]
+    assert rerank_tokens > ollama_tokens > 0 and pair_tokens > 0
+    assert [a - b for a, b in zip(counted(), before)] == [rerank_tokens + pair_tokens, ollama_tokens,
+                                                         rerank_tokens + pair_tokens, ollama_tokens, 2, 1]
 
 
 def test_a_client_that_disconnects_cancels_its_rerank(daemon: Daemon) -> None:

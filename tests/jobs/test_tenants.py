@@ -177,6 +177,33 @@ class CountingStore(JobStore):
         return gone
 
 
+def test_create_answers_the_batch_as_created_however_far_its_worker_got_meanwhile(
+        store: JobStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The worst order a loaded machine can give: the worker runs the whole job before create
+    # answers (here every line names no served model, so the job needs none and ends at once).
+    spawn = JobService._spawn
+
+    def spawn_and_finish(self: JobService, batch_id: str) -> None:
+        spawn(self, batch_id)
+        with self._lock:
+            worker = self._workers.get(batch_id)
+        if worker is not None:
+            worker[0].join(30)
+
+    def no_model(name: str | None) -> Any:
+        raise InvalidRequestError(f"no model {name!r} is served")
+    monkeypatch.setattr(JobService, "_spawn", spawn_and_finish)
+    jobs = JobService(store)
+    try:
+        jobs.start(no_model)
+        file = jobs.add_file(LINE, "in.jsonl", "batch")
+        batch = jobs.create(file["id"], "/v1/chat/completions")
+        assert jobs.get(batch["id"])["status"] == "completed"  # the job ran to its end first
+        assert batch["status"] == "validating" and batch["in_progress_at"] is None
+    finally:
+        jobs.close()
+
+
 def test_the_sweeper_thread_sweeps_at_start_then_periodically_and_close_stops_it(tmp_path: Path, clock: Clock) -> None:
     store = CountingStore(tmp_path / "jobs.sqlite3", tmp_path / "files", clock=clock)
     row = store.add_file(b"x\n", "in.jsonl", "batch", expires_after_s=HOUR)

@@ -144,3 +144,62 @@ def test_a_temperature_only_row_draws_from_the_whole_softmax_without_sorting(mon
     seen = expected > 0
     chi2 = float((((counts[seen] - expected[seen]) ** 2) / expected[seen]).sum())
     assert chi2 < 16.3  # 3 degrees of freedom, p = 0.001
+
+
+class _CountingNumpy:
+    """numpy as ``llamactor.native.sampling`` sees it, noting the size of every array it sorts."""
+
+    def __init__(self) -> None:
+        self.sorted_sizes: list[int] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(np, name)
+
+    def argsort(self, a: np.ndarray, *args: object, **kwargs: object) -> np.ndarray:
+        self.sorted_sizes.append(int(np.size(a)))
+        return np.argsort(a, *args, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+
+def _no_top_k(top_p: float, min_p: float, temperature: float, seed: int) -> RowSpec:
+    return RowSpec(temperature=temperature, top_k=0, top_p=top_p, min_p=min_p, repeat_penalty=1.0,
+                   presence_penalty=0.0, frequency_penalty=0.0, rng=np.random.default_rng(seed), recent_tokens=(),
+                   want_logprob=False)
+
+
+@pytest.mark.parametrize("top_p,min_p", [(0.9, 0.0), (0.5, 0.0), (1.0, 1e-6)])
+def test_a_flat_row_with_top_p_or_min_p_sorts_no_more_than_a_small_band(monkeypatch: pytest.MonkeyPatch,
+                                                                         top_p: float, min_p: float) -> None:
+    # A flat 262k-entry row (a caller's top_p=0.9 on a high-entropy step): its nucleus is most of
+    # the vocabulary, and a full sort of it is tens of ms on the batcher thread.
+    import llamactor.native.sampling as sampling
+
+    counting = _CountingNumpy()
+    monkeypatch.setattr(sampling, "np", counting)
+    row = (np.random.default_rng(2).standard_normal((1, 262_144)) * 0.01).astype(np.float32)
+    token = sample(row, [_no_top_k(top_p, min_p, 1.0, 0)]).tokens[0]
+    assert 0 <= token < row.shape[1]
+    assert max(counting.sorted_sizes, default=0) <= 4096, counting.sorted_sizes
+
+
+@pytest.mark.parametrize("top_p,min_p,temperature", [(0.85, 0.0, 1.0), (0.9, 0.0, 0.7), (0.97, 0.3, 0.7)])
+def test_a_wide_nucleus_draws_as_a_full_sort_of_the_row_says(top_p: float, min_p: float, temperature: float) -> None:
+    # three levels of 20k tokens, jittered apart: top-p's edge falls inside the last level (min-p's
+    # between levels), past the band that is sorted whole, so it is found by halving
+    rng = np.random.default_rng(17)
+    levels = np.repeat([2.0, 1.0, 0.0], [3000, 6000, 11000])
+    row = (levels + rng.uniform(0.0, 0.01, levels.size)).astype(np.float32)
+    ids = np.argsort(-row.astype(np.float64), kind="stable")  # the reference: llama.cpp's rules on a full sort
+    probs = np.exp(row[ids].astype(np.float64) - log_sum_exp(row))
+    keep = ((np.cumsum(probs) - probs) < top_p) & (probs >= min_p * probs[0])
+    weights = np.zeros(row.size)
+    weights[ids[keep]] = np.exp(row[ids[keep]].astype(np.float64) / temperature)
+    group = np.where(weights > 0, 2 - np.searchsorted([0.5, 1.5], row), 3)  # levels 2.0, 1.0, 0.0 kept; 3 out
+    expected = np.bincount(group, weights=weights, minlength=4)[:3] / weights.sum()
+    drawn = expected > 0
+    assert (group == 3).any() and expected[drawn].min() > 0.02
+
+    spec, n = _no_top_k(top_p, min_p, temperature, 5), 3000
+    counts = np.bincount([group[sample(row[None, :].copy(), [spec]).tokens[0]] for _ in range(n)], minlength=4)
+    assert counts[3] == 0  # nothing beyond the nucleus's edge
+    chi2 = float((((counts[:3][drawn] - n * expected[drawn]) ** 2) / (n * expected[drawn])).sum())
+    assert chi2 < {2: 10.8, 3: 13.8}[int(drawn.sum())]  # 1 or 2 degrees of freedom, p = 0.001

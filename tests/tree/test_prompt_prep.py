@@ -92,7 +92,7 @@ def test_line_structured_text_tokenizes_in_linear_time(tokenizer: Tokenizer) -> 
 def tokenizer_facts_specials(tokenizer: Tokenizer, parse_special: bool) -> frozenset[bytes]:
     splitter = tokenizer.facts().splitters[parse_special]
     assert splitter is not None
-    return splitter._tokens
+    return splitter._tokens.texts
 
 
 def test_no_text_has_fewer_tokens_than_the_byte_cap_counts(tokenizer: Tokenizer) -> None:
