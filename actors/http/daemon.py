@@ -21,6 +21,7 @@ import functools
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -82,6 +83,7 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
             router = state.router = llamactor.Router(models, max_loaded=max_loaded)
             if state.jobs is not None:  # unfinished batch jobs resume once the models are there
                 state.jobs.start(functools.partial(state.model, router))
+            server.listening.wait()  # "ready" means a client can connect: the socket is bound by now
             for replicas in router:
                 if replicas.loaded:
                     log.info("model_ready", model=replicas.name, replicas=replicas.spec.replicas,
@@ -152,11 +154,18 @@ def _raise_file_limit(connections: int) -> None:
 
 
 class _DrainingServer(uvicorn.Server):
-    """Marks the app as draining the moment a signal arrives, so /health turns 503 at once."""
+    """Marks the app as draining the moment a signal arrives, so /health turns 503 at once; says
+    when it is listening (the loader logs ``model_ready`` only then: a client may connect)."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
         self._state = state
+        self.listening = threading.Event()  # set once the socket is bound (never, if binding failed)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:  # main thread, uvicorn's loop
+        await super().startup(sockets)
+        if self.started:
+            self.listening.set()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

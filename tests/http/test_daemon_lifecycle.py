@@ -1,9 +1,12 @@
-"""The daemon's life as a real subprocess: starting, failing to start, SIGTERM, a Unix socket.
+"""The daemon's life as a real subprocess: starting, failing to start, SIGTERM, a Unix socket; and
+in-process, where uvicorn's start must be held back (ready is said only once a client can connect).
 
 Each test starts its own daemon (test_daemon.py shares one among the request tests)."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import subprocess
 import sys
 import threading
@@ -72,3 +75,60 @@ def test_the_daemon_can_listen_on_a_unix_socket(tmp_path) -> None:
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
     finally:
         assert d.stop() == 0
+
+
+def test_model_ready_is_logged_only_once_a_client_can_connect(monkeypatch, tmp_path, model_path) -> None:
+    """``model_ready`` is what supervisors and tests wait for: it must not come before uvicorn has
+    bound the socket, even when the model loads before the server starts. Here uvicorn binds only
+    once the loader is about to say it is ready (or has said it)."""
+    from llamactor.base.config import Config
+    from llamactor.http import daemon
+    from llamactor.serving.model_specs import ModelSpec
+    from tests.support.daemon import free_port
+
+    port, at_ready, servers, connectable = free_port(), threading.Event(), [], []
+    original_init, original_startup = daemon._DrainingServer.__init__, daemon._DrainingServer.startup
+    original_info = daemon.log.info
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        servers.append(self)
+        self.listening = _Announcing(self.listening, at_ready)
+
+    async def late_startup(self, sockets=None):  # uvicorn's loop: binds once the loader is at "ready"
+        await asyncio.get_running_loop().run_in_executor(None, at_ready.wait, 60)
+        await original_startup(self, sockets)
+
+    def watching_info(event, **kw):  # the loader thread: can a client connect when ready is said?
+        if event == "model_ready":
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+                connectable.append(True)
+            except OSError:
+                connectable.append(False)
+            at_ready.set()
+        if event == "router_ready":
+            servers[0].should_exit = True
+        return original_info(event, **kw)
+
+    monkeypatch.setattr(daemon._DrainingServer, "__init__", init)
+    monkeypatch.setattr(daemon._DrainingServer, "startup", late_startup)
+    monkeypatch.setattr(daemon.log, "info", watching_info)
+    spec = ModelSpec(name="m", config=Config(model=model_path, n_parallel=1, n_ctx=512))
+    code = daemon.serve(host="127.0.0.1", port=port, uds=None, api_key=None, drain_timeout_s=1,
+                        max_body_bytes=1 << 20, models=[spec], data_dir=str(tmp_path))
+    assert code == 0 and connectable == [True]
+
+
+class _Announcing:
+    """An event whose waiter first says it is waiting (``at_ready``): the loader about to say ready."""
+
+    def __init__(self, event: threading.Event, at_ready: threading.Event) -> None:
+        self.event, self.at_ready = event, at_ready
+
+    def set(self) -> None:
+        self.event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.at_ready.set()
+        return self.event.wait(timeout)
