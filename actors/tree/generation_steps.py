@@ -41,7 +41,8 @@ from llamactor.tree.output_rows import OutputRows
 from llamactor.tree.overlapped_steps import OverlappedSteps, overlap_on
 from llamactor.tree.prompt_prep import PromptPrep
 from llamactor.tree.prompt_tokens import PromptBuilder
-from llamactor.tree.request_state import finish_request, request_error, resume_sequence, shared, start_sequence
+from llamactor.tree.request_end import finish_request
+from llamactor.tree.request_state import request_error, resume_sequence, shared, start_sequence
 from llamactor.tree.tiers.ram import CacheTiers
 from llamactor.tree.token_draw import StepResult, draw_tokens
 from llamactor.tree.watchdog import Watchdog, watched
