@@ -3,14 +3,14 @@
 In the overlapped loop (``overlapped_steps``) the host's path from step k's results to step k+1's
 launch was collect, draw, commit, schedule, enact, the batch's arrays, launch. In the steady state
 of decoding -- every running sequence has a row in step k and samples there, nobody waits, none
-drafts, scores or reads labels, and the KV cache has a free cell for each -- the scheduler's plan
+drafts, scores or reads labels, and free or cached cells make room for each -- the scheduler's plan
 for step k+1 is known before k is collected: one decode row per sequence of step k, in the same
 order, on the same seq ids, at the next positions, under the same adapters. ``plan_ahead`` lays
 those rows out while k computes, with a placeholder where each token step k draws goes. When k
 is collected and drawn, ``still_holds`` checks that nothing the plan did not see happened
 meanwhile (a request arrived or ended, a cancel or a stop string is pending, a row was refused or
-found no room, one of k's tokens ends its request: EOG not ignored, max_tokens, the context);
-then ``fill`` writes k's tokens over the placeholders and step k+1 is launched at once, and commit,
+found no room, one of k's tokens ends its request: EOG not ignored, max_tokens, the context),
+evicting the cached prefixes the scheduler would evict to make room for k+1's rows; then ``fill`` writes k's tokens over the placeholders and step k+1 is launched at once, and commit,
 schedule and enact follow while the device computes -- the scheduler's own plan must be the one
 launched (``matches``; a difference is a bug). Otherwise the laid-out rows are dropped and step
 k+1 is planned after k's commit, as before (docs/architecture.md, *Overlapped steps*).
@@ -22,12 +22,14 @@ its commit, as in the loop without planning ahead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from llamactor.base.adapters import AdapterSet
+from llamactor.scheduling.kv_nodes import KvOp
+from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
 
@@ -87,17 +89,27 @@ def plan_ahead(plan: StepPlan, scheduler: Scheduler) -> PlannedStep | None:
 
 
 def still_holds(planned: PlannedStep, drawn: list[Sequence], tokens: list[int], scheduler: Scheduler,
-                pending_ends: bool, ends: Any) -> bool:
+                pending_ends: bool, ends: Callable[[Sequence, int], bool],
+                apply: Callable[[list[KvOp]], object]) -> bool:
     """Whether the scheduler will plan step k+1 as ``planned`` once step k commits: each of step k's
     sequences drew its token (``drawn``, in step k's order: no row dropped or refused), none ends there
     (``ends(seq, token)``, as commit asks) or meanwhile (``pending_ends``: a cancel, a stop string),
-    nobody arrived or left, and the KV cache has a cell for each row."""
+    nobody arrived or left, and the KV cache has a cell for each row (``made_room``)."""
     if pending_ends or scheduler.pending or drawn != planned.drawn or len(scheduler.running) != len(drawn):
         return False
-    index = scheduler.index
-    if index.n_cells - index.cells_used < planned.cells_needed:
+    if any(ends(seq, token) for seq, token in zip(drawn, tokens)):
         return False
-    return not any(ends(seq, token) for seq, token in zip(drawn, tokens))
+    return made_room(scheduler.index, planned.cells_needed, apply)
+
+
+def made_room(index: PrefixIndex, cells_needed: int, apply: Callable[[list[KvOp]], object]) -> bool:
+    """Whether ``cells_needed`` cells are free, once cached prefixes are evicted for them (``apply``
+    carries the evictions out) as the scheduler's plan would: ``Scheduler._make_room`` evicts the
+    same least recently used entries for the same shortfall (committing step k extends running
+    sequences only, and changes no entry). Where that is not enough, the scheduler preempts."""
+    if (short := cells_needed - (index.n_cells - index.cells_used)) > 0:
+        apply(index.evict(short))
+    return index.n_cells - index.cells_used >= cells_needed
 
 
 def matches(planned: PlannedStep, plan: StepPlan) -> bool:

@@ -10,11 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from llamactor.scheduling.kv_nodes import KvOp
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Sequence, StepPlan
 from llamactor.tree.planned_step import PLACEHOLDER, PlannedStep, matches, plan_ahead, still_holds
 
-from tests.support.scheduling import make_scheduler, make_seq
+from tests.support.scheduling import make_scheduler, make_seq, run_to_end
 
 pytestmark = pytest.mark.pure
 
@@ -35,8 +36,8 @@ def commit(s: Scheduler, plan: StepPlan, token: int = 50) -> None:
             chunk.seq.token_ids.append(token)
 
 
-def started(lengths: list[int], n_batch: int = 64) -> tuple[Scheduler, list[Sequence]]:
-    s = make_scheduler(n_parallel=len(lengths), batch_size=len(lengths), n_batch=n_batch, max_queue=8)
+def started(lengths: list[int], n_batch: int = 64, n_cells: int = 1000) -> tuple[Scheduler, list[Sequence]]:
+    s = make_scheduler(n_cells, n_parallel=len(lengths), batch_size=len(lengths), n_batch=n_batch, max_queue=8)
     seqs = [decoding(n, f"r{i}") for i, n in enumerate(lengths)]
     for seq in seqs:
         s.add(seq)
@@ -45,6 +46,10 @@ def started(lengths: list[int], n_batch: int = 64) -> tuple[Scheduler, list[Sequ
 
 def never_ends(seq: Sequence, token: int) -> bool:
     return False
+
+
+def refuse(ops: list[KvOp]) -> None:
+    raise AssertionError(f"nothing to evict here: {ops}")
 
 
 def test_the_planned_rows_are_the_schedulers_next_step_in_its_order() -> None:
@@ -89,25 +94,61 @@ def test_no_plan_ahead_while_a_request_waits_or_a_sequence_prefills_drafts_or_is
 def holding(**changes: Any) -> tuple[Scheduler, PlannedStep, list[Sequence]]:
     s, seqs = started([3, 4])
     planned = plan_ahead(s.schedule(0.0), s)
-    assert planned is not None and still_holds(planned, seqs, [1, 2], s, False, never_ends)
+    assert planned is not None and still_holds(planned, seqs, [1, 2], s, False, never_ends, refuse)
     return s, planned, seqs
 
 
 def test_a_plan_no_longer_holds_when_a_token_ends_a_request_or_anything_arrived_or_ended_meanwhile() -> None:
     s, planned, seqs = holding()
-    assert not still_holds(planned, seqs, [1, 2], s, False, lambda seq, token: token == 2)  # EOG, max_tokens
-    assert not still_holds(planned, seqs, [1, 2], s, True, never_ends)  # a cancel or a stop string pending
-    assert not still_holds(planned, seqs[:1], [1], s, False, never_ends)  # a row dropped or refused
+    assert not still_holds(planned, seqs, [1, 2], s, False, lambda seq, token: token == 2, refuse)  # EOG, max_tokens
+    assert not still_holds(planned, seqs, [1, 2], s, True, never_ends, refuse)  # a cancel or a stop string pending
+    assert not still_holds(planned, seqs[:1], [1], s, False, never_ends, refuse)  # a row dropped or refused
     s.add(decoding(3, "late"))
-    assert not still_holds(planned, seqs, [1, 2], s, False, never_ends)  # a request arrived
+    assert not still_holds(planned, seqs, [1, 2], s, False, never_ends, refuse)  # a request arrived
 
 
 def test_a_plan_no_longer_holds_without_a_free_cell_for_each_row() -> None:
     s, planned, seqs = holding()
     s.index.cells_used = s.index.n_cells - planned.cells_needed + 1  # one short once step k commits
-    assert not still_holds(planned, seqs, [1, 2], s, False, never_ends)
+    assert not still_holds(planned, seqs, [1, 2], s, False, never_ends, lambda ops: None)
     s.index.cells_used -= 1
-    assert still_holds(planned, seqs, [1, 2], s, False, never_ends)
+    assert still_holds(planned, seqs, [1, 2], s, False, never_ends, refuse)
+
+
+def with_a_cached_prefix(n_cells: int) -> tuple[Scheduler, StepPlan, list[Sequence]]:
+    """A finished request's 10 cells cached, then two sequences' first step (7 cells) planned."""
+    s = make_scheduler(n_cells, n_parallel=2, batch_size=1, max_queue=8)
+    old = decoding(10, "old")
+    s.add(old)
+    run_to_end(s, old)
+    a, b = decoding(3, "a"), decoding(4, "b")
+    s.add(a)
+    s.add(b)
+    plan = s.schedule(0.0)
+    assert s.index.cells_used == 10 and [c.seq for c in plan.chunks] == [a, b]
+    return s, plan, [a, b]
+
+
+def test_cached_prefixes_are_evicted_for_the_planned_rows_as_the_scheduler_would_evict_them() -> None:
+    # 18 cells: 10 cached + 7 of step k + 2 rows of step k+1 is one too many
+    s, step_k, seqs = with_a_cached_prefix(18)
+    planned = plan_ahead(step_k, s)
+    assert planned is not None
+    evicted: list[KvOp] = []
+    assert still_holds(planned, seqs, [1, 2], s, False, never_ends, evicted.extend)
+    commit(s, step_k)
+    assert matches(planned, s.schedule(0.0))  # no eviction left for the scheduler's plan
+    twin, twin_k, _ = with_a_cached_prefix(18)
+    commit(twin, twin_k)
+    assert evicted and twin.schedule(0.0).kv_ops == evicted  # the ones the scheduler evicts after the commit
+
+
+def test_where_evicting_is_not_enough_the_plan_no_longer_holds() -> None:
+    s, step_k, seqs = with_a_cached_prefix(18)
+    planned = plan_ahead(step_k, s)
+    assert planned is not None
+    s.index.cells_used += 10  # as if running sequences held 10 more: evicting every entry frees too few
+    assert not still_holds(planned, seqs, [1, 2], s, False, never_ends, lambda ops: None)
 
 
 def test_a_plan_that_differs_from_the_schedulers_does_not_match() -> None:

@@ -148,3 +148,25 @@ def test_arrivals_and_a_cancel_mid_burst_drop_the_planned_step_and_leave_the_cel
     stats = llm.stats()
     assert planned > 0 and stats["steps_planned_ahead"] > planned and stats["rows_dropped"] >= 1
     assert audit_kv(llm) == []
+
+
+def test_cached_prefixes_evicted_for_a_planned_step_are_the_serial_loops(pair: Callable[..., Any]) -> None:
+    """A KV cache full of a finished request's cached prefix: the decodes need its cells a few at a
+    time, and each step planned ahead evicts them before its launch as the scheduler would."""
+    serial, overlapped = pair(n_parallel=2, n_ctx=256)
+    story = "Tell me a long story about a lighthouse keeper and the storm that changed everything"
+
+    def run(llm: llamactor.LLM) -> list[llamactor.Completion]:
+        first = llm.ask(story, max_tokens=80, ignore_eos=True, **GREEDY)  # its cells stay cached
+        futures = [llm.submit(p, max_tokens=100, ignore_eos=True, **GREEDY)
+                   for p in ("Describe a busy harbour at dawn", "List the planets of the solar system")]
+        return [first, *(f.result(timeout=300) for f in futures)]
+
+    want, got = run(serial), run(overlapped)
+    assert not differences(want, got), differences(want, got)
+    stats = overlapped.stats()
+    # every step but a few at each burst's start and end was planned ahead, those that evicted too
+    assert stats["steps"] - stats["steps_planned_ahead"] <= 10, (stats["steps"], stats["steps_planned_ahead"])
+    assert stats["prefix_cache"]["evicted_cells"] > 0
+    assert stats["prefix_cache"] == serial.stats()["prefix_cache"]  # the same cells evicted, the same entries left
+    assert audit_kv(overlapped) == []
