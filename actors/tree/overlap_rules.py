@@ -36,9 +36,12 @@ def ends_with(seq: Sequence, token: int, tokenizer: Any, n_ctx_seq: int) -> bool
     sequence is postprocessed before the next plan, so it wastes no row, and its seq_id and cells
     go to the next step as in the serial loop. (A stop string or a cancel is known only in
     postprocess: its row is dropped.)"""
+    return (tokenizer.is_eog(token) and not seq.state.params.ignore_eos) or ends_by_length(seq, n_ctx_seq)
+
+
+def ends_by_length(seq: Sequence, n_ctx_seq: int) -> bool:
+    """Whether the next token ``seq`` accepts ends it, whatever the token: max_tokens, the context."""
     params = seq.state.params
-    if tokenizer.is_eog(token) and not params.ignore_eos:
-        return True
     if params.max_tokens is not None and seq.state.n_generated + 1 >= params.max_tokens:
         return True
     return len(seq.token_ids) + 1 >= n_ctx_seq

@@ -142,21 +142,21 @@ class OverlappedSteps:
         timed("enact", steps.enact, plan)
         if plan.chunks:
             self.in_flight = timed("run", self.launch, plan)
-            self.planned = timed("schedule", plan_ahead, plan, steps.scheduler)
         if pending is not None:
             timed("postprocess", self.postprocess_rest, pending)
+        if plan.chunks:
+            self.planned = timed("schedule", plan_ahead, plan, steps.scheduler, steps.engine.info.n_ctx_seq)
 
     def plan_holds(self, planned: PlannedStep, pending: Pending) -> bool:
         """Whether step k+1, laid out while step k computed, is still the step to launch (``still_holds``)."""
-        tokenizer, n_ctx_seq = self.steps.engine.tokenizer, self.steps.engine.info.n_ctx_seq
         draw = pending.result.draw
         return still_holds(planned, draw.seqs, draw.sampled.tokens, self.steps.scheduler, bool(self.finishing),
-                           lambda seq, token: ends_with(seq, token, tokenizer, n_ctx_seq), self.steps.apply)
+                           self.steps.engine.tokenizer.is_eog, self.steps.apply)
 
     def step_planned(self, planned: PlannedStep, pending: Pending, now: float) -> None:
         """Launch step k+1 as laid out while step k computed, with k's tokens; then, while the device
         computes, commit k, schedule and enact k+1 (the scheduler's plan must be the one launched),
-        lay out k+2, and postprocess k."""
+        postprocess k, and lay out k+2."""
         steps, timed = self.steps, self.steps.counters.timed
         n = len(planned.seqs)
         launched, launch_ms = timed("run", self.launch_arrays, planned.fill(pending.result.draw.sampled.tokens), n)
@@ -169,8 +169,8 @@ class OverlappedSteps:
         timed("enact", steps.enact, plan)
         self.held = {c.seq for c in plan.chunks}
         self.in_flight = InFlight(plan, launched, OutputRows.of(plan, frozenset()), launch_ms, n, n)
-        self.planned = timed("schedule", plan_ahead, plan, steps.scheduler)
         timed("postprocess", self.postprocess_rest, pending)
+        self.planned = timed("schedule", plan_ahead, plan, steps.scheduler, steps.engine.info.n_ctx_seq)
 
     def settle(self) -> None:
         """Collect, commit and postprocess the step in flight, if any: the index and the cells agree again."""

@@ -32,6 +32,7 @@ from llamactor.scheduling.kv_nodes import KvOp
 from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
+from llamactor.tree.overlap_rules import ends_by_length
 
 PLACEHOLDER = 0  # a planned row's token until step k's draw is written over it
 
@@ -44,6 +45,7 @@ class PlannedStep:
     drawn: list[Sequence]  # step k's sequences in its order: the order of its draw
     order: np.ndarray | None  # the row of step k's draw each row of k+1 takes its token from (None: the same)
     adapters: AdapterSet
+    eog_rows: list[int]  # the rows of step k's draw whose token ends its request if it is an EOG
     cells_needed: int  # KV cells step k's commit takes, and step k+1's rows after it
     tokens: np.ndarray  # PLACEHOLDER until ``fill``
     positions: np.ndarray
@@ -66,22 +68,27 @@ def decodes_on(chunk: Chunk) -> bool:
             and seq.state.drafter is None and (seq.scoring is None or seq.scoring.done))
 
 
-def plan_ahead(plan: StepPlan, scheduler: Scheduler) -> PlannedStep | None:
-    """Step k+1's rows, if step k (``plan``, just launched) is the steady state of decoding: every
-    running sequence decodes in it (``decodes_on``) and nobody waits; else None. The rows follow
-    the running sequences' order, as ``pack_step`` packs decodes (a prompt's last chunk came after
-    them in step k). Call it after the launch and before any sequence of ``plan`` moves on
-    (positions are read off ``n_past``)."""
+def plan_ahead(plan: StepPlan, scheduler: Scheduler, n_ctx_seq: int) -> PlannedStep | None:
+    """Step k+1's rows, if step k (``plan``, launched) is the steady state of decoding: every running
+    sequence decodes in it (``decodes_on``), nobody waits, and no token of step k can end its
+    request by its length (``ends_by_length``); else None. The rows follow the running sequences'
+    order, as ``pack_step`` packs decodes (a prompt's last chunk came after them in step k). Call it
+    once step k-1 is postprocessed (each request's count is then the one step k's commit sees) and
+    before step k commits (positions are read off ``n_past``)."""
     chunks = {c.seq: c for c in plan.chunks}
     if not chunks or scheduler.pending or len(scheduler.running) != len(chunks):
         return None
     if not all(decodes_on(c) for c in plan.chunks) or not all(s in chunks for s in scheduler.running):
         return None
     seqs, drawn, n = list(scheduler.running), [c.seq for c in plan.chunks], len(chunks)
+    if any(ends_by_length(s, n_ctx_seq) for s in drawn):
+        return None
     where = {s: i for i, s in enumerate(drawn)}
     order = None if seqs == drawn else np.fromiter((where[s] for s in seqs), dtype=np.intp, count=n)
     return PlannedStep(
-        seqs=seqs, drawn=drawn, order=order, adapters=plan.adapters, cells_needed=sum(c.n_tokens for c in plan.chunks) + n,
+        seqs=seqs, drawn=drawn, order=order, adapters=plan.adapters,
+        eog_rows=[i for i, s in enumerate(drawn) if not s.state.params.ignore_eos],
+        cells_needed=sum(c.n_tokens for c in plan.chunks) + n,
         tokens=np.full(n, PLACEHOLDER, dtype=np.int32),
         positions=np.fromiter((s.n_past + chunks[s].n_tokens for s in seqs), dtype=np.int32, count=n),
         seq_ids=np.fromiter((s.seq_id for s in seqs), dtype=np.int32, count=n),
@@ -89,15 +96,15 @@ def plan_ahead(plan: StepPlan, scheduler: Scheduler) -> PlannedStep | None:
 
 
 def still_holds(planned: PlannedStep, drawn: list[Sequence], tokens: list[int], scheduler: Scheduler,
-                pending_ends: bool, ends: Callable[[Sequence, int], bool],
-                apply: Callable[[list[KvOp]], object]) -> bool:
+                pending_ends: bool, is_eog: Callable[[int], bool], apply: Callable[[list[KvOp]], object]) -> bool:
     """Whether the scheduler will plan step k+1 as ``planned`` once step k commits: each of step k's
-    sequences drew its token (``drawn``, in step k's order: no row dropped or refused), none ends there
-    (``ends(seq, token)``, as commit asks) or meanwhile (``pending_ends``: a cancel, a stop string),
-    nobody arrived or left, and the KV cache has a cell for each row (``made_room``)."""
+    sequences drew its token (``drawn``, in step k's order: no row dropped or refused), none ends
+    there (an EOG not ignored: their lengths were checked in ``plan_ahead``) or meanwhile
+    (``pending_ends``: a cancel, a stop string), nobody arrived or left, and the KV cache has a cell
+    for each row (``made_room``)."""
     if pending_ends or scheduler.pending or drawn != planned.drawn or len(scheduler.running) != len(drawn):
         return False
-    if any(ends(seq, token) for seq, token in zip(drawn, tokens)):
+    if any(is_eog(tokens[i]) for i in planned.eog_rows):
         return False
     return made_room(scheduler.index, planned.cells_needed, apply)
 

@@ -19,12 +19,19 @@ from tests.support.scheduling import make_scheduler, make_seq, run_to_end
 
 pytestmark = pytest.mark.pure
 
+N_CTX_SEQ = 1000
+
 
 def decoding(n_prompt: int, rid: str) -> Sequence:
     """A sequence whose prompt shares no prefix with the others' (none waits to share one)."""
     seq = make_seq(n_prompt, rid=rid, tokens=[1000 * (len(rid) + ord(rid[-1])) + i for i in range(n_prompt)])
-    seq.state = SimpleNamespace(drafter=None)
+    seq.state = state()
     return seq
+
+
+def state(drafter: object = None, max_tokens: int | None = None, ignore_eos: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(drafter=drafter, n_generated=0,
+                           params=SimpleNamespace(max_tokens=max_tokens, ignore_eos=ignore_eos))
 
 
 def commit(s: Scheduler, plan: StepPlan, token: int = 50) -> None:
@@ -44,7 +51,7 @@ def started(lengths: list[int], n_batch: int = 64, n_cells: int = 1000) -> tuple
     return s, seqs
 
 
-def never_ends(seq: Sequence, token: int) -> bool:
+def no_eog(token: int) -> bool:
     return False
 
 
@@ -61,7 +68,7 @@ def test_the_planned_rows_are_the_schedulers_next_step_in_its_order() -> None:
     # A step's decodes are packed in the running order, its prompt chunks after them (a prompt
     # whose prefix was all cached is a decode at once): the next step's rows follow the running order.
     s.running[:] = [c, a, b]
-    planned = plan_ahead(step_k, s)
+    planned = plan_ahead(step_k, s, N_CTX_SEQ)
     assert planned is not None and planned.seqs == [c, a, b] and planned.drawn == [a, b, c]
     assert (planned.tokens == PLACEHOLDER).all()
     commit(s, step_k)
@@ -76,43 +83,61 @@ def test_the_planned_rows_are_the_schedulers_next_step_in_its_order() -> None:
 def test_no_plan_ahead_while_a_request_waits_or_a_sequence_prefills_drafts_or_is_not_in_the_step() -> None:
     s, (a, b) = started([3, 40], n_batch=20)
     plan = s.schedule(0.0)
-    assert plan_ahead(plan, s) is None  # b's prompt chunk does not sample: its next step is another chunk
+    assert plan_ahead(plan, s, N_CTX_SEQ) is None  # b's prompt chunk does not sample: its next step is another chunk
     s, (a, b) = started([3, 4])
     commit(s, s.schedule(0.0))
     plan = s.schedule(0.0)
     s.add(decoding(3, "late"))
-    assert plan_ahead(plan, s) is None  # a request waits: the next plan may admit it
+    assert plan_ahead(plan, s, N_CTX_SEQ) is None  # a request waits: the next plan may admit it
     s, (a, b) = started([3, 4])
     plan = s.schedule(0.0)
-    b.state = SimpleNamespace(drafter=object())
-    assert plan_ahead(plan, s) is None  # its drafts are planned with its next step
+    b.state = state(drafter=object())
+    assert plan_ahead(plan, s, N_CTX_SEQ) is None  # its drafts are planned with its next step
     plan.chunks = plan.chunks[:1]
-    b.state = SimpleNamespace(drafter=None)
-    assert plan_ahead(plan, s) is None  # a running sequence without a row in step k
+    b.state = state()
+    assert plan_ahead(plan, s, N_CTX_SEQ) is None  # a running sequence without a row in step k
+
+
+def test_no_plan_ahead_where_a_token_of_step_k_ends_its_request_by_its_length() -> None:
+    s, (a, b) = started([3, 4])
+    plan = s.schedule(0.0)
+    b.state = state(max_tokens=1)  # its first token is its last
+    assert plan_ahead(plan, s, N_CTX_SEQ) is None
+    b.state = state(max_tokens=2)
+    assert plan_ahead(plan, s, N_CTX_SEQ) is not None
+    assert plan_ahead(plan, s, 5) is None  # b's 4 tokens and the next fill its context
 
 
 def holding(**changes: Any) -> tuple[Scheduler, PlannedStep, list[Sequence]]:
     s, seqs = started([3, 4])
-    planned = plan_ahead(s.schedule(0.0), s)
-    assert planned is not None and still_holds(planned, seqs, [1, 2], s, False, never_ends, refuse)
+    planned = plan_ahead(s.schedule(0.0), s, N_CTX_SEQ)
+    assert planned is not None and still_holds(planned, seqs, [1, 2], s, False, no_eog, refuse)
     return s, planned, seqs
 
 
 def test_a_plan_no_longer_holds_when_a_token_ends_a_request_or_anything_arrived_or_ended_meanwhile() -> None:
     s, planned, seqs = holding()
-    assert not still_holds(planned, seqs, [1, 2], s, False, lambda seq, token: token == 2, refuse)  # EOG, max_tokens
-    assert not still_holds(planned, seqs, [1, 2], s, True, never_ends, refuse)  # a cancel or a stop string pending
-    assert not still_holds(planned, seqs[:1], [1], s, False, never_ends, refuse)  # a row dropped or refused
+    assert not still_holds(planned, seqs, [1, 2], s, False, lambda token: token == 2, refuse)  # an EOG
+    assert not still_holds(planned, seqs, [1, 2], s, True, no_eog, refuse)  # a cancel or a stop string pending
+    assert not still_holds(planned, seqs[:1], [1], s, False, no_eog, refuse)  # a row dropped or refused
     s.add(decoding(3, "late"))
-    assert not still_holds(planned, seqs, [1, 2], s, False, never_ends, refuse)  # a request arrived
+    assert not still_holds(planned, seqs, [1, 2], s, False, no_eog, refuse)  # a request arrived
+
+
+def test_an_eog_drawn_for_a_request_that_ignores_it_keeps_the_plan() -> None:
+    s, (a, b) = started([3, 4])
+    b.state = state(ignore_eos=True)
+    planned = plan_ahead(s.schedule(0.0), s, N_CTX_SEQ)
+    assert planned is not None and planned.eog_rows == [0]
+    assert still_holds(planned, [a, b], [1, 2], s, False, lambda token: token == 2, refuse)
 
 
 def test_a_plan_no_longer_holds_without_a_free_cell_for_each_row() -> None:
     s, planned, seqs = holding()
     s.index.cells_used = s.index.n_cells - planned.cells_needed + 1  # one short once step k commits
-    assert not still_holds(planned, seqs, [1, 2], s, False, never_ends, lambda ops: None)
+    assert not still_holds(planned, seqs, [1, 2], s, False, no_eog, lambda ops: None)
     s.index.cells_used -= 1
-    assert still_holds(planned, seqs, [1, 2], s, False, never_ends, refuse)
+    assert still_holds(planned, seqs, [1, 2], s, False, no_eog, refuse)
 
 
 def with_a_cached_prefix(n_cells: int) -> tuple[Scheduler, StepPlan, list[Sequence]]:
@@ -132,10 +157,10 @@ def with_a_cached_prefix(n_cells: int) -> tuple[Scheduler, StepPlan, list[Sequen
 def test_cached_prefixes_are_evicted_for_the_planned_rows_as_the_scheduler_would_evict_them() -> None:
     # 18 cells: 10 cached + 7 of step k + 2 rows of step k+1 is one too many
     s, step_k, seqs = with_a_cached_prefix(18)
-    planned = plan_ahead(step_k, s)
+    planned = plan_ahead(step_k, s, N_CTX_SEQ)
     assert planned is not None
     evicted: list[KvOp] = []
-    assert still_holds(planned, seqs, [1, 2], s, False, never_ends, evicted.extend)
+    assert still_holds(planned, seqs, [1, 2], s, False, no_eog, evicted.extend)
     commit(s, step_k)
     assert matches(planned, s.schedule(0.0))  # no eviction left for the scheduler's plan
     twin, twin_k, _ = with_a_cached_prefix(18)
@@ -145,16 +170,16 @@ def test_cached_prefixes_are_evicted_for_the_planned_rows_as_the_scheduler_would
 
 def test_where_evicting_is_not_enough_the_plan_no_longer_holds() -> None:
     s, step_k, seqs = with_a_cached_prefix(18)
-    planned = plan_ahead(step_k, s)
+    planned = plan_ahead(step_k, s, N_CTX_SEQ)
     assert planned is not None
     s.index.cells_used += 10  # as if running sequences held 10 more: evicting every entry frees too few
-    assert not still_holds(planned, seqs, [1, 2], s, False, never_ends, lambda ops: None)
+    assert not still_holds(planned, seqs, [1, 2], s, False, no_eog, lambda ops: None)
 
 
 def test_a_plan_that_differs_from_the_schedulers_does_not_match() -> None:
     s, (a, b) = started([3, 4])
     step_k = s.schedule(0.0)
-    planned = plan_ahead(step_k, s)
+    planned = plan_ahead(step_k, s, N_CTX_SEQ)
     assert planned is not None
     commit(s, step_k)
     plan = s.schedule(0.0)
