@@ -6,6 +6,7 @@ the steps were launched ahead (``steps_planned_ahead``)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -15,15 +16,11 @@ import pytest
 import llamactor
 
 from tests.conftest import audit_kv
+from tests.support.overlap import same, serial_and_overlapped
 
 GREEDY: dict[str, Any] = dict(temperature=0.0, logprobs=True)
 SEEDED: dict[str, Any] = dict(temperature=0.8, top_p=0.9)
 PENALISED: dict[str, Any] = dict(temperature=0.7, repeat_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.2)
-
-
-def same(a: llamactor.Completion, b: llamactor.Completion) -> bool:
-    return (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason) and \
-        [lp.logprob for lp in a.logprobs or ()] == [lp.logprob for lp in b.logprobs or ()]
 
 
 def differences(want: list[llamactor.Completion], got: list[llamactor.Completion]) -> list[tuple[int, str, str]]:
@@ -32,10 +29,7 @@ def differences(want: list[llamactor.Completion], got: list[llamactor.Completion
 
 @pytest.fixture
 def pair(start_llm: Callable[..., llamactor.LLM]) -> Callable[..., tuple[llamactor.LLM, llamactor.LLM]]:
-    def start(**options: Any) -> tuple[llamactor.LLM, llamactor.LLM]:
-        return (start_llm(overlap_steps=False, max_restarts=0, **options),
-                start_llm(overlap_steps=True, max_restarts=0, **options))
-    return start
+    return functools.partial(serial_and_overlapped, start_llm)
 
 
 def mixed_burst(llm: llamactor.LLM) -> list[Future[llamactor.Completion]]:
