@@ -53,6 +53,7 @@ class DeviceStep:
     ready: float
     result: Any = None
     collected_at: float | None = None
+    index: int = 0  # its place in ``SimulatedDevice.steps`` (a search there would lengthen the host's path)
 
 
 @dataclass
@@ -69,10 +70,11 @@ class SimulatedDevice:
         """Queue a step of ``n_rows`` behind the last: it returns at once, as ``llama_decode`` does."""
         now = time.perf_counter()
         begin = max(now, self.steps[-1].ready) if self.steps else now
-        step = DeviceStep(n_rows, begin, begin + (self.fixed_ms + self.row_ms * n_rows) / 1000, result)
         with self._lock:
+            step = DeviceStep(n_rows, begin, begin + (self.fixed_ms + self.row_ms * n_rows) / 1000, result,
+                              index=len(self.steps))
             self.steps.append(step)
-            self.events.append(("launch", len(self.steps) - 1))
+            self.events.append(("launch", step.index))
         return step
 
     def wait(self, step: DeviceStep) -> Any:
@@ -83,7 +85,7 @@ class SimulatedDevice:
         while time.perf_counter() < step.ready:
             time.sleep(0)  # yields the GIL and the core; wakes within microseconds, as a CUDA sync does
         step.collected_at = time.perf_counter()
-        self.events.append(("collect", self.steps.index(step)))
+        self.events.append(("collect", step.index))
         return step.result
 
     def busy_fraction(self, since: int = 0) -> tuple[float, float, int]:

@@ -38,7 +38,8 @@ class StepCounters:
         "prompt_rows_scored": 0, "label_rows": 0, "tokens_sampled_in_graph": 0,
         # draft rows verified, and those taken as tokens or not (docs/architecture.md, *Speculation*)
         "draft_tokens": 0, "accepted_draft_tokens": 0, "rejected_draft_tokens": 0,
-        "rows_dropped": 0})  # overlapped steps' rows of sequences that ended while they were in flight
+        "rows_dropped": 0,  # overlapped steps' rows of sequences that ended while they were in flight
+        "steps_planned_ahead": 0})  # overlapped steps launched as laid out while the step before computed
     # As timed: a generation step's four verbs, and the two parts of them the profile shows apart
     # (``sample``: within ``run``; ``score``: within ``postprocess``).
     phase_ms: dict[str, float] = field(default_factory=lambda: {

@@ -16,6 +16,8 @@ SGLang's overlap scheduler do, each ``Step`` message runs (docs/architecture.md,
 Step k+1 stays in flight when the message ends: the actor's own work between steps (queueing the
 next ``Step``, the stats board, new requests and cancels) happens while the device computes, so
 that the path from a step's results to the next launch is collect, commit, schedule, enact, launch.
+In the steady state of decoding, step k+1 is laid out while k computes (``planned_step``): then the
+path is collect, draw, launch, and commit, schedule and enact follow while the device computes.
 
 A sequence that ends at step k (EOG, stop string, max_tokens, a cancel) has a row in step k+1
 already: ``GenerationSteps.finish`` defers its end to the next ``commit`` (``defer``), which drops
@@ -32,14 +34,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from llamactor.base.config import Config
 from llamactor.base.errors import LlamactorError
 from llamactor.scheduling.sequence import Sequence, StepPlan
 from llamactor.tree import step_postprocess as post
 from llamactor.tree.draft_verify import DraftVerifier
 from llamactor.tree.output_rows import OutputRows
-from llamactor.tree.token_draw import Draw, StepResult, draw_tokens
+from llamactor.tree.overlap_rules import ends_with, needs_postprocess_first, overlap_on, split_draw, without
+from llamactor.tree.planned_step import PlannedStep, must_match, plan_ahead, still_holds
+from llamactor.tree.token_draw import StepResult, draw_tokens
 from llamactor.tree.watchdog import watched
+
+
+__all__ = ["OverlappedSteps", "ends_with", "needs_postprocess_first", "overlap_on", "split_draw", "without"]
 
 
 class Steps(Protocol):
@@ -56,65 +62,12 @@ class Steps(Protocol):
 
     def schedule(self, now: float) -> StepPlan: ...
     def enact(self, plan: StepPlan) -> None: ...
+    def apply(self, ops: Any) -> list[int]: ...
     def arrays(self, plan: StepPlan) -> tuple[Any, Any, Any, Any]: ...
     def record_outputs(self, result: StepResult) -> None: ...
     def verifier(self, result: StepResult, now: float) -> DraftVerifier: ...
     def finish(self, seq: Sequence, reason: str, error: LlamactorError | None = None, *,
                kv_lost: bool = False) -> None: ...
-
-
-def overlap_on(config: Config, decodes_async: bool) -> bool:
-    """Whether the batcher overlaps its steps: as configured, else where the decode is
-    asynchronous; never in batch-invariant mode (its guarantees are verified for the serial loop)."""
-    if config.batch_invariant:
-        return False
-    return decodes_async if config.overlap_steps is None else config.overlap_steps
-
-
-def needs_postprocess_first(plan: StepPlan, result: StepResult) -> bool:
-    """Whether the plan after this step depends on more of its postprocess than its tokens: prompt
-    scores and label rows (read from logits the next launch overwrites), draws that raised,
-    sequences that found no KV room, prompt-only sequences (nothing left to plan once done), and
-    drafted rows (their verification reads rows the next launch overwrites, and its ``seq_rm`` of
-    rejected cells must come before the next decode)."""
-    return bool(result.rows.scored or result.rows.label_rows or result.rows.drafted or result.draw.refused
-                or result.decoded.failed_seq_ids or any(c.seq.prompt_only for c in plan.chunks))
-
-
-def ends_with(seq: Sequence, token: int, tokenizer: Any, n_ctx_seq: int) -> bool:
-    """Whether accepting ``token`` will surely end ``seq`` (EOG, max_tokens, the context): such a
-    sequence is postprocessed before the next plan, so it wastes no row, and its seq_id and cells
-    go to the next step as in the serial loop. (A stop string or a cancel is known only in
-    postprocess: its row is dropped.)"""
-    params = seq.state.params
-    if tokenizer.is_eog(token) and not params.ignore_eos:
-        return True
-    if params.max_tokens is not None and seq.state.n_generated + 1 >= params.max_tokens:
-        return True
-    return len(seq.token_ids) + 1 >= n_ctx_seq
-
-
-def without(rows: OutputRows, dropped: set[Sequence], failed_seq_ids: frozenset[int]) -> OutputRows:
-    """``rows`` less the rows of ``dropped`` sequences and of those the decode found no room for."""
-    def keep(seq: Sequence) -> bool:
-        return seq not in dropped and seq.seq_id not in failed_seq_ids
-    pairs = [(r, s) for r, s in zip(rows.sample_rows, rows.to_sample) if keep(s)]
-    return OutputRows(scored=[(c, r) for c, r in rows.scored if keep(c.seq)],
-                      sample_rows=[r for r, _ in pairs], to_sample=[s for _, s in pairs],
-                      label_rows=[(s, r) for s, r in rows.label_rows if keep(s)],
-                      drafted={s: d for s, d in rows.drafted.items() if keep(s)})
-
-
-def split_draw(draw: Draw, apart: list[bool]) -> tuple[Draw, Draw]:
-    """``draw``'s tokens set ``apart`` (a flag per token), and the rest (with the counts and refusals)."""
-    def part(keep: list[int], whole: bool) -> Draw:
-        sampled = dataclasses.replace(draw.sampled, tokens=[draw.sampled.tokens[i] for i in keep],
-                                      logprobs=[draw.sampled.logprobs[i] for i in keep],
-                                      top=[draw.sampled.top[i] for i in keep])
-        return Draw([draw.seqs[i] for i in keep], sampled, draw.n_in_graph if whole else 0,
-                    draw.refused if whole else [])
-    return (part([i for i, a in enumerate(apart) if a], False),
-            part([i for i, a in enumerate(apart) if not a], True))
 
 
 @dataclass(slots=True)
@@ -157,6 +110,7 @@ class OverlappedSteps:
         self.held: set[Sequence] = set()  # the sequences with a row in flight or pending
         self.finishing: dict[Sequence, Deferred] = {}  # ended meanwhile: finished at the next commit
         self.provisional: list[Sequence] = []  # those a token was appended to provisionally
+        self.planned: PlannedStep | None = None  # the step after the one in flight, laid out ahead
 
     def holds(self, seq: Sequence) -> bool:
         return seq in self.held
@@ -166,14 +120,18 @@ class OverlappedSteps:
         self.finishing.setdefault(seq, Deferred(reason, error, kv_lost))
 
     def step(self, now: float) -> None:
-        """One ``Step`` message: collect and commit step k, launch k+1, postprocess k; k+1 stays in flight."""
+        """One ``Step`` message: collect and commit step k, launch k+1, postprocess k; k+1 stays in
+        flight. Where k+1 was laid out while k computed and that plan still holds, k+1 is launched
+        before k's commit (``step_planned``)."""
         steps, timed = self.steps, self.steps.counters.timed
-        pending = None
+        pending, planned, self.planned = None, self.planned, None
         if (flight := self.in_flight) is not None:
             self.in_flight = None
             pending = timed("run", self.collect, flight)
             now = time.perf_counter()  # the plan's clock: after the wait for the device
             serial = needs_postprocess_first(pending.plan, pending.result)
+            if not serial and planned is not None and self.plan_holds(planned, pending):
+                return self.step_planned(planned, pending, now)
             timed("postprocess", self.commit, pending, not serial)
             if serial:
                 timed("postprocess", self.postprocess_rest, pending)
@@ -186,9 +144,37 @@ class OverlappedSteps:
             self.in_flight = timed("run", self.launch, plan)
         if pending is not None:
             timed("postprocess", self.postprocess_rest, pending)
+        if plan.chunks:
+            self.planned = timed("schedule", plan_ahead, plan, steps.scheduler, steps.engine.info.n_ctx_seq)
+
+    def plan_holds(self, planned: PlannedStep, pending: Pending) -> bool:
+        """Whether step k+1, laid out while step k computed, is still the step to launch (``still_holds``)."""
+        draw = pending.result.draw
+        return still_holds(planned, draw.seqs, draw.sampled.tokens, self.steps.scheduler, bool(self.finishing),
+                           self.steps.engine.tokenizer.is_eog, self.steps.apply)
+
+    def step_planned(self, planned: PlannedStep, pending: Pending, now: float) -> None:
+        """Launch step k+1 as laid out while step k computed, with k's tokens; then, while the device
+        computes, commit k, schedule and enact k+1 (the scheduler's plan must be the one launched),
+        postprocess k, and lay out k+2."""
+        steps, timed = self.steps, self.steps.counters.timed
+        n = len(planned.seqs)
+        launched, launch_ms = timed("run", self.launch_arrays, planned.fill(pending.result.draw.sampled.tokens), n)
+        steps.counters.counts["steps_planned_ahead"] += 1
+        timed("postprocess", self.commit, pending, True)
+        steps._plan = None
+        plan = timed("schedule", steps.schedule, now)
+        steps._plan = plan
+        must_match(planned, plan)
+        timed("enact", steps.enact, plan)
+        self.held = {c.seq for c in plan.chunks}
+        self.in_flight = InFlight(plan, launched, OutputRows.of(plan, frozenset()), launch_ms, n, n)
+        timed("postprocess", self.postprocess_rest, pending)
+        self.planned = timed("schedule", plan_ahead, plan, steps.scheduler, steps.engine.info.n_ctx_seq)
 
     def settle(self) -> None:
         """Collect, commit and postprocess the step in flight, if any: the index and the cells agree again."""
+        self.planned = None
         if (flight := self.in_flight) is not None:
             self.in_flight = None
             pending = self.collect(flight)
@@ -198,15 +184,21 @@ class OverlappedSteps:
     def launch(self, plan: StepPlan) -> InFlight:
         """Start the plan's decode; its output rows are laid out once it is launched (off the
         device's path), before any sequence moves on."""
-        steps = self.steps
         t0 = time.perf_counter()
-        tokens, positions, seq_ids, wants = steps.arrays(plan)
-        launched = watched(steps.watchdog, steps.counters.counts["steps"],
-                           {"n_tokens": len(tokens), "n_sequences": len(plan.chunks)},
-                           lambda: steps.engine.launch(tokens, positions, seq_ids, wants))
-        launch_ms = (time.perf_counter() - t0) * 1000
+        arrays = self.steps.arrays(plan)
+        launched, launch_ms = self.launch_arrays(arrays, len(plan.chunks), t0)
         self.held = {c.seq for c in plan.chunks}
+        wants = arrays[3]
         return InFlight(plan, launched, OutputRows.of(plan, frozenset()), launch_ms, len(wants), int(wants.sum()))
+
+    def launch_arrays(self, arrays: tuple[Any, Any, Any, Any], n_sequences: int,
+                      t0: float | None = None) -> tuple[Any, float]:
+        """``Engine.launch`` of a step's rows, under the watchdog; and how long it took (ms) since ``t0``."""
+        steps, t0 = self.steps, time.perf_counter() if t0 is None else t0
+        launched = watched(steps.watchdog, steps.counters.counts["steps"],
+                           {"n_tokens": len(arrays[0]), "n_sequences": n_sequences},
+                           lambda: steps.engine.launch(*arrays))
+        return launched, (time.perf_counter() - t0) * 1000
 
     def collect(self, flight: InFlight) -> Pending:
         """Wait for the decode in flight and draw the tokens of the rows whose sequences go on."""

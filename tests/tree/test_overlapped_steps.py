@@ -5,6 +5,7 @@ leave the index and llama.cpp's cells in agreement."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 import llamactor
 
 from tests.conftest import audit_kv, cancel_a_story_after_its_first_piece
+from tests.support.overlap import same, serial_and_overlapped
 
 MAX_TOKENS = (5, 9, 14, 20, 3, 12)
 
@@ -26,17 +28,9 @@ def run_mixed(llm: llamactor.LLM) -> list[llamactor.Completion]:
     return [f.result(timeout=300) for f in futures]
 
 
-def same(a: llamactor.Completion, b: llamactor.Completion) -> bool:
-    return (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason) and \
-        [lp.logprob for lp in a.logprobs or ()] == [lp.logprob for lp in b.logprobs or ()]
-
-
 @pytest.fixture
 def pair(start_llm: Callable[..., llamactor.LLM]) -> Callable[..., tuple[llamactor.LLM, llamactor.LLM]]:
-    def start(**options: Any) -> tuple[llamactor.LLM, llamactor.LLM]:
-        return (start_llm(overlap_steps=False, max_restarts=0, **options),
-                start_llm(overlap_steps=True, max_restarts=0, **options))
-    return start
+    return functools.partial(serial_and_overlapped, start_llm)
 
 
 def test_overlapped_steps_give_the_serial_loops_tokens_greedy_and_seeded(pair: Callable[..., Any]) -> None:
