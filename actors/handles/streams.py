@@ -16,6 +16,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import queue
 import threading
 import weakref
@@ -165,25 +166,20 @@ class AsyncTextStream:
         finally:
             await pieces.aclose()  # now, not when collected: leaving early cancels the request
 
-    async def _arrivals(self) -> list[object]:
-        """Everything buffered, once something is (event loop)."""
-        while not self._buffer:
-            self._waiter = self._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        items = list(self._buffer)
-        self._buffer.clear()
-        return items
-
     async def batches(self) -> AsyncGenerator[list[Piece], None]:
         """The pieces in the batches they arrived in (each stream's share of one or more steps);
-        afterwards the request's error, if it ended in one."""
-        finished = False
+        afterwards the request's error, if it ended in one (event loop)."""
+        buffer, finished = self._buffer, False
         try:
             while not finished:
-                items = await self._arrivals()
+                while not buffer:  # waited for here, not in a coroutine of its own: one per token
+                    self._waiter = self._loop.create_future()
+                    try:
+                        await self._waiter
+                    finally:
+                        self._waiter = None
+                items = list(buffer)
+                buffer.clear()
                 if finished := items[-1] is _END:
                     items.pop()
                 if items:
@@ -207,15 +203,23 @@ class AsyncTextStream:
         return self.future.result()
 
 
-async def merged(streams: Sequence[AsyncTextStream]) -> AsyncGenerator[ChoiceUpdate, None]:
+async def merged(streams: Sequence[AsyncTextStream],
+                 ended: Callable[[Completion], None] | None = None) -> AsyncGenerator[ChoiceUpdate, None]:
     """``(index, piece)`` as the choices' pieces arrive, and ``(index, completion)`` once each
-    choice ends; the first choice that fails raises its error here (event loop). Closing this
-    early (the client left) cancels every choice that is still running."""
-    if len(streams) == 1:  # the common case: no task and queue between the stream and its reader
-        async with contextlib.aclosing(streams[0].pieces()) as pieces:
-            async for piece in pieces:
-                yield 0, piece
-        yield 0, streams[0].completion
+    choice ends (``ended`` is called with it first: the metrics' count, here rather than in a
+    generator of its own around this one, which each piece would cross); the first choice that
+    fails raises its error here (event loop). Closing this early (the client left) cancels every
+    choice that is still running."""
+    if len(streams) == 1:  # the common case: no task and queue between the stream and its
+        # reader, whose batches are read here, not through ``pieces``: one generator less per piece
+        async with contextlib.aclosing(streams[0].batches()) as batches:
+            async for batch in batches:
+                for piece in batch:
+                    yield 0, piece
+        completion = streams[0].completion
+        if ended is not None:
+            ended(completion)
+        yield 0, completion
         return
     queue: asyncio.Queue[tuple[int, Piece | Completion | BaseException]] = asyncio.Queue()
 
@@ -229,12 +233,15 @@ async def merged(streams: Sequence[AsyncTextStream]) -> AsyncGenerator[ChoiceUpd
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     try:
-        ended = 0
-        while ended < len(streams):
+        ended_choices = 0
+        while ended_choices < len(streams):
             index, item = await queue.get()
             if isinstance(item, BaseException):
                 raise item
-            ended += isinstance(item, Completion)
+            if isinstance(item, Completion):
+                ended_choices += 1
+                if ended is not None:
+                    ended(item)
             yield index, item
     finally:
         for task in tasks:
@@ -245,3 +252,12 @@ def buffered(streams: Sequence[AsyncTextStream]) -> bool:
     """Whether any of ``streams`` holds pieces not read yet (event loop): a writer that sees
     True may wait for them before it writes, and so write one step's events at once."""
     return any(s.buffered for s in streams)
+
+
+def buffered_check(streams: Sequence[AsyncTextStream]) -> Callable[[], bool]:
+    """``buffered(streams)`` as a call without arguments, asked once per piece (event loop): for
+    the one stream of most requests, its buffer's test alone."""
+    if len(streams) == 1:
+        buffer = streams[0]._buffer  # noqa: SLF001 - this module's own class
+        return lambda: bool(buffer)
+    return functools.partial(buffered, streams)
