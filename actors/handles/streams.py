@@ -5,8 +5,9 @@ The batcher thread hands each piece over without blocking (``SimpleQueue.put``, 
 ``Mailbox``), so a slow reader never stalls the decode loop: what it has not read waits in its
 stream (at most its request's new tokens). An event loop's streams share one ``Mailbox``: the
 pieces a decode step makes for them all cross to the loop in one ``call_soon_threadsafe``, and
-each stream's reader wakes once for everything that arrived for it (docs/performance.md, *Host
-cap (front end)*). Leaving the loop early (``break``, an exception, a cancelled task) cancels the
+each stream's reader wakes once for everything that arrived for it, and ``buffered`` counts what
+``merged`` has not handed on of it, so a writer joins the frames of every step one wake brings
+(docs/performance.md, *Host cap (front end)*). Leaving the loop early (``break``, an exception, a cancelled task) cancels the
 request and frees its sequence.
 """
 
@@ -120,6 +121,7 @@ class AsyncTextStream:
         self._loop = loop
         self._mailbox = mailbox_of(loop)
         self._buffer: collections.deque[object] = collections.deque()
+        self._held = 0  # pieces of the batch ``merged`` reads that it has not handed on yet
         self._waiter: asyncio.Future[None] | None = None
         self.future: concurrent.futures.Future[Completion] | None = None
         self._queued: concurrent.futures.Future[None] | None = None
@@ -146,7 +148,7 @@ class AsyncTextStream:
     @property
     def buffered(self) -> bool:
         """Whether items wait to be read (event loop): reading them now does not block."""
-        return bool(self._buffer)
+        return bool(self._buffer) or self._held > 0
 
     async def queued(self) -> None:
         """Return once the batcher has accepted the request (tokenized, checked, queued); raise the
@@ -212,11 +214,14 @@ async def merged(streams: Sequence[AsyncTextStream],
     choice that is still running."""
     if len(streams) == 1:  # the common case: no task and queue between the stream and its
         # reader, whose batches are read here, not through ``pieces``: one generator less per piece
-        async with contextlib.aclosing(streams[0].batches()) as batches:
+        stream = streams[0]
+        async with contextlib.aclosing(stream.batches()) as batches:
             async for batch in batches:
+                stream._held = len(batch)  # noqa: SLF001 - so that ``buffered`` counts what is left of it
                 for piece in batch:
+                    stream._held -= 1  # noqa: SLF001
                     yield 0, piece
-        completion = streams[0].completion
+        completion = stream.completion
         if ended is not None:
             ended(completion)
         yield 0, completion
@@ -258,6 +263,6 @@ def buffered_check(streams: Sequence[AsyncTextStream]) -> Callable[[], bool]:
     """``buffered(streams)`` as a call without arguments, asked once per piece (event loop): for
     the one stream of most requests, its buffer's test alone."""
     if len(streams) == 1:
-        buffer = streams[0]._buffer  # noqa: SLF001 - this module's own class
-        return lambda: bool(buffer)
+        stream, buffer = streams[0], streams[0]._buffer  # noqa: SLF001 - this module's own class
+        return lambda: bool(buffer) or stream._held > 0  # noqa: SLF001
     return functools.partial(buffered, streams)

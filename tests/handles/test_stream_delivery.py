@@ -113,6 +113,22 @@ def test_merged_hands_each_finished_choice_to_ended_before_its_reader_sees_it(ch
         assert seen.index(("read", (i, f"p{i}"))) < seen.index(("ended", f"c{i}"))
 
 
+def test_the_rest_of_a_batch_merged_is_reading_counts_as_buffered_so_its_frames_join_one_write() -> None:
+    """Pieces of several steps that reach a stream in one wake: a writer that asks ``buffered``
+    after each piece sees the others still to come, and writes once, after the last."""
+    async def run() -> list[tuple[str, bool, bool]]:
+        loop = asyncio.get_running_loop()
+        (stream,), (future,) = _streams(loop, 1)
+        for text in ("a", "b", "c"):
+            stream.push(Piece(text))
+        future.set_result(completion("abc"))
+        check = buffered_check([stream])
+        await asyncio.sleep(0)  # one delivery: three pieces and the end
+        return [(getattr(item, "text", ""), check(), buffered([stream])) async for _, item in merged([stream])]
+
+    assert asyncio.run(run()) == [("a", True, True), ("b", True, True), ("c", False, False), ("abc", False, False)]
+
+
 def test_a_closed_loop_refuses_a_piece_so_the_batcher_cancels_the_request() -> None:
     loop = asyncio.new_event_loop()
     (stream,), _ = _streams(loop, 1)
