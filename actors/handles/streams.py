@@ -5,8 +5,9 @@ The batcher thread hands each piece over without blocking (``SimpleQueue.put``, 
 ``Mailbox``), so a slow reader never stalls the decode loop: what it has not read waits in its
 stream (at most its request's new tokens). An event loop's streams share one ``Mailbox``: the
 pieces a decode step makes for them all cross to the loop in one ``call_soon_threadsafe``, and
-each stream's reader wakes once for everything that arrived for it (docs/performance.md, *Host
-cap (front end)*). Leaving the loop early (``break``, an exception, a cancelled task) cancels the
+each stream's reader wakes once for everything that arrived for it, and ``buffered`` counts what
+``merged`` has not handed on of it, so a writer joins the frames of every step one wake brings
+(docs/performance.md, *Host cap (front end)*). Leaving the loop early (``break``, an exception, a cancelled task) cancels the
 request and frees its sequence.
 """
 
@@ -16,6 +17,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import queue
 import threading
 import weakref
@@ -119,6 +121,7 @@ class AsyncTextStream:
         self._loop = loop
         self._mailbox = mailbox_of(loop)
         self._buffer: collections.deque[object] = collections.deque()
+        self._held = 0  # pieces of the batch ``merged`` reads that it has not handed on yet
         self._waiter: asyncio.Future[None] | None = None
         self.future: concurrent.futures.Future[Completion] | None = None
         self._queued: concurrent.futures.Future[None] | None = None
@@ -145,7 +148,7 @@ class AsyncTextStream:
     @property
     def buffered(self) -> bool:
         """Whether items wait to be read (event loop): reading them now does not block."""
-        return bool(self._buffer)
+        return bool(self._buffer) or self._held > 0
 
     async def queued(self) -> None:
         """Return once the batcher has accepted the request (tokenized, checked, queued); raise the
@@ -165,25 +168,20 @@ class AsyncTextStream:
         finally:
             await pieces.aclose()  # now, not when collected: leaving early cancels the request
 
-    async def _arrivals(self) -> list[object]:
-        """Everything buffered, once something is (event loop)."""
-        while not self._buffer:
-            self._waiter = self._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        items = list(self._buffer)
-        self._buffer.clear()
-        return items
-
     async def batches(self) -> AsyncGenerator[list[Piece], None]:
         """The pieces in the batches they arrived in (each stream's share of one or more steps);
-        afterwards the request's error, if it ended in one."""
-        finished = False
+        afterwards the request's error, if it ended in one (event loop)."""
+        buffer, finished = self._buffer, False
         try:
             while not finished:
-                items = await self._arrivals()
+                while not buffer:  # waited for here, not in a coroutine of its own: one per token
+                    self._waiter = self._loop.create_future()
+                    try:
+                        await self._waiter
+                    finally:
+                        self._waiter = None
+                items = list(buffer)
+                buffer.clear()
                 if finished := items[-1] is _END:
                     items.pop()
                 if items:
@@ -207,15 +205,26 @@ class AsyncTextStream:
         return self.future.result()
 
 
-async def merged(streams: Sequence[AsyncTextStream]) -> AsyncGenerator[ChoiceUpdate, None]:
+async def merged(streams: Sequence[AsyncTextStream],
+                 ended: Callable[[Completion], None] | None = None) -> AsyncGenerator[ChoiceUpdate, None]:
     """``(index, piece)`` as the choices' pieces arrive, and ``(index, completion)`` once each
-    choice ends; the first choice that fails raises its error here (event loop). Closing this
-    early (the client left) cancels every choice that is still running."""
-    if len(streams) == 1:  # the common case: no task and queue between the stream and its reader
-        async with contextlib.aclosing(streams[0].pieces()) as pieces:
-            async for piece in pieces:
-                yield 0, piece
-        yield 0, streams[0].completion
+    choice ends (``ended`` is called with it first: the metrics' count, here rather than in a
+    generator of its own around this one, which each piece would cross); the first choice that
+    fails raises its error here (event loop). Closing this early (the client left) cancels every
+    choice that is still running."""
+    if len(streams) == 1:  # the common case: no task and queue between the stream and its
+        # reader, whose batches are read here, not through ``pieces``: one generator less per piece
+        stream = streams[0]
+        async with contextlib.aclosing(stream.batches()) as batches:
+            async for batch in batches:
+                stream._held = len(batch)  # noqa: SLF001 - so that ``buffered`` counts what is left of it
+                for piece in batch:
+                    stream._held -= 1  # noqa: SLF001
+                    yield 0, piece
+        completion = stream.completion
+        if ended is not None:
+            ended(completion)
+        yield 0, completion
         return
     queue: asyncio.Queue[tuple[int, Piece | Completion | BaseException]] = asyncio.Queue()
 
@@ -229,12 +238,15 @@ async def merged(streams: Sequence[AsyncTextStream]) -> AsyncGenerator[ChoiceUpd
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     try:
-        ended = 0
-        while ended < len(streams):
+        ended_choices = 0
+        while ended_choices < len(streams):
             index, item = await queue.get()
             if isinstance(item, BaseException):
                 raise item
-            ended += isinstance(item, Completion)
+            if isinstance(item, Completion):
+                ended_choices += 1
+                if ended is not None:
+                    ended(item)
             yield index, item
     finally:
         for task in tasks:
@@ -245,3 +257,12 @@ def buffered(streams: Sequence[AsyncTextStream]) -> bool:
     """Whether any of ``streams`` holds pieces not read yet (event loop): a writer that sees
     True may wait for them before it writes, and so write one step's events at once."""
     return any(s.buffered for s in streams)
+
+
+def buffered_check(streams: Sequence[AsyncTextStream]) -> Callable[[], bool]:
+    """``buffered(streams)`` as a call without arguments, asked once per piece (event loop): for
+    the one stream of most requests, its buffer's test alone."""
+    if len(streams) == 1:
+        stream, buffer = streams[0], streams[0]._buffer  # noqa: SLF001 - this module's own class
+        return lambda: bool(buffer) or stream._held > 0  # noqa: SLF001
+    return functools.partial(buffered, streams)

@@ -36,7 +36,7 @@ from llamactor.base.tool_format import FALLBACK
 from llamactor.dialects.context import RequestContext
 from llamactor.handles.limits import Limiter, embedding_estimate, generation_estimate, tokenize_estimate
 from llamactor.handles.model import ModelClient, check_may_load
-from llamactor.handles.streams import AsyncTextStream, buffered, merged
+from llamactor.handles.streams import AsyncTextStream, buffered_check, merged
 from llamactor.http.framing import Framing, OnError, stream_response
 from llamactor.base.tenants import Tenant
 from llamactor.http.state import ServerState, tenant_of
@@ -122,7 +122,7 @@ async def stream(request: Request, call: Planned[P],
     streams = await start_streams(request, call)
     updates = _observed(streams, call.observe)
     return stream_response(make_events(call.plan, updates), framing, on_error, updates, background,
-                           functools.partial(buffered, streams))
+                           buffered_check(streams))
 
 
 async def respond(request: Request, call: Planned[P], streamed: bool,
@@ -241,12 +241,9 @@ async def start_streams(request: Request, call: Planned[P]) -> list[AsyncTextStr
     return streams
 
 
-async def _observed(streams: list[AsyncTextStream], observe: Observe) -> AsyncGenerator[ChoiceUpdate, None]:
-    async with contextlib.aclosing(merged(streams)) as updates:  # closing this cancels what still runs
-        async for index, item in updates:
-            if isinstance(item, Completion):
-                observe(item)
-            yield index, item
+def _observed(streams: list[AsyncTextStream], observe: Observe) -> AsyncGenerator[ChoiceUpdate, None]:
+    """The streams' pieces merged, each finished completion counted (closing this cancels what still runs)."""
+    return merged(streams, observe)
 
 
 async def gather(request: Request, futures: list[Any], cancel: Callable[[], None] | None = None) -> list[Any]:

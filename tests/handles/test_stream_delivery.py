@@ -12,7 +12,7 @@ import pytest
 
 from llamactor.base.completion import Completion, Piece, TokenLogprob
 from llamactor.base.messages import ReplyChannel
-from llamactor.handles.streams import AsyncTextStream, TextStream, buffered, merged
+from llamactor.handles.streams import AsyncTextStream, TextStream, buffered, buffered_check, merged
 
 from tests.support.dialects import completion
 
@@ -84,6 +84,49 @@ def test_the_end_comes_after_every_piece_posted_before_it_and_buffered_says_what
     updates, before, after = asyncio.run(run())
     assert [(i, getattr(u, "text", None)) for i, u in updates] == [(0, "a"), (0, "b"), (0, "ab")]
     assert isinstance(updates[-1][1], Completion) and (before, after) == (False, True)
+
+
+@pytest.mark.parametrize("choices", [1, 3])
+def test_merged_hands_each_finished_choice_to_ended_before_its_reader_sees_it(choices: int) -> None:
+    """What the HTTP stream counts in the metrics: every choice's completion, once, before it is
+    yielded (one stream is read without a task; several through their pumps)."""
+    async def run() -> tuple[list[tuple[str, Any]], list[bool]]:
+        loop = asyncio.get_running_loop()
+        streams, futures = _streams(loop, choices)
+        seen: list[tuple[str, Any]] = []
+        check = buffered_check(streams)
+        for i, (stream, future) in enumerate(zip(streams, futures)):
+            stream.push(Piece(f"p{i}"))
+            future.set_result(completion(f"c{i}"))
+        waits = [check() == buffered(streams)]
+        await asyncio.sleep(0)  # the delivery runs
+        waits += [check() == buffered(streams), check()]
+        async for index, item in merged(streams, lambda c: seen.append(("ended", c.text))):
+            seen.append(("read", (index, item.text)))
+        return seen, waits + [check() == buffered(streams), not check()]
+
+    seen, waits = asyncio.run(run())
+    assert all(waits)
+    for i in range(choices):
+        assert seen.count(("ended", f"c{i}")) == 1
+        assert seen.index(("ended", f"c{i}")) + 1 == seen.index(("read", (i, f"c{i}")))
+        assert seen.index(("read", (i, f"p{i}"))) < seen.index(("ended", f"c{i}"))
+
+
+def test_the_rest_of_a_batch_merged_is_reading_counts_as_buffered_so_its_frames_join_one_write() -> None:
+    """Pieces of several steps that reach a stream in one wake: a writer that asks ``buffered``
+    after each piece sees the others still to come, and writes once, after the last."""
+    async def run() -> list[tuple[str, bool, bool]]:
+        loop = asyncio.get_running_loop()
+        (stream,), (future,) = _streams(loop, 1)
+        for text in ("a", "b", "c"):
+            stream.push(Piece(text))
+        future.set_result(completion("abc"))
+        check = buffered_check([stream])
+        await asyncio.sleep(0)  # one delivery: three pieces and the end
+        return [(getattr(item, "text", ""), check(), buffered([stream])) async for _, item in merged([stream])]
+
+    assert asyncio.run(run()) == [("a", True, True), ("b", True, True), ("c", False, False), ("abc", False, False)]
 
 
 def test_a_closed_loop_refuses_a_piece_so_the_batcher_cancels_the_request() -> None:
