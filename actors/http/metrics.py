@@ -87,7 +87,11 @@ class _BatcherCollector(Collector):
             "embedding_steps": ("llamactor_embedding_steps", "Embedding steps (one llama_decode each)"),
             "grammar_rows": ("llamactor_grammar_rows", "Tokens drawn for grammar-constrained requests"),
             "grammar_rows_masked": ("llamactor_grammar_rows_masked",
-                                    "Constrained draws the grammar refused, drawn again under the full mask")})
+                                    "Constrained draws the grammar refused, drawn again under the full mask"),
+            "rows_dropped": ("llamactor_overlap_rows_dropped", "Overlapped steps: rows of sequences that ended while "
+                             "their row was in flight (computed, not used)"),
+            "steps_planned_ahead": ("llamactor_overlap_steps_planned_ahead", "Overlapped steps launched as laid out "
+                                    "while the step before computed")})
         # Speculation (docs/architecture.md, *Speculation*), named after vLLM's spec_decode series;
         # absent from a batcher that does not draft.
         yield from _families(CounterMetricFamily, s, None, {

@@ -1,4 +1,4 @@
-"""The speculation series of /metrics without a model: the batchers' draft counters read from each
+"""The speculation and overlapped-step series of /metrics without a model: the batchers' draft counters read from each
 replica's stats (absent from a batcher that does not draft), and the drafted tokens of finished
 requests' usage by model and dialect. The daemon's own scrape is tests/http/test_prediction.py."""
 
@@ -38,3 +38,10 @@ def test_finished_requests_add_their_accepted_and_rejected_prediction_tokens_by_
     text = metrics.render().decode()
     assert metric(text, r'llamactor_accepted_prediction_tokens_total\{dialect="openai",model="m"\}') == 12
     assert metric(text, r'llamactor_rejected_prediction_tokens_total\{dialect="openai",model="m"\}') == 3
+
+
+def test_the_overlapped_loops_counters_are_per_replica_series() -> None:
+    replicas: ReplicaStats = [("m", 0, {"state": "ready", "steps_planned_ahead": 120, "rows_dropped": 3})]
+    text = Metrics(lambda: replicas).render().decode()
+    assert metric(text, "llamactor_overlap_steps_planned_ahead_total" + REPLICA % 0) == 120
+    assert metric(text, "llamactor_overlap_rows_dropped_total" + REPLICA % 0) == 3
