@@ -261,8 +261,8 @@ def buffered(streams: Sequence[AsyncTextStream]) -> bool:
 
 def buffered_check(streams: Sequence[AsyncTextStream]) -> Callable[[], bool]:
     """``buffered(streams)`` as a call without arguments, asked once per piece (event loop): for
-    the one stream of most requests, its buffer's test alone."""
+    the one stream of most requests, its own ``buffered`` alone."""
     if len(streams) == 1:
-        stream, buffer = streams[0], streams[0]._buffer  # noqa: SLF001 - this module's own class
-        return lambda: bool(buffer) or stream._held > 0  # noqa: SLF001
+        stream = streams[0]
+        return lambda: stream.buffered
     return functools.partial(buffered, streams)
