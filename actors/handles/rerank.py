@@ -8,19 +8,16 @@ the threads that answer: the batcher's).
    ``Tokenize`` message (its preparation pool, off the batcher thread), each
    document cut to ``max_tokens_per_doc`` and to what the context leaves (or refused without
    ``truncation``).
-3. Scoring (``Scoring``): the documents in groups of at most ``n_parallel``, each group ONE
+3. Scoring (``rerank_scoring.Scoring``): the documents in groups, each group ONE
    ``GenerationRequest`` whose prompt is the shared context and whose choices continue it with a
    document and the template's end, read as the answer tokens' share (``label_token_ids``:
    ``Completion.label_probs[0]`` = P(yes) / (P(yes) + P(no))). The context's KV is computed once
-   and attached to every choice (the prefix cache); at most two groups wait at once, so a long
-   list never fills the tenant's share of the queue (a group the full queue refused is sent
-   again while others of the rerank still run).
+   and attached to every choice (the prefix cache).
 4. ``Reranking``: the scores ranked, cut to ``top_n``.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import threading
 import time
@@ -31,20 +28,20 @@ from typing import Any, Protocol
 
 from llamactor.base.completion import Completion, Tokenized
 from llamactor.base.config import Config
-from llamactor.base.errors import ContextExceededError, InvalidRequestError, QueueFullError
+from llamactor.base.errors import ContextExceededError, InvalidRequestError
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import CallerMessage, Generate, ReplyChannel, Tokenize
 from llamactor.base.rank_pairs import RankScores, capped_document
-from llamactor.base.request import MAX_CHOICES, GenerationRequest, new_request_id
+from llamactor.base.request import new_request_id
 from llamactor.base.rerank import RerankArgs, Reranking, ranked
 from llamactor.base.sampling import SamplingParams
 from llamactor.base.tenants import Tenant
-from llamactor.handles.batcher_tokens import Future, TokensKey, resolve, shielded, then, tokenized
+from llamactor.handles.batcher_tokens import Future, TokensKey, shielded, then, tokenized
+from llamactor.handles.rerank_scoring import Labels, Scoring
 from llamactor.handles.rerank_prompt import (DEFAULT_INSTRUCTION, JudgeTemplate, TextTokenizer, answer_ids,
                                              judge_messages, placeholder_template)
 
 log = get_logger("llamactor.rerank")
-Labels = tuple[tuple[int, ...], tuple[int, ...]]
 
 
 class Client(Protocol):
@@ -66,7 +63,6 @@ class Client(Protocol):
                           request_id: str | None = None) -> Future[RankScores]: ...
 
 
-WINDOW_GROUPS = 2  # groups of one rerank waiting at once
 CAP_LIMITS = "max_tokens_per_doc and the context"  # what caps a judged document's tokens
 
 
@@ -200,115 +196,3 @@ def _room(client: Client, n_template: int) -> int:
                                    f"document in the per-sequence context of {info.n_ctx_seq} tokens",
                                    n_prompt_tokens=n_template, n_ctx=info.n_ctx_seq)
     return room
-
-
-class Scoring:
-    """The documents' scores: groups sent as room allows, each answered by its choices' label
-    probabilities; a choice the full queue refused is sent again while others still run."""
-
-    def __init__(self, client: Client, context: list[int], continuations: Sequence[tuple[int, ...]], labels: Labels,
-                 *, tenant: Tenant, priority: int, request_id: str) -> None:
-        self.client = client
-        self.context = context
-        self.continuations = continuations
-        self.labels = labels
-        self.tenant = tenant
-        self.priority = priority
-        self.request_id = request_id
-        # A group as large as the sequences that run at once (more would only wait), and the
-        # rerank's waiting documents an eighth of the queue at most: eight reranks of any length
-        # at once fit a tenant's share of it.
-        config = client.config
-        self.group_size = max(1, min(MAX_CHOICES, config.n_parallel, config.max_queue // (4 * WINDOW_GROUPS)))
-        self.scores: list[float | None] = [None] * len(continuations)
-        self.waiting = collections.deque(range(len(continuations)))
-        self.running: dict[int, list[Future[Completion]]] = {}
-        self.n_groups = 0
-        self.lock = threading.Lock()
-        self.out: Future[list[float]] = concurrent.futures.Future()
-        self.out.add_done_callback(self._on_out_done)
-
-    def start(self) -> Future[list[float]]:
-        self._pump()
-        return self.out
-
-    def _pump(self) -> None:
-        """Send groups while fewer than ``WINDOW_GROUPS`` run (any thread)."""
-        while True:
-            with self.lock:
-                if self.out.done() or not self.waiting or len(self.running) >= WINDOW_GROUPS:
-                    return
-                indices = [self.waiting.popleft() for _ in range(min(self.group_size, len(self.waiting)))]
-                group = self.n_groups
-                self.n_groups += 1
-                self.running[group] = []
-            try:
-                self._send(group, indices)
-            except BaseException as e:  # noqa: BLE001 - the rerank fails with it
-                resolve(self.out, error=e)
-                return
-
-    def _send(self, group: int, indices: list[int]) -> None:
-        request = GenerationRequest.build(
-            self.client.sampling_defaults(), prompt=self.context, n=len(indices), max_tokens=0, temperature=0.0,
-            continuations=[self.continuations[i] for i in indices], label_token_ids=self.labels,
-            priority=self.priority, tenant=self.tenant)
-        rid = f"{self.request_id}-g{group}"
-        futures = self.client.send_n(request.generate_messages(rid, [ReplyChannel() for _ in indices],
-                                                               time.perf_counter()))
-        with self.lock:
-            self.running[group] = futures
-        remaining = [len(futures)]
-
-        def done(_: Future[Completion]) -> None:
-            self._choice_done(group, indices, remaining)
-        for future in futures:
-            future.add_done_callback(done)
-
-    def _choice_done(self, group: int, indices: list[int], remaining: list[int]) -> None:
-        with self.lock:
-            remaining[0] -= 1
-            if remaining[0]:
-                return
-            futures = self.running.pop(group)
-        try:
-            finished = self._group_done(indices, futures)
-        except BaseException as e:  # noqa: BLE001 - the rerank fails with it
-            resolve(self.out, error=e)
-            return
-        if finished:
-            resolve(self.out, [s for s in self.scores if s is not None])
-        else:
-            self._pump()
-
-    def _group_done(self, indices: list[int], futures: list[Future[Completion]]) -> bool:
-        """Record a finished group's scores and queue again its choices the full queue refused
-        (raises the first other failure); whether every document is scored."""
-        refused = []
-        for index, future in zip(indices, futures, strict=True):
-            if not future.cancelled() and isinstance(future.exception(), QueueFullError):
-                refused.append(index)
-            else:
-                self.scores[index] = _score(future.result())  # a failure or cancellation raises
-        with self.lock:
-            if len(refused) == len(indices) and not self.running:
-                futures[0].result()  # nothing of this rerank runs: the queue is full of others' work
-            self.waiting.extendleft(reversed(refused))
-            return not self.waiting and not self.running
-
-    def _on_out_done(self, out: Future[list[float]]) -> None:
-        """Cancelled or failed: cancel what still runs (the batcher frees their sequences)."""
-        if not out.cancelled() and out.exception() is None:
-            return
-        with self.lock:
-            running = [f for futures in self.running.values() for f in futures]
-        for future in running:
-            future.cancel()
-
-
-def _score(completion: Completion) -> float:
-    probs = completion.label_probs
-    if not probs:
-        raise RuntimeError("a label request's completion carries no label_probs")
-    return float(probs[0])
-
