@@ -23,8 +23,10 @@ from typing import Any
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import CallerMessage, Generate, ReplyChannel
-from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, OK, QUEUED, READY, RESULT, SEND, STATUS,
-                                        FrameReader, FrameWriter, piece_event, portable_error)
+from llamactor.base.tenants import Tenant
+from llamactor.http.engine_state import CALLS, EngineState
+from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, LIMITED, LIMITS, OK, QUEUED, READY, RESULT, SEND,
+                                        STATUS, FrameReader, FrameWriter, piece_event, portable_error)
 
 log = get_logger("llamactor.http.link")
 CALL_WORKERS = 4  # a front end's blocking questions at once (a model loading must not hold up stats)
@@ -95,8 +97,10 @@ class Outbox:
 class EngineLink:
     """One front end's link, served over ``router`` (a ``Router``, or anything with ``model(name)``)."""
 
-    def __init__(self, sock: socket.socket, name: str = "frontend") -> None:
+    def __init__(self, sock: socket.socket, name: str = "frontend", state: EngineState | None = None) -> None:
+        """``state``: what every front end shares (the daemon's; a link alone gets its own)."""
         self.name = name
+        self.state = state or EngineState()
         self._sock = sock
         self._writer = FrameWriter(sock)
         self._reader = FrameReader(sock)
@@ -141,9 +145,12 @@ class EngineLink:
             self._router.model(frame[1]).cancel(frame[2])
         elif kind == CALL:
             self._calls.submit(self._answer, *frame[1:])
+        elif kind == LIMITED:
+            self._send_limited(*frame[1:])
 
-    def _send(self, model: str, items: list[tuple[int, CallerMessage]], stream: bool) -> None:
-        """The messages of one request (its ``n`` choices together), each with a channel here."""
+    def _send(self, model: str, items: list[tuple[int, CallerMessage]],
+              stream: bool) -> list[concurrent.futures.Future[Any]]:
+        """The messages of one request (its ``n`` choices together), each with a channel here; their futures."""
         msgs = [dataclasses.replace(msg, reply=self._channel(token, msg.request_id, stream)) for token, msg in items]
         try:
             llm = self._router.model(model)
@@ -158,6 +165,27 @@ class EngineLink:
         except Exception as e:  # noqa: BLE001 - refused before queueing (unloaded, draining): each message fails
             for msg in msgs:
                 msg.reply.fail(e)
+        return [msg.reply.future for msg in msgs]
+
+    def _send_limited(self, group: int, tenant: Tenant, tokens: int, reserved: int | None,
+                      sends: list[tuple[str, list[tuple[int, CallerMessage]], bool]]) -> None:
+        """The reader thread: a tenant's messages within its limits (``Limiter.submit``'s order):
+        reserved now -- or under what a "reserve" call took --, what the tenant has left posted
+        first, then sent, and settled once every one has ended; refused (429, or 400 for what could
+        never fit), each message fails with why before anything is queued."""
+        limiter = self.state.limiter
+        try:
+            reservation = limiter.reserve(tenant, tokens) if reserved is None else self.state.take(reserved)
+        except Exception as e:  # noqa: BLE001 - each message answers with it
+            error = portable_error(e)
+            self._outbox.post((group, LIMITS, None))
+            for _, items, _ in sends:
+                for token, _ in items:
+                    self._outbox.post((token, ERROR, error))
+            return
+        self._outbox.post((group, LIMITS, reservation.limits))
+        futures = [f for model, items, stream in sends for f in self._send(model, items, stream)]
+        limiter.settle_when_done(reservation, futures)
 
     def _channel(self, token: int, request_id: str, stream: bool) -> ReplyChannel:
         """A reply channel whose every event goes to the outbox under ``token``."""
@@ -194,6 +222,8 @@ class EngineLink:
             return getattr(router, method)(model, *args)
         if method == "view":
             return model_view(router, model or router.names[0])
+        if method in CALLS:  # the front ends' shared state: rate limits, stored responses
+            return self.state.call(method, args)
         raise ValueError(f"unknown call {method!r}")
 
     def _lost(self) -> None:
