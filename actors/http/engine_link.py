@@ -5,10 +5,13 @@ fair shares and cache scopes, which travel in each message); a front-end process
 app and sends it the messages its handlers make. Here each message gets a reply channel of this
 process whose pieces, acceptance and end are posted to the link's ``Outbox``, which sends what a
 step posted as one frame. A front end that goes away (closed, killed) takes its requests with it:
-every one still running is cancelled, so its sequences are freed.
+every one still running is cancelled, so its sequences are freed. What every front end shares --
+the tenants' rate limits, the stored responses -- is the link's ``EngineState`` (the daemon's one).
 
-Threads: the link's reader (front end's frames), its sender (the outbox), a few workers for the
-front end's blocking questions (loading a model, stats); replies are posted from the batchers'.
+Threads: the link's reader (front end's frames; a ``LIMITED`` frame's reservation is taken or
+refused there, never waited for), its sender (the outbox), a few workers for the front end's
+blocking questions (loading a model, stats, the shared state's calls); replies are posted from the
+batchers'.
 """
 
 from __future__ import annotations

@@ -34,7 +34,9 @@ class EngineState:
         self.limiter = limiter or Limiter()
         self.responses = responses or ResponseStore()
         self._lock = threading.Lock()  # the store's: call workers of every link use it
-        self._reserved: dict[int, Reservation] = {}  # taken by a "reserve" call, until its messages come
+        # Taken by a "reserve" call, until its messages come (a front end that dies in between
+        # leaves one small entry, its estimate spent, as a send that failed in one process).
+        self._reserved: dict[int, Reservation] = {}
         self._ids = itertools.count()
 
     def call(self, method: str, args: tuple[Any, ...]) -> Any:
