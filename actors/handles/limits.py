@@ -114,7 +114,7 @@ class Limiter:
         tokens really used once every future ``send`` answered (or stream's future) is done."""
         reservation = self.reserve(tenant, tokens, wait)
         sent = send()
-        self.settle_when_done(reservation, [_future_of(s) for s in sent])
+        self.settle_when_done(reservation, [future_of(s) for s in sent])
         return Submitted(sent, reservation.limits)
 
     def reserve(self, tenant: Tenant, tokens: int, wait: WaitForLimits | None = None) -> Reservation:
@@ -146,27 +146,35 @@ class Limiter:
     def settle_when_done(self, reservation: Reservation, futures: Sequence[concurrent.futures.Future[Any]]) -> None:
         """Once every future is done, give back the estimate and take the tokens really used
         (any thread: the futures' callbacks settle it)."""
-        if not reservation.limits.values or not futures:
-            return
-        remaining = [len(futures)]
-        lock = threading.Lock()
+        if reservation.limits.values:
+            when_all_done(futures, lambda used: self.settle(reservation, used))
 
-        def done(_: concurrent.futures.Future[Any]) -> None:
-            with lock:
-                remaining[0] -= 1
-                if remaining[0]:
-                    return
-            used = used_tokens(futures)
-            with self._lock:
-                self._limits.settle(reservation.tenant, reservation.tokens, used, time.monotonic())
-            # After the request's own request_finished line: a reader of the log (an operator's
-            # meter, a test) knows from this one when the tenant's buckets hold what it cost.
-            log.info("rate_limit_settled", tenant=reservation.tenant.name, reserved=reservation.tokens, used=used)
-        for future in futures:
-            future.add_done_callback(done)
+    def settle(self, reservation: Reservation, used: int) -> None:
+        """Any thread: ``reservation``'s request ended having used ``used`` tokens."""
+        with self._lock:
+            self._limits.settle(reservation.tenant, reservation.tokens, used, time.monotonic())
+        # After the request's own request_finished line: a reader of the log (an operator's
+        # meter, a test) knows from this one when the tenant's buckets hold what it cost.
+        log.info("rate_limit_settled", tenant=reservation.tenant.name, reserved=reservation.tokens, used=used)
 
 
-def _future_of(sent: Any) -> concurrent.futures.Future[Any]:
+def when_all_done(futures: Sequence[concurrent.futures.Future[Any]], then: Callable[[int], None]) -> None:
+    """Once every one of ``futures`` is done (none: never), ``then(used_tokens(futures))``, on
+    the thread that finished the last."""
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def done(_: concurrent.futures.Future[Any]) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        then(used_tokens(futures))
+    for future in futures:
+        future.add_done_callback(done)
+
+
+def future_of(sent: Any) -> concurrent.futures.Future[Any]:
     """What ``send`` answered for a choice: its future, or a stream's (``TextStream.future``)."""
     return sent if isinstance(sent, concurrent.futures.Future) else sent.future
 

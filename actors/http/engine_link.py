@@ -28,8 +28,9 @@ from llamactor.base.logging import get_logger
 from llamactor.base.messages import CallerMessage, Generate, ReplyChannel
 from llamactor.base.tenants import Tenant
 from llamactor.http.engine_state import CALLS, EngineState
+from llamactor.handles.limits import Reservation
 from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, LIMITED, LIMITS, OK, QUEUED, READY, RESULT, SEND,
-                                        STATUS, FrameReader, FrameWriter, piece_event, portable_error)
+                                        SETTLE, STATUS, FrameReader, FrameWriter, piece_event, portable_error)
 
 log = get_logger("llamactor.http.link")
 CALL_WORKERS = 4  # a front end's blocking questions at once (a model loading must not hold up stats)
@@ -110,6 +111,7 @@ class EngineLink:
         self._outbox = Outbox(self._writer, name)
         self._router: Any = None
         self._inflight: dict[int, tuple[Any, str]] = {}  # token -> (model client, request id)
+        self._reservations: dict[int, Reservation] = {}  # a LIMITED group's, until its SETTLE (the reader's)
         self._lock = threading.Lock()
         self._calls = concurrent.futures.ThreadPoolExecutor(CALL_WORKERS, thread_name_prefix=f"{name}-call")
         self.closed = threading.Event()
@@ -150,10 +152,12 @@ class EngineLink:
             self._calls.submit(self._answer, *frame[1:])
         elif kind == LIMITED:
             self._send_limited(*frame[1:])
+        elif kind == SETTLE:
+            if (reservation := self._reservations.pop(frame[1], None)) is not None:
+                self.state.limiter.settle(reservation, frame[2])
 
-    def _send(self, model: str, items: list[tuple[int, CallerMessage]],
-              stream: bool) -> list[concurrent.futures.Future[Any]]:
-        """The messages of one request (its ``n`` choices together), each with a channel here; their futures."""
+    def _send(self, model: str, items: list[tuple[int, CallerMessage]], stream: bool) -> None:
+        """The messages of one request (its ``n`` choices together), each with a channel here."""
         msgs = [dataclasses.replace(msg, reply=self._channel(token, msg.request_id, stream)) for token, msg in items]
         try:
             llm = self._router.model(model)
@@ -168,14 +172,14 @@ class EngineLink:
         except Exception as e:  # noqa: BLE001 - refused before queueing (unloaded, draining): each message fails
             for msg in msgs:
                 msg.reply.fail(e)
-        return [msg.reply.future for msg in msgs]
 
     def _send_limited(self, group: int, tenant: Tenant, tokens: int, reserved: int | None,
                       sends: list[tuple[str, list[tuple[int, CallerMessage]], bool]]) -> None:
         """The reader thread: a tenant's messages within its limits (``Limiter.submit``'s order):
         reserved now -- or under what a "reserve" call took --, what the tenant has left posted
-        first, then sent, and settled once every one has ended; refused (429, or 400 for what could
-        never fit), each message fails with why before anything is queued."""
+        first, then sent; settled by the group's SETTLE, which the front end sends once what its
+        ``send`` answered has ended (a rerank's later requests too). Refused (429, or 400 for what
+        could never fit), each message fails with why before anything is queued."""
         limiter = self.state.limiter
         try:
             reservation = limiter.reserve(tenant, tokens) if reserved is None else self.state.take(reserved)
@@ -187,8 +191,10 @@ class EngineLink:
                     self._outbox.post((token, ERROR, error))
             return
         self._outbox.post((group, LIMITS, reservation.limits))
-        futures = [f for model, items, stream in sends for f in self._send(model, items, stream)]
-        limiter.settle_when_done(reservation, futures)
+        if reservation.limits.values:
+            self._reservations[group] = reservation
+        for model, items, stream in sends:
+            self._send(model, items, stream)
 
     def _channel(self, token: int, request_id: str, stream: bool) -> ReplyChannel:
         """A reply channel whose every event goes to the outbox under ``token``."""
@@ -233,6 +239,7 @@ class EngineLink:
         """The front end is gone: cancel what it left running, stop sending."""
         with self._lock:
             left, self._inflight = list(self._inflight.values()), {}
+        self._reservations.clear()  # their estimates stay spent: the requests are cancelled unsettled
         for llm, request_id in left:
             llm.cancel(request_id)
         if left:

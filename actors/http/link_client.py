@@ -33,7 +33,7 @@ from llamactor.http.engine_link import ModelView
 from llamactor.base.tenants import Tenant
 from llamactor.handles.limits import Limiter, RateLimiter
 from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, HEADER, LIMITED, LIMITS, OK, QUEUED, READY, RESULT,
-                                        SEND, STATUS, FrameReader, FrameWriter, event_piece)
+                                        SEND, SETTLE, STATUS, FrameReader, FrameWriter, event_piece)
 from llamactor.http.link_state import COLLECTING, LinkLimiter, Sends
 from llamactor.scheduling.rate_limits import Limits
 from llamactor.serving.model_specs import ModelSpec, model_named
@@ -89,10 +89,11 @@ class EngineConnection:
             self.drop([(model, items, stream)], BatcherUnavailableError(GONE))
         return [m.reply.future for m in msgs]
 
-    def send_limited(self, sends: Sends, tenant: Tenant, tokens: int, reserved: int | None = None) -> Limits:
+    def send_limited(self, sends: Sends, tenant: Tenant, tokens: int,
+                     reserved: int | None = None) -> tuple[int, Limits]:
         """Any thread: ``sends`` (what ``send`` collected) in one frame, within ``tenant``'s limits
-        counted in the engine (``link_state``); what the tenant has left, filled in place before
-        the messages' first reply is handed on."""
+        counted in the engine (``link_state``); the group's number (``settle`` takes it) and what
+        the tenant has left, filled in place before the messages' first reply is handed on."""
         group, limits = next(self._tokens), Limits()
         self._limits[group] = limits
         try:
@@ -100,7 +101,14 @@ class EngineConnection:
         except OSError:
             self._limits.pop(group, None)
             self.drop(sends, BatcherUnavailableError(GONE))
-        return limits
+        return group, limits
+
+    def settle(self, group: int, used: int) -> None:
+        """Any thread: the group's request has ended, having used ``used`` tokens."""
+        try:
+            self._writer.write((SETTLE, group, used))
+        except OSError:
+            pass  # the engine is gone, and its buckets with it
 
     def drop(self, sends: Sends, error: BaseException) -> None:
         """Forget the messages of ``sends`` (never sent), each failed with ``error`` unless done."""

@@ -28,8 +28,9 @@ CANCEL = "cancel"  # (CANCEL, model, request_id)
 CALL = "call"  # (CALL, call_id, method, model, args): a blocking question (load, stats, describe ...)
 # (LIMITED, group, tenant, tokens, reserved, [(model, [(token, message)], stream)]): the messages a
 # tenant's request sent within its rate limits (``link_state``), reserved on arrival -- or, with
-# ``reserved``, under what a "reserve" CALL took -- and settled once every one has ended
+# ``reserved``, under what a "reserve" CALL took
 LIMITED = "limited"
+SETTLE = "settle"  # (SETTLE, group, used): the group's request has ended, having used ``used`` tokens
 # engine -> front end
 EVENTS = "events"  # (EVENTS, [(token, kind, value)]): every reply posted since the last frame
 RESULT = "result"  # (RESULT, call_id, ok, value): a CALL's answer

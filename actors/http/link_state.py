@@ -8,7 +8,9 @@ share its conversations.
 ``send()`` makes are collected (``COLLECTING``: ``EngineConnection.send`` looks there) and leave
 in one ``LIMITED`` frame with the tenant and the estimate; the engine reserves as it reads it --
 a refusal fails every message with the 429 (or 400) before anything is queued, which the routes
-meet where they meet any refusal, before a stream starts -- and settles when they have ended.
+meet where they meet any refusal, before a stream starts. Once what ``send()`` answered has ended
+(a rerank's later requests, sent from callbacks, included), the tokens it used are counted here as
+one process counts them and a ``SETTLE`` frame settles the group there.
 What the tenant has left (the ``x-ratelimit-*`` headers) arrives before the messages' first reply
 and fills the ``Limits`` returned. A batch line that waits for the limits (``WaitForLimits``)
 asks the engine to reserve first (a call answered at once), sleeping on its own thread here
@@ -22,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from llamactor.base.tenants import Tenant
-from llamactor.handles.limits import Submitted, WaitForLimits
+from llamactor.handles.limits import Submitted, WaitForLimits, future_of, when_all_done
 from llamactor.http.responses_store import Previous, Stored
 from llamactor.scheduling.rate_limits import Limits
 
@@ -40,7 +42,9 @@ class Link(Protocol):
 
     async def call_async(self, method: str, *args: Any) -> Any: ...
 
-    def send_limited(self, sends: Sends, tenant: Tenant, tokens: int, reserved: int | None) -> Limits: ...
+    def send_limited(self, sends: Sends, tenant: Tenant, tokens: int, reserved: int | None) -> tuple[int, Limits]: ...
+
+    def settle(self, group: int, used: int) -> None: ...
 
     def drop(self, sends: Sends, error: BaseException) -> None: ...
 
@@ -65,12 +69,18 @@ class LinkLimiter:
             sent = send()
         except BaseException as e:
             self._link.drop(sends, e)
-            if reserved is not None:  # the engine forgets it (the estimate stays taken, as in one process)
-                self._link.send_limited([], tenant, tokens, reserved)
+            if reserved is not None:  # the engine forgets it; the estimate stays spent, as in one process
+                self._link.settle(self._link.send_limited([], tenant, tokens, reserved)[0], tokens)
             raise
         finally:
             COLLECTING.reset(context)
-        return Submitted(sent, self._link.send_limited(sends, tenant, tokens, reserved))
+        group, limits = self._link.send_limited(sends, tenant, tokens, reserved)
+        futures = [future_of(s) for s in sent]
+        if futures:
+            when_all_done(futures, lambda used: self._link.settle(group, used))
+        else:  # nothing to wait for: the estimate stays spent, as in one process
+            self._link.settle(group, tokens)
+        return Submitted(sent, limits)
 
     def _reserve_waiting(self, tenant: Tenant, tokens: int, wait: WaitForLimits) -> int:
         """The caller's thread (a batch job's): the engine's reservation id, asked for until it has

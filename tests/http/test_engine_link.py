@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import pickle
 import socket
 import threading
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from llamactor.base.completion import Parts, Piece, TokenLogprob
+from llamactor.base.completion import Parts, Piece, TokenLogprob, Usage
 from llamactor.base.config import Config
 from llamactor.base.errors import BatcherUnavailableError, InvalidRequestError, QueueFullError, RateLimitError
 from llamactor.base.messages import Generate, ReplyChannel
@@ -194,8 +195,31 @@ def limited_send(front: LinkRouter, rid: str, tokens: int = 40, tenant: Tenant =
     return msg.reply, submitted.limits
 
 
+class Settlements:
+    """The tokens each settlement in the engine's limiter charged, as they come."""
+
+    def __init__(self, state: EngineState) -> None:
+        self.used: list[int] = []
+        self._arrived = threading.Condition()
+        self._settle = state.limiter.settle
+        state.limiter.settle = self._recorded  # type: ignore[method-assign]
+
+    def _recorded(self, reservation: Any, used: int) -> None:
+        self._settle(reservation, used)
+        with self._arrived:
+            self.used.append(used)
+            self._arrived.notify_all()
+
+    def wait(self, n: int) -> list[int]:
+        """Once ``n`` have come (a front end's SETTLE crosses its link on its own): all so far."""
+        with self._arrived:
+            assert self._arrived.wait_for(lambda: len(self.used) >= n, TIMEOUT)
+        return self.used
+
+
 def test_a_tenants_limits_are_counted_once_across_front_ends_and_settled_with_what_was_used(two_front_ends: Any) -> None:
-    _, stub, ((_, front_a), (_, front_b)) = two_front_ends
+    state, stub, ((_, front_a), (_, front_b)) = two_front_ends
+    settled = Settlements(state)
     first, first_left = limited_send(front_a, "a")
     [a] = sent(stub, 1)
     a.reply.mark_queued()
@@ -205,6 +229,7 @@ def test_a_tenants_limits_are_counted_once_across_front_ends_and_settled_with_wh
     assert first_left.headers()["x-ratelimit-remaining-tokens"] == "60"
     a.reply.resolve(completion("a"))  # 2 tokens used: the estimate's 40 given back, 2 taken
     assert first.future.result(TIMEOUT).text == "the answer to a"
+    assert settled.wait(1) == [2]
     second, second_left = limited_send(front_b, "b")  # the other front end: the same buckets
     [b] = sent(stub, 1)
     b.reply.mark_queued()
@@ -221,6 +246,22 @@ def test_a_tenants_limits_are_counted_once_across_front_ends_and_settled_with_wh
     free, _ = limited_send(front_b, "free", tenant=Tenant("free"))  # a tenant without limits is never counted
     sent(stub, 1)[0].reply.resolve(completion("free"))
     assert free.future.result(TIMEOUT).text == "the answer to free"
+    b.reply.resolve(completion("b"))
+    assert settled.wait(2) == [2, 2]  # the refused one and the free one settle nothing
+
+
+def test_a_request_is_settled_when_what_its_send_answered_ends_later_requests_and_all(two_front_ends: Any) -> None:
+    """As a rerank: its first message sent within the limits, the answer a future of its own that
+    ends after later work; settled with what that answer reports, once it ends."""
+    state, stub, ((connection, front), _) = two_front_ends
+    settled = Settlements(state)
+    answer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    submitted = LinkLimiter(connection).submit(LIMITED_TENANT, 40, lambda: [front.model("m").send(generate("r")),
+                                                                             answer][1:])
+    sent(stub, 1)[0].reply.resolve(completion("r"))
+    answer.set_result(dataclasses.replace(completion("r"), usage=Usage(prompt_tokens=30, completion_tokens=5,
+                                                                        cached_tokens=0)))
+    assert submitted.sent == [answer] and settled.wait(1) == [35]
 
 
 def test_a_request_that_could_never_fit_the_tenants_tokens_is_a_bad_request(two_front_ends: Any) -> None:
