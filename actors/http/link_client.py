@@ -34,7 +34,7 @@ from llamactor.base.tenants import Tenant
 from llamactor.handles.limits import Limiter, RateLimiter
 from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, HEADER, LIMITED, LIMITS, OK, QUEUED, READY, RESULT,
                                         SEND, SETTLE, STATUS, FrameReader, FrameWriter, event_piece)
-from llamactor.http.link_state import COLLECTING, LinkLimiter, Sends
+from llamactor.http.link_state import LinkLimiter, Sends, collecting
 from llamactor.scheduling.rate_limits import Limits
 from llamactor.serving.model_specs import ModelSpec, model_named
 
@@ -80,8 +80,8 @@ class EngineConnection:
             msg.reply.future.add_done_callback(self._cancel_if_cancelled(model, msg.request_id))
             items.append((token, msg))
         stream = any(m.reply.on_piece is not None for m in msgs)
-        if (collecting := COLLECTING.get()) is not None:  # a tenant's limited request: its frame goes later
-            collecting.append((model, items, stream))
+        if (group := collecting()) is not None:  # a tenant's limited request: its frame goes later
+            group.append((model, items, stream))
             return [m.reply.future for m in msgs]
         try:
             self._writer.write((SEND, model, items, stream))

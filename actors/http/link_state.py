@@ -30,9 +30,30 @@ from llamactor.scheduling.rate_limits import Limits
 
 T = TypeVar("T")
 Sends = list[tuple[str, list[tuple[int, Any]], bool]]  # (model, [(token, message)], stream) per SEND
-# The sends of the ``LinkLimiter.submit`` running in this context (None: none): where
-# ``EngineConnection.send`` puts a message instead of sending it alone.
-COLLECTING: contextvars.ContextVar[Sends | None] = contextvars.ContextVar("llamactor_link_collecting", default=None)
+
+
+class Collector:
+    """The sends of the ``LinkLimiter.submit`` running in this context: where ``EngineConnection.send``
+    puts a message instead of sending it alone -- while ``open``: a callback that copied the context
+    meanwhile and sends later (an event loop's) must not add to a frame already gone."""
+
+    __slots__ = ("sends", "open")
+
+    def __init__(self) -> None:
+        self.sends: Sends = []
+        self.open = True
+
+    def collects(self) -> Sends | None:
+        return self.sends if self.open else None
+
+
+COLLECTING: contextvars.ContextVar[Collector | None] = contextvars.ContextVar("llamactor_link_collecting", default=None)
+
+
+def collecting() -> Sends | None:
+    """Where a message sent now goes with its request's others (None: alone)."""
+    collector = COLLECTING.get()
+    return None if collector is None else collector.collects()
 
 
 class Link(Protocol):
@@ -60,11 +81,11 @@ class LinkLimiter:
         """``send()``'s messages in one frame, reserved, refused or settled there (above). A tenant
         without limits sends as it would; a submit inside another (a handle's limiter under the
         app's) is the outer one's: its messages join the outer frame, counted once."""
-        if (tenant.requests_per_minute is None and tenant.tokens_per_minute is None) or COLLECTING.get() is not None:
+        if (tenant.requests_per_minute is None and tenant.tokens_per_minute is None) or collecting() is not None:
             return Submitted(send(), Limits())
         reserved = None if wait is None else self._reserve_waiting(tenant, tokens, wait)
-        sends: Sends = []
-        context = COLLECTING.set(sends)
+        collector = Collector()
+        sends, context = collector.sends, COLLECTING.set(collector)
         try:
             sent = send()
         except BaseException as e:
@@ -73,6 +94,7 @@ class LinkLimiter:
                 self._link.settle(self._link.send_limited([], tenant, tokens, reserved)[0], tokens)
             raise
         finally:
+            collector.open = False
             COLLECTING.reset(context)
         group, limits = self._link.send_limited(sends, tenant, tokens, reserved)
         futures = [future_of(s) for s in sent]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import dataclasses
 import pickle
 import socket
@@ -329,3 +330,20 @@ def test_stored_responses_are_one_store_per_tenant_whichever_front_end_asks(two_
 def test_a_rate_limit_error_crosses_the_link_whole() -> None:
     error = pickle.loads(pickle.dumps(RateLimitError("over", retry_after=7, headers={"x-ratelimit-limit-requests": "2"})))
     assert (str(error), error.retry_after, error.headers) == ("over", 7, {"x-ratelimit-limit-requests": "2"})
+
+
+def test_a_message_sent_later_from_a_context_copied_during_the_send_goes_out_alone(two_front_ends: Any) -> None:
+    """A callback that copied the context while the request's messages were collected (an event
+    loop's handle does) and sends after the frame is gone: not lost in it."""
+    _, stub, ((connection, front), _) = two_front_ends
+    copied: list[contextvars.Context] = []
+
+    def send() -> list[Any]:
+        copied.append(contextvars.copy_context())
+        return [front.model("m").send(generate("first"))]
+
+    LinkLimiter(connection).submit(LIMITED_TENANT, 1, send)
+    late = copied[0].run(front.model("m").send, generate("late"))
+    assert [m.request_id for m in sent(stub, 2)] == ["first", "late"]
+    stub.sent[1].reply.resolve(completion("late"))
+    assert late.result(TIMEOUT).text == "the answer to late"
