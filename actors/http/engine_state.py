@@ -9,8 +9,8 @@ alone. Nothing here waits: a request over its tenant's limits is refused at once
 batch line that must wait for them asks again later from its own thread in the front end
 (``link_state.LinkLimiter``), so no link's reader or worker ever sleeps on a tenant.
 
-Threads: each link's reader (a ``LIMITED`` frame reserves, ``engine_link``), its call workers
-(``call``), the batchers' (a reservation settled when its request ends).
+Threads: each link's reader (a ``LIMITED`` frame reserves, its ``SETTLE`` settles:
+``engine_link``), its call workers (``call``).
 """
 
 from __future__ import annotations
