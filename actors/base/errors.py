@@ -8,6 +8,7 @@ each class to one status code via ``http_status``.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -71,6 +72,11 @@ class RateLimitError(LlamactorError):
         super().__init__(message)
         self.retry_after = retry_after
         self.headers = headers
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled whole (a front-end process gets its 429 from the engine's limits): the default
+        # would call the class with the message alone.
+        return functools.partial(type(self), retry_after=self.retry_after, headers=self.headers), (str(self),)
 
 
 class ContextFullError(LlamactorError):

@@ -13,11 +13,13 @@ sequences need no shadow ids), EOG ignored, through four legs on the same tree, 
   both from a client in a process of its own (``http_load``: raw sockets), so the client never
   takes the server's GIL;
 * *http_fp*, *sse_fp*: the same two against the daemon's front end in a process of its own
-  (``--frontend-processes 1``; ``split_front``) over the same tree.
+  (``--frontend-processes 1``; ``split_front``) over the same tree; *http_fpN*, *sse_fpN*: against
+  N front-end processes on one socket (``--frontend-processes N``), for each N of
+  ``frontend_processes`` above 1 (the bench's ``--frontend-processes``; 1,2 by default).
 
 Per leg: tokens/s, and from the batcher's counters its own work per step (*batcher ms*) beside
 the wall time per step: the difference is what each step waited for outside the batcher (the
-event loop holding the GIL, the hops between threads). ``report_lines`` renders the table.
+event loop holding the GIL, the hops between threads). ``host_cap_report`` renders the table.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from llamactor.bench.http_load import MODEL_ID, chat_messages
 from llamactor.bench.measure import median_runs
 from llamactor.bench.replay import Recording, null_config, start_host_tree
 from llamactor.bench.settings import BenchSettings
-from llamactor.bench.split_front import process_cpu_s, split_front_end
+from llamactor.bench.split_front import processes_cpu_s, split_front_end
 from llamactor.http.daemon import uvicorn_config
 from llamactor.http.server import create_app
 from llamactor.http.state import ServerState
@@ -53,9 +55,7 @@ from llamactor.serving import replicas as replicas_module
 
 SIZES = (64, 126, 250)  # 250: only on a model without sliding-window layers
 NEW_TOKENS = {64: 128, 126: 96, 250: 64}  # the issue's sizes; a quick run halves them
-LEGS = ("submit", "stream", "http", "sse", "http_fp", "sse_fp")
-GOAL_IN_PROCESS_TOK_S = 25_000.0  # at 126 streams
-GOAL_HTTP_RATIO = 0.9  # http and sse / submit, at 64 and 126 streams
+FRONTEND_PROCESSES = (1, 2)  # the split legs' front-end processes, by default
 UVICORN_THREAD = "host-cap-uvicorn"
 
 
@@ -77,12 +77,17 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def fp_leg(kind: str, count: int) -> str:
+    """The split leg of ``kind`` (http, sse) through ``count`` front-end processes."""
+    return f"{kind}_fp" if count == 1 else f"{kind}_fp{count}"
+
+
 @contextlib.contextmanager
-def replayed_daemon(model_path: str, config: Config,
-                    recording: Recording) -> Iterator[tuple[llamactor.LLM, str, tuple[str, int]]]:
-    """The daemon's app on uvicorn (a thread of this process) over one replayed tree, and a
-    front-end process over the same tree; yields the tree's handle, the server's URL and the front
-    end's (URL, pid)."""
+def replayed_daemon(model_path: str, config: Config, recording: Recording, frontend_processes: tuple[int, ...] = (1,)
+                    ) -> Iterator[tuple[llamactor.LLM, str, dict[int, tuple[str, list[int]]]]]:
+    """The daemon's app on uvicorn (a thread of this process) over one replayed tree, and for each
+    count of ``frontend_processes`` that many front-end processes over the same tree; yields the
+    tree's handle, the server's URL and by count the front ends' (URL, pids)."""
     def start_tree(_config: Config) -> llamactor.LLM:
         return start_host_tree(config, recording, replay=True)
 
@@ -98,8 +103,10 @@ def replayed_daemon(model_path: str, config: Config,
     try:
         while not server.started and thread.is_alive():
             time.sleep(0.05)  # uvicorn has no started event to wait on
-        with split_front_end(router, [router.model(MODEL_ID).spec], _free_port()) as split:
-            yield router.model(MODEL_ID).replica(0), f"http://127.0.0.1:{port}", split
+        with contextlib.ExitStack() as stack:
+            specs = [router.model(MODEL_ID).spec]
+            splits = {k: stack.enter_context(split_front_end(router, specs, _free_port(), k)) for k in frontend_processes}
+            yield router.model(MODEL_ID).replica(0), f"http://127.0.0.1:{port}", splits
     finally:
         server.should_exit = True
         thread.join(timeout=30)
@@ -140,11 +147,11 @@ def http_client(url: str, n: int, max_tokens: int, stream: bool) -> dict[str, An
     return figures
 
 
-def thread_cpu_s(frontend_pid: int | None = None) -> dict[str, float]:
+def thread_cpu_s(frontend_pids: list[int] | None = None) -> dict[str, float]:
     """CPU seconds each thread of this process has used, by role: ``batcher`` (the batcher
     thread), ``front`` (the event loops: uvicorn's, or this thread's in the *stream* leg; with
-    ``frontend_pid``, that front-end process's, all its threads), ``link`` (the engine's end of
-    the front end's link) and ``other``; empty where ``/proc`` has no per-thread figures."""
+    ``frontend_pids``, those front-end processes', all their threads), ``link`` (the engine's end
+    of the front ends' links) and ``other``; empty where ``/proc`` has no per-thread figures."""
     out = {"batcher": 0.0, "front": 0.0, "link": 0.0, "other": 0.0}
     tick = os.sysconf("SC_CLK_TCK")
     for thread in threading.enumerate():
@@ -154,51 +161,57 @@ def thread_cpu_s(frontend_pid: int | None = None) -> dict[str, float]:
         except OSError:
             return {}
         role = ("batcher" if "Batcher" in thread.name else "link" if thread.name.startswith("frontend-") else
-                "front" if frontend_pid is None and thread.name in (UVICORN_THREAD, "MainThread") else "other")
+                "front" if frontend_pids is None and thread.name in (UVICORN_THREAD, "MainThread") else "other")
         out[role] += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-    if frontend_pid is not None:
-        out["front"] = process_cpu_s(frontend_pid)
+    if frontend_pids is not None:
+        out["front"] = processes_cpu_s(frontend_pids)
     return out
 
 
 def _measured(llm: llamactor.LLM, leg: Callable[[], tuple[int, float]],
-              frontend_pid: int | None = None) -> dict[str, float]:
+              frontend_pids: list[int] | None = None) -> dict[str, float]:
     """One leg's tokens/s, the batcher's work and wall time per step, and each thread role's CPU
     microseconds per token (what a loaded machine's wall times hide)."""
-    before, cpu_before = llm.stats(), thread_cpu_s(frontend_pid)
+    before, cpu_before = llm.stats(), thread_cpu_s(frontend_pids)
     tokens, seconds = leg()
     m = per_step(before, llm.stats(), seconds, tokens)
-    cpu_after = thread_cpu_s(frontend_pid)
+    cpu_after = thread_cpu_s(frontend_pids)
     cpu = {f"{role}_us_per_token": (cpu_after[role] - cpu_before[role]) * 1e6 / max(tokens, 1)
            for role in cpu_after if cpu_before}
     return {"tokens_per_s": m["tokens_per_s"], "batcher_ms": m["host_ms"], "wall_ms": m["wall_ms"],
             "steps": m["steps"], **cpu}
 
 
-def measure_size(llm: llamactor.LLM, url: str, split: tuple[str, int], n: int, max_tokens: int,
+def measure_size(llm: llamactor.LLM, url: str, splits: dict[int, tuple[str, list[int]]], n: int, max_tokens: int,
                  repeats: int) -> dict[str, Any]:
     """Every leg at ``n`` streams, interleaved (median of ``repeats``); ratios against *submit*."""
     def over_http(at: str, stream: bool) -> tuple[int, float]:
         f = http_client(at, n, max_tokens, stream)
         return int(f["tokens"]), float(f["seconds"])
 
-    split_url, pid = split
     legs: dict[str, Callable[[], tuple[int, float]]] = {
         "submit": lambda: _submit_leg(llm, n, max_tokens), "stream": lambda: _stream_leg(llm, n, max_tokens),
-        "http": lambda: over_http(url, False), "sse": lambda: over_http(url, True),
-        "http_fp": lambda: over_http(split_url, False), "sse_fp": lambda: over_http(split_url, True)}
+        "http": lambda: over_http(url, False), "sse": lambda: over_http(url, True)}
+    pids: dict[str, list[int] | None] = dict.fromkeys(legs)
+    for count, (split_url, split_pids) in splits.items():
+        for kind, streamed in (("http", False), ("sse", True)):
+            legs[fp_leg(kind, count)] = functools.partial(over_http, split_url, streamed)
+            pids[fp_leg(kind, count)] = split_pids
     for leg in legs.values():  # warm-up: the client's imports, the app's first routes
         leg()
     measured: dict[str, Callable[[], dict[str, float]]] = {
-        k: functools.partial(_measured, llm, f, pid if k.endswith("_fp") else None) for k, f in legs.items()}
+        k: functools.partial(_measured, llm, f, pids[k]) for k, f in legs.items()}
     out: dict[str, Any] = {"max_tokens": max_tokens, **median_runs(measured, repeats)}
-    for name in LEGS[1:]:
+    for name in list(legs)[1:]:
         out[name]["vs_in_process"] = out[name]["tokens_per_s"] / out["submit"]["tokens_per_s"]
     return out
 
 
 def measure_host_cap(model_path: str, *, n_threads: int, repeats: int, quick: bool,
-                     tick: Callable[[], None] = lambda: None) -> dict[str, Any]:
+                     tick: Callable[[], None] = lambda: None,
+                     frontend_processes: tuple[int, ...] = FRONTEND_PROCESSES) -> dict[str, Any]:
+    """Every size's legs; the split legs through each count of ``frontend_processes`` (1: *http_fp*,
+    *sse_fp*; N: *http_fpN*, *sse_fpN*)."""
     recording = record(model_path, n_threads)
     sliding = recording_has_shadow_ids(model_path, n_threads)
     most = max_sequences(sliding) - PINNED_SEQ_IDS
@@ -209,8 +222,8 @@ def measure_host_cap(model_path: str, *, n_threads: int, repeats: int, quick: bo
             max_tokens = NEW_TOKENS[n] // (2 if quick else 1)
             recording.prepare(n)
             config = null_config(n, n_ctx=n * (max_tokens + 64), **common)
-            with replayed_daemon(model_path, config, recording) as (llm, url, split):
-                out[f"c{n}"] = measure_size(llm, url, split, n, max_tokens, repeats)
+            with replayed_daemon(model_path, config, recording, frontend_processes) as (llm, url, splits):
+                out[f"c{n}"] = measure_size(llm, url, splits, n, max_tokens, repeats)
         tick()
     return out
 
@@ -226,63 +239,5 @@ def n_ticks() -> int:
 
 
 def bench_host_cap(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
-    return measure_host_cap(s.model_path, n_threads=s.n_threads, repeats=min(s.repeats, 3), quick=s.quick, tick=tick)
-
-
-def report_lines(results: dict[str, Any]) -> list[str]:
-    """The report's table: per size and leg, tokens/s, the ratio to *submit*, the batcher's work
-    and the wall time per step; where a goal is missed, where the step's time went."""
-    if not (h := results.get("host_cap")) or "error" in h:
-        return []
-    lines = ["Host cap: N chat completions at once on the replayed decode (the host workload's null leg), "
-             "in-process (`submit_chat` futures, `stream_async`) and through the daemon's app on uvicorn "
-             "(non-streamed, SSE; the client in a process of its own), and *_fp*: the same through the front end "
-             "in a process of its own (`--frontend-processes 1`; its CPU is that whole process's). Batcher ms: its own work per step; "
-             "wall ms: per step; the rest is what a step waited for outside the batcher.", "",
-             "| streams | new tokens | leg | tok/s | / in-process | batcher ms | wall ms "
-             "| CPU µs/token: batcher | front end |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
-    sizes = sorted(int(k[1:]) for k in h if k.startswith("c"))
-    for n in sizes:
-        row = h[f"c{n}"]
-        for leg in (leg for leg in LEGS if leg in row):
-            m = row[leg]
-            ratio = f"{m['vs_in_process']:.2f}" if "vs_in_process" in m else "1"
-            lines.append(f"| {n} | {row['max_tokens']} | {leg} | {m['tokens_per_s']:,.0f} | {ratio} | "
-                         f"{m['batcher_ms']:.2f} | {m['wall_ms']:.2f} | {_cpu(m, 'batcher')} | {_cpu(m, 'front')} |")
-    return lines + [""] + link_lines(h, sizes) + missed_goals(h) + [""]
-
-
-def link_lines(h: dict[str, Any], sizes: list[int]) -> list[str]:
-    """The CPU the engine's end of the front-end process's link took per token (its reader and
-    sender threads, beside the batcher on the engine's GIL), where the split legs ran."""
-    figures = [f"{leg} at {n}: {_cpu(h[f'c{n}'][leg], 'link')} µs" for n in sizes for leg in ("http_fp", "sse_fp")
-               if leg in h[f"c{n}"] and "link_us_per_token" in h[f"c{n}"][leg]]
-    return [f"- the engine's link to the front-end process, CPU per token: {', '.join(figures)}"] if figures else []
-
-
-def _cpu(m: dict[str, Any], role: str) -> str:
-    value = m.get(f"{role}_us_per_token")
-    return "" if value is None else f"{value:.1f}"
-
-
-def missed_goals(h: dict[str, Any]) -> list[str]:
-    """One line per goal missed, saying where the time of a step went."""
-    out = []
-    if (c126 := h.get("c126")) and c126["submit"]["tokens_per_s"] < GOAL_IN_PROCESS_TOK_S:
-        m = c126["submit"]
-        out.append(f"- missed: in-process {m['tokens_per_s']:,.0f} tok/s at 126 streams (goal "
-                   f"{GOAL_IN_PROCESS_TOK_S:,.0f}): the batcher's own work is {m['batcher_ms']:.2f} of "
-                   f"{m['wall_ms']:.2f} ms a step")
-    for n in (64, 126):
-        for leg in ("http", "sse", "http_fp", "sse_fp"):
-            if (row := h.get(f"c{n}")) and leg in row and row[leg]["vs_in_process"] < GOAL_HTTP_RATIO:
-                m, ref = row[leg], row["submit"]
-                out.append(f"- missed: {leg} at {n} streams, {m['vs_in_process']:.2f}× in-process (goal "
-                           f"{GOAL_HTTP_RATIO}×): a step took {m['wall_ms']:.2f} ms against {ref['wall_ms']:.2f} "
-                           f"in-process; the batcher's own work {m['batcher_ms']:.2f} ms (in-process "
-                           f"{ref['batcher_ms']:.2f}), so {m['wall_ms'] - m['batcher_ms']:.2f} ms of each step went "
-                           "to the front end (the event loop holding the GIL) and the hops to it; CPU per token: "
-                           f"front end {_cpu(m, 'front')} µs, batcher {_cpu(m, 'batcher')} µs "
-                           f"(in-process {_cpu(ref, 'batcher')} µs)")
-    return out
+    return measure_host_cap(s.model_path, n_threads=s.n_threads, repeats=min(s.repeats, 3), quick=s.quick, tick=tick,
+                            frontend_processes=s.frontend_processes)

@@ -21,7 +21,7 @@ from llamactor.bench import (
     embeddings,
     generation,
     host,
-    host_cap,
+    host_cap_report,
     peer,
     prefix,
     replicas,
@@ -41,7 +41,7 @@ Section = Callable[[dict[str, Any]], list[str]]
 SECTIONS: tuple[Section, ...] = (
     generation.report_lines, daemon.report_lines, prefix.report_lines, tiers.report_lines, peer.report_lines,
     scheduling.report_lines, structured.report_lines, embeddings.report_lines, rerank.report_lines, replicas.report_lines,
-    host.report_lines, host_cap.report_lines, sim_device.report_lines, streams.report_lines, two_models.report_lines,
+    host.report_lines, host_cap_report.report_lines, sim_device.report_lines, streams.report_lines, two_models.report_lines,
     speculation.report_lines)
 
 # (name, how to read it from the results, comparison, target)

@@ -22,6 +22,7 @@ class BenchSettings:
     n_ctx: int = 8192
     peer_server: str | None = None  # a llama-server binary: adds the "peer" and "streams" workloads
     n_gpu_layers: int = 0  # layers offloaded to a GPU (the CLI's default: Config's), for both servers alike
+    frontend_processes: tuple[int, ...] = (1, 2)  # host_cap's split legs: through 1 front-end process, then 2
     results: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # each workload's wall time, by results key
 

@@ -1,6 +1,7 @@
-"""The ``host_cap`` workload's split legs: the daemon's front end in a process of its own
-(``llamactor serve --frontend-processes 1``: ``llamactor.http.frontends``) over the bench's own
-replayed tree, so that the *http_fp* and *sse_fp* legs run the same tree as the in-process ones.
+"""The ``host_cap`` workload's split legs: the daemon's front end in processes of its own
+(``llamactor serve --frontend-processes N``: ``llamactor.http.frontends``) over the bench's own
+replayed tree, so that the *http_fp* and *sse_fp* legs (*http_fpN*, *sse_fpN* for N of them) run
+the same tree as the in-process ones.
 """
 
 from __future__ import annotations
@@ -22,32 +23,43 @@ READY_TIMEOUT_S = 120.0
 
 
 @contextlib.contextmanager
-def split_front_end(router: Any, specs: list[ModelSpec], port: int) -> Iterator[tuple[str, int]]:
-    """One front-end process serving ``router``'s models on ``port``; yields its URL and pid."""
-    transport = Config(frontend_processes=1)
+def split_front_end(router: Any, specs: list[ModelSpec], port: int, count: int = 1) -> Iterator[tuple[str, list[int]]]:
+    """``count`` front-end processes on one socket (``--frontend-processes count``) serving
+    ``router``'s models on ``port``; yields its URL and their pids."""
+    transport = Config(frontend_processes=count)
     setup = FrontendSetup(specs, None, 1 << 20, None, transport, "127.0.0.1", 1.0, None, jobs=False)
-    frontends = Frontends(setup, listening_socket("127.0.0.1", port, None), 1)
+    frontends = Frontends(setup, listening_socket("127.0.0.1", port, None), count)
     frontends.serve(router)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url)
-        yield url, frontends.pids()[0]
+        _wait_ready(url, count)
+        yield url, frontends.pids()
     finally:
         frontends.stop(30)
 
 
-def _wait_ready(url: str) -> None:
-    """Until ``/health`` answers 200 (the front end has its models); no event crosses to here."""
+def _wait_ready(url: str, count: int) -> None:
+    """Until ``/health`` answers 200 (a front end has its models) on ``2 * count`` new connections
+    in a row, whichever front ends take them (no event crosses to here; a front end reads its
+    models' READY before it accepts, so one that answers at all is all but surely ready)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
+    ready = 0
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-                if response.status == 200:
+                ready = ready + 1 if response.status == 200 else 0
+                if ready >= 2 * count:
                     return
+                continue
         except (urllib.error.URLError, OSError):
-            pass
+            ready = 0
         time.sleep(0.1)
     raise RuntimeError(f"the front-end process at {url} did not become ready")
+
+
+def processes_cpu_s(pids: list[int]) -> float:
+    """CPU seconds the processes ``pids`` have used together."""
+    return sum(process_cpu_s(pid) for pid in pids)
 
 
 def process_cpu_s(pid: int) -> float:

@@ -153,8 +153,11 @@ def info(**opts: Any) -> None:
 @click.option("--n-gpu-layers", envvar="LLAMACTOR_N_GPU_LAYERS", type=int, default=None,
               help="Layers offloaded to the GPU in the uniform, host and streams workloads, by llamactor, "
               "its yardsticks and llama-server alike (default: Config's).")
+@click.option("--frontend-processes", "frontend_processes", default="1,2", show_default=True,
+              help="host_cap's split legs: comma-separated counts of front-end processes (1: http_fp, sse_fp; "
+              "N: http_fpN, sse_fpN), e.g. 1,4 on a host with the cores for them.")
 def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out_dir: str, docs: bool,
-          only: str | None, peer_server: str | None, n_gpu_layers: int | None) -> None:
+          only: str | None, peer_server: str | None, n_gpu_layers: int | None, frontend_processes: str) -> None:
     """Measure llamactor against sequential create_completion and the raw batched-decode ceiling."""
     from llamactor.bench import report, suite
     from llamactor.base.config import default_n_threads
@@ -166,7 +169,8 @@ def bench(quick: bool, full: bool, model: str | None, n_threads: int | None, out
     llamactor_logging.configure("auto", "warning")
     settings = suite.BenchSettings(model_path=resolve_model_path(model), quick=quick, full=full,
                                        n_threads=n_threads or default_n_threads(), peer_server=peer_server,
-                                       n_gpu_layers=default_n_gpu_layers() if n_gpu_layers is None else n_gpu_layers)
+                                       n_gpu_layers=default_n_gpu_layers() if n_gpu_layers is None else n_gpu_layers,
+                                       frontend_processes=front_end_counts(frontend_processes))
     names = only.split(",") if only else None
     unknown = set(names or ()) - set(suite.workloads(settings))
     if unknown:
@@ -197,3 +201,17 @@ main.add_command(rerank)
 
 if __name__ == "__main__":
     main()
+
+
+def front_end_counts(text: str) -> tuple[int, ...]:
+    """``--frontend-processes 1,4``'s counts, each 1 to 64 (``Config.frontend_processes``'s bound)."""
+    from llamactor.base.config import MAX_FRONTEND_PROCESSES
+
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        counts = ()
+    if not counts or not all(1 <= c <= MAX_FRONTEND_PROCESSES for c in counts):
+        raise click.BadParameter(f"comma-separated counts from 1 to {MAX_FRONTEND_PROCESSES}, got {text!r}",
+                                 param_hint="--frontend-processes")
+    return tuple(dict.fromkeys(counts))

@@ -23,7 +23,7 @@ from llamactor.base.tenants import Tenant
 from llamactor.base.tool_format import FALLBACK, ToolCallFormat
 from llamactor.base.trace_spans import SERVICE_NAME
 from llamactor.handles import tracing
-from llamactor.handles.limits import Limiter, WaitForLimits
+from llamactor.handles.limits import Limiter, RateLimiter, WaitForLimits
 
 T = TypeVar("T")  # what a future resolves to: a Completion, Embeddings, a Reranking ...
 Future = concurrent.futures.Future
@@ -37,7 +37,7 @@ class Delivery:
     rate_wait: WaitForLimits | None = None  # how a request over its tenant's rate limits waits; None: refused
 
     @functools.cached_property
-    def limiter(self) -> Limiter | None:
+    def limiter(self) -> RateLimiter | None:
         """The rate limits of ``config.tenants``, enforced on this handle's submissions."""
         return Limiter.for_tenants(self.config.tenants)
 

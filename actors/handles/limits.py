@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from llamactor.base.completion import Completion, Embeddings, Tokenized
 from llamactor.base.errors import BatcherUnavailableError, CancelledError, RateLimitError
@@ -43,10 +43,25 @@ class WaitForLimits:
     stop: threading.Event
     on_wait: Callable[[Tenant, float], None] | None = None
 
+    def wait(self, tenant: Tenant, seconds: float) -> None:
+        """The waiter's thread: ``seconds`` slept (said first), or ``BatcherUnavailableError`` once stopped."""
+        if self.on_wait is not None:
+            self.on_wait(tenant, seconds)
+        if self.stop.wait(seconds):
+            raise BatcherUnavailableError("stopped while waiting for the tenant's rate limits")
+
 
 class Submitted(NamedTuple, Generic[T]):
     sent: list[T]  # what ``send`` answered
     limits: Limits  # what the tenant has left after it (the x-ratelimit-* headers)
+
+
+class RateLimiter(Protocol):
+    """What submits within the tenants' rate limits: a ``Limiter`` in this process, or a front-end
+    process's ``LinkLimiter`` (``llamactor.http.link_state``) over the engine's one ``Limiter``."""
+
+    def submit(self, tenant: Tenant, tokens: int, send: Callable[[], list[T]],
+               wait: WaitForLimits | None = None) -> Submitted[T]: ...
 
 
 def generation_estimate(request: GenerationRequest) -> int:
@@ -99,7 +114,7 @@ class Limiter:
         tokens really used once every future ``send`` answered (or stream's future) is done."""
         reservation = self.reserve(tenant, tokens, wait)
         sent = send()
-        self._settle_when_done(reservation, [_future_of(s) for s in sent])
+        self.settle_when_done(reservation, [future_of(s) for s in sent])
         return Submitted(sent, reservation.limits)
 
     def reserve(self, tenant: Tenant, tokens: int, wait: WaitForLimits | None = None) -> Reservation:
@@ -113,39 +128,53 @@ class Limiter:
             except RateLimitError as e:
                 if wait is None:
                     raise
-                wait_s = self._wait_s(tenant, tokens) or float(e.retry_after)
-                if wait.on_wait is not None:
-                    wait.on_wait(tenant, wait_s)
-                if wait.stop.wait(wait_s):
-                    raise BatcherUnavailableError("stopped while waiting for the tenant's rate limits") from None
+                wait.wait(tenant, self._wait_s(tenant, tokens) or float(e.retry_after))
+
+    def try_reserve(self, tenant: Tenant, tokens: int) -> Reservation | float:
+        """Any thread, never waiting: the reservation, or the seconds until the buckets would allow
+        it (what a waiter elsewhere sleeps before asking again); ``InvalidRequestError`` for what
+        could never fit them."""
+        try:
+            return self.reserve(tenant, tokens)
+        except RateLimitError as e:
+            return self._wait_s(tenant, tokens) or float(e.retry_after)
 
     def _wait_s(self, tenant: Tenant, tokens: int) -> float:
         with self._lock:
             return self._limits.wait_s(tenant, tokens, time.monotonic())
 
-    def _settle_when_done(self, reservation: Reservation, futures: Sequence[concurrent.futures.Future[Any]]) -> None:
-        """Once every future is done, give back the estimate and take the tokens really used."""
-        if not reservation.limits.values or not futures:
-            return
-        remaining = [len(futures)]
-        lock = threading.Lock()
+    def settle_when_done(self, reservation: Reservation, futures: Sequence[concurrent.futures.Future[Any]]) -> None:
+        """Once every future is done, give back the estimate and take the tokens really used
+        (any thread: the futures' callbacks settle it)."""
+        if reservation.limits.values:
+            when_all_done(futures, lambda used: self.settle(reservation, used))
 
-        def done(_: concurrent.futures.Future[Any]) -> None:
-            with lock:
-                remaining[0] -= 1
-                if remaining[0]:
-                    return
-            used = used_tokens(futures)
-            with self._lock:
-                self._limits.settle(reservation.tenant, reservation.tokens, used, time.monotonic())
-            # After the request's own request_finished line: a reader of the log (an operator's
-            # meter, a test) knows from this one when the tenant's buckets hold what it cost.
-            log.info("rate_limit_settled", tenant=reservation.tenant.name, reserved=reservation.tokens, used=used)
-        for future in futures:
-            future.add_done_callback(done)
+    def settle(self, reservation: Reservation, used: int) -> None:
+        """Any thread: ``reservation``'s request ended having used ``used`` tokens."""
+        with self._lock:
+            self._limits.settle(reservation.tenant, reservation.tokens, used, time.monotonic())
+        # After the request's own request_finished line: a reader of the log (an operator's
+        # meter, a test) knows from this one when the tenant's buckets hold what it cost.
+        log.info("rate_limit_settled", tenant=reservation.tenant.name, reserved=reservation.tokens, used=used)
 
 
-def _future_of(sent: Any) -> concurrent.futures.Future[Any]:
+def when_all_done(futures: Sequence[concurrent.futures.Future[Any]], then: Callable[[int], None]) -> None:
+    """Once every one of ``futures`` is done (none: never), ``then(used_tokens(futures))``, on
+    the thread that finished the last."""
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def done(_: concurrent.futures.Future[Any]) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        then(used_tokens(futures))
+    for future in futures:
+        future.add_done_callback(done)
+
+
+def future_of(sent: Any) -> concurrent.futures.Future[Any]:
     """What ``send`` answered for a choice: its future, or a stream's (``TextStream.future``)."""
     return sent if isinstance(sent, concurrent.futures.Future) else sent.future
 

@@ -20,21 +20,21 @@ from llamactor.base.messages import CallerMessage, Generate
 from llamactor.base.tenants import Tenant
 from llamactor.base.tool_format import ToolCallFormat
 from llamactor.handles.delivery import Future
-from llamactor.handles.limits import Limiter, WaitForLimits
+from llamactor.handles.limits import RateLimiter, WaitForLimits
 from llamactor.handles.model import ModelClient
 
 log = get_logger("llamactor.jobs")
 
 
 class QuotaClient(ModelClient):
-    def __init__(self, model: ModelClient, limiter: Limiter, stop: threading.Event, what: str) -> None:
+    def __init__(self, model: ModelClient, limiter: RateLimiter, stop: threading.Event, what: str) -> None:
         """``what`` names the work in the log (a batch id)."""
         self.model, self.quota, self.what = model, limiter, what
         self.config, self.name = model.config, model.name
         self.rate_wait = WaitForLimits(stop, self._log_wait)  # the tenant's buckets refill, or the job stops
 
     @property
-    def limiter(self) -> Limiter:  # type: ignore[override]
+    def limiter(self) -> RateLimiter:  # type: ignore[override]
         return self.quota
 
     def _log_wait(self, tenant: Tenant, seconds: float) -> None:

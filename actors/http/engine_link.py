@@ -5,10 +5,13 @@ fair shares and cache scopes, which travel in each message); a front-end process
 app and sends it the messages its handlers make. Here each message gets a reply channel of this
 process whose pieces, acceptance and end are posted to the link's ``Outbox``, which sends what a
 step posted as one frame. A front end that goes away (closed, killed) takes its requests with it:
-every one still running is cancelled, so its sequences are freed.
+every one still running is cancelled, so its sequences are freed. What every front end shares --
+the tenants' rate limits, the stored responses -- is the link's ``EngineState`` (the daemon's one).
 
-Threads: the link's reader (front end's frames), its sender (the outbox), a few workers for the
-front end's blocking questions (loading a model, stats); replies are posted from the batchers'.
+Threads: the link's reader (front end's frames; a ``LIMITED`` frame's reservation is taken or
+refused there, never waited for), its sender (the outbox), a few workers for the front end's
+blocking questions (loading a model, stats, the shared state's calls); replies are posted from the
+batchers'.
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ from typing import Any
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import CallerMessage, Generate, ReplyChannel
-from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, OK, QUEUED, READY, RESULT, SEND, STATUS,
-                                        FrameReader, FrameWriter, piece_event, portable_error)
+from llamactor.base.tenants import Tenant
+from llamactor.http.engine_state import CALLS, EngineState
+from llamactor.handles.limits import Reservation
+from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, LIMITED, LIMITS, OK, QUEUED, READY, RESULT, SEND,
+                                        SETTLE, STATUS, FrameReader, FrameWriter, piece_event, portable_error)
 
 log = get_logger("llamactor.http.link")
 CALL_WORKERS = 4  # a front end's blocking questions at once (a model loading must not hold up stats)
@@ -95,14 +101,17 @@ class Outbox:
 class EngineLink:
     """One front end's link, served over ``router`` (a ``Router``, or anything with ``model(name)``)."""
 
-    def __init__(self, sock: socket.socket, name: str = "frontend") -> None:
+    def __init__(self, sock: socket.socket, name: str = "frontend", state: EngineState | None = None) -> None:
+        """``state``: what every front end shares (the daemon's; a link alone gets its own)."""
         self.name = name
+        self.state = state or EngineState()
         self._sock = sock
         self._writer = FrameWriter(sock)
         self._reader = FrameReader(sock)
         self._outbox = Outbox(self._writer, name)
         self._router: Any = None
         self._inflight: dict[int, tuple[Any, str]] = {}  # token -> (model client, request id)
+        self._reservations: dict[int, Reservation] = {}  # a LIMITED group's, until its SETTLE (the reader's)
         self._lock = threading.Lock()
         self._calls = concurrent.futures.ThreadPoolExecutor(CALL_WORKERS, thread_name_prefix=f"{name}-call")
         self.closed = threading.Event()
@@ -141,6 +150,11 @@ class EngineLink:
             self._router.model(frame[1]).cancel(frame[2])
         elif kind == CALL:
             self._calls.submit(self._answer, *frame[1:])
+        elif kind == LIMITED:
+            self._send_limited(*frame[1:])
+        elif kind == SETTLE:
+            if (reservation := self._reservations.pop(frame[1], None)) is not None:
+                self.state.limiter.settle(reservation, frame[2])
 
     def _send(self, model: str, items: list[tuple[int, CallerMessage]], stream: bool) -> None:
         """The messages of one request (its ``n`` choices together), each with a channel here."""
@@ -158,6 +172,29 @@ class EngineLink:
         except Exception as e:  # noqa: BLE001 - refused before queueing (unloaded, draining): each message fails
             for msg in msgs:
                 msg.reply.fail(e)
+
+    def _send_limited(self, group: int, tenant: Tenant, tokens: int, reserved: int | None,
+                      sends: list[tuple[str, list[tuple[int, CallerMessage]], bool]]) -> None:
+        """The reader thread: a tenant's messages within its limits (``Limiter.submit``'s order):
+        reserved now -- or under what a "reserve" call took --, what the tenant has left posted
+        first, then sent; settled by the group's SETTLE, which the front end sends once what its
+        ``send`` answered has ended (a rerank's later requests too). Refused (429, or 400 for what
+        could never fit), each message fails with why before anything is queued."""
+        limiter = self.state.limiter
+        try:
+            reservation = limiter.reserve(tenant, tokens) if reserved is None else self.state.take(reserved)
+        except Exception as e:  # noqa: BLE001 - each message answers with it
+            error = portable_error(e)
+            self._outbox.post((group, LIMITS, None))
+            for _, items, _ in sends:
+                for token, _ in items:
+                    self._outbox.post((token, ERROR, error))
+            return
+        self._outbox.post((group, LIMITS, reservation.limits))
+        if reservation.limits.values:
+            self._reservations[group] = reservation
+        for model, items, stream in sends:
+            self._send(model, items, stream)
 
     def _channel(self, token: int, request_id: str, stream: bool) -> ReplyChannel:
         """A reply channel whose every event goes to the outbox under ``token``."""
@@ -194,12 +231,15 @@ class EngineLink:
             return getattr(router, method)(model, *args)
         if method == "view":
             return model_view(router, model or router.names[0])
+        if method in CALLS:  # the front ends' shared state: rate limits, stored responses
+            return self.state.call(method, args)
         raise ValueError(f"unknown call {method!r}")
 
     def _lost(self) -> None:
         """The front end is gone: cancel what it left running, stop sending."""
         with self._lock:
             left, self._inflight = list(self._inflight.values()), {}
+        self._reservations.clear()  # their estimates stay spent: the requests are cancelled unsettled
         for llm, request_id in left:
             llm.cancel(request_id)
         if left:

@@ -1,13 +1,14 @@
-"""A front-end process (``llamactor serve --frontend-processes 1``; docs/operations.md, *Front-end
+"""A front-end process (``llamactor serve --frontend-processes N``; docs/operations.md, *Front-end
 processes*): the daemon's HTTP app on uvicorn, in a process of its own beside the engine's, as
 vLLM's API server beside its engine core. Started by the daemon (``frontends``) as
 ``python -m llamactor.http.frontend_main LISTEN_FD LINK_FD``, its ``FrontendSetup`` pickled on
 stdin: it serves the socket the daemon listens on, and reaches the models over the link.
 
 What the app keeps in its own process is what one process sees of the HTTP traffic: the edge's
-checks, the tenants' keys (read again on SIGHUP, which the daemon passes on), their requests and
-tokens per minute, the stored responses, the metrics' request counters, the batch jobs (whose
-lines go to the models over the link). SIGTERM drains it as it drains the daemon; the link's end
+checks, the tenants' keys (read again on SIGHUP, which the daemon passes on), the metrics' request
+counters, the batch jobs (whose lines go to the models over the link). The tenants' requests and
+tokens per minute and the stored responses are the engine's, shared by every front end
+(``link_state``). SIGTERM drains it as it drains the daemon; the link's end
 (the engine's process gone) ends it.
 """
 
@@ -28,6 +29,7 @@ from llamactor.http.daemon import _DrainingServer, _raise_file_limit, attach_job
 from llamactor.http.engine_link import ModelView
 from llamactor.http.keys_file import load_keys, reload_on_sighup
 from llamactor.http.link_client import EngineConnection, LinkRouter
+from llamactor.http.link_state import use_engine_state
 from llamactor.http.server import create_app
 from llamactor.http.state import ServerState
 from llamactor.serving.model_specs import ModelSpec
@@ -85,6 +87,7 @@ def run(setup: FrontendSetup, listen_fd: int, link_fd: int) -> int:
 
     link = EngineConnection(socket.socket(fileno=link_fd), ready, gone)
     router = LinkRouter(setup.specs, link)
+    use_engine_state(state, link)  # the tenants' limits and the stored responses: the engine's, shared
 
     async def serve() -> None:  # the link is read on uvicorn's own loop
         link.read_on_loop(asyncio.get_running_loop())

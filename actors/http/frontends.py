@@ -1,7 +1,8 @@
 """The daemon's front-end processes (``--frontend-processes``; docs/operations.md, *Front-end
 processes*): each one started with the socket the daemon listens on and one end of a
 ``socketpair`` whose other end is its ``EngineLink`` here, watched, and started again when it
-dies -- with a new link; the listening socket stays open in this process, so connections wait
+dies -- with a new link; the tenants' rate limits and stored responses (``EngineState``) are
+theirs together, here, and outlive any one of them; the listening socket stays open in this process, so connections wait
 in its backlog meanwhile, and the engine, its models and their caches are untouched. Requests the
 dead process had in flight are cancelled by its link. A front end that keeps dying (more than
 ``MAX_RESTARTS`` within ``RESTART_WINDOW_S``) stops the daemon, loudly.
@@ -27,6 +28,7 @@ from typing import Any
 
 from llamactor.base.logging import get_logger
 from llamactor.http.engine_link import EngineLink
+from llamactor.http.engine_state import EngineState
 from llamactor.http.frontend_main import FrontendSetup
 
 log = get_logger("llamactor.daemon")
@@ -55,10 +57,10 @@ class FrontendProcess:
     """One front-end process and the engine's link to it."""
 
     def __init__(self, index: int, setup: FrontendSetup, listen: socket.socket,
-                 on_exit: Callable[[FrontendProcess], None]) -> None:
+                 on_exit: Callable[[FrontendProcess], None], state: EngineState | None = None) -> None:
         self.index = index
         ours, theirs = socket.socketpair()
-        self.link = EngineLink(ours, f"frontend-{index}")
+        self.link = EngineLink(ours, f"frontend-{index}", state)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "llamactor.http.frontend_main", str(listen.fileno()), str(theirs.fileno())],
             stdin=subprocess.PIPE, pass_fds=(listen.fileno(), theirs.fileno()))
@@ -85,12 +87,13 @@ class Frontends:
         self._exited: deque[FrontendProcess] = deque()
         self.wake = threading.Event()  # a front end exited (or the daemon's state changed)
         self._restarts: deque[float] = deque()
+        self.state = EngineState()  # the tenants' limits and stored responses, shared by every front end
         self._procs = [self._start(i) for i in range(count)]
 
     def _start(self, index: int) -> FrontendProcess:
         # only the first runs the batch jobs: their folder has one owner
         setup = self._setup if index == 0 else dataclasses.replace(self._setup, jobs=False)
-        proc = FrontendProcess(index, setup, self._listen, self._exited_one)
+        proc = FrontendProcess(index, setup, self._listen, self._exited_one, self.state)
         with self._lock:
             if self._router is not None:
                 proc.link.serve(self._router)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import pickle
 import socket
@@ -29,8 +30,12 @@ from llamactor.base.sampling import SamplingParams
 from llamactor.base.sampling_defaults import model_sampling
 from llamactor.handles.model import ModelClient
 from llamactor.http.engine_link import ModelView
-from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, HEADER, OK, QUEUED, READY, RESULT, SEND, STATUS,
-                                        FrameReader, FrameWriter, event_piece)
+from llamactor.base.tenants import Tenant
+from llamactor.handles.limits import Limiter, RateLimiter
+from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, HEADER, LIMITED, LIMITS, OK, QUEUED, READY, RESULT,
+                                        SEND, SETTLE, STATUS, FrameReader, FrameWriter, event_piece)
+from llamactor.http.link_state import LinkLimiter, Sends, collecting
+from llamactor.scheduling.rate_limits import Limits
 from llamactor.serving.model_specs import ModelSpec, model_named
 
 Future = concurrent.futures.Future
@@ -48,6 +53,7 @@ class EngineConnection:
         self._reader = FrameReader(sock)
         self._replies: dict[int, ReplyChannel] = {}
         self._calls: dict[int, Future[Any]] = {}
+        self._limits: dict[int, Limits] = {}  # a LIMITED group's, until the engine says what the tenant has left
         self._tokens = itertools.count()
         self.views: dict[str, ModelView] = {}
         self._on_ready, self._on_lost = on_ready, on_lost
@@ -74,13 +80,42 @@ class EngineConnection:
             msg.reply.future.add_done_callback(self._cancel_if_cancelled(model, msg.request_id))
             items.append((token, msg))
         stream = any(m.reply.on_piece is not None for m in msgs)
+        if (group := collecting()) is not None:  # a tenant's limited request: its frame goes later
+            group.append((model, items, stream))
+            return [m.reply.future for m in msgs]
         try:
             self._writer.write((SEND, model, items, stream))
         except OSError:
+            self.drop([(model, items, stream)], BatcherUnavailableError(GONE))
+        return [m.reply.future for m in msgs]
+
+    def send_limited(self, sends: Sends, tenant: Tenant, tokens: int,
+                     reserved: int | None = None) -> tuple[int, Limits]:
+        """Any thread: ``sends`` (what ``send`` collected) in one frame, within ``tenant``'s limits
+        counted in the engine (``link_state``); the group's number (``settle`` takes it) and what
+        the tenant has left, filled in place before the messages' first reply is handed on."""
+        group, limits = next(self._tokens), Limits()
+        self._limits[group] = limits
+        try:
+            self._writer.write((LIMITED, group, tenant, tokens, reserved, sends))
+        except OSError:
+            self._limits.pop(group, None)
+            self.drop(sends, BatcherUnavailableError(GONE))
+        return group, limits
+
+    def settle(self, group: int, used: int) -> None:
+        """Any thread: the group's request has ended, having used ``used`` tokens."""
+        try:
+            self._writer.write((SETTLE, group, used))
+        except OSError:
+            pass  # the engine is gone, and its buckets with it
+
+    def drop(self, sends: Sends, error: BaseException) -> None:
+        """Forget the messages of ``sends`` (never sent), each failed with ``error`` unless done."""
+        for _, items, _ in sends:
             for token, msg in items:
                 self._replies.pop(token, None)
-                msg.reply.fail(BatcherUnavailableError(GONE))
-        return [m.reply.future for m in msgs]
+                msg.reply.fail(error)
 
     def _cancel_if_cancelled(self, model: str, request_id: str) -> Callable[[Future[Any]], None]:
         """A caller that cancels its future (a client gone, a timeout) cancels the request there."""
@@ -97,6 +132,13 @@ class EngineConnection:
 
     def call(self, method: str, model: str | None, *args: Any) -> Any:
         """A blocking question to the engine (never on the event loop); raises what it raised."""
+        return self._asked(method, model, args).result()
+
+    async def call_async(self, method: str, *args: Any) -> Any:
+        """The event loop: a question about no model (the shared state's), awaited."""
+        return await asyncio.wrap_future(self._asked(method, None, args))
+
+    def _asked(self, method: str, model: str | None, args: tuple[Any, ...]) -> Future[Any]:
         call_id, future = next(self._tokens), Future[Any]()
         self._calls[call_id] = future
         try:
@@ -104,7 +146,7 @@ class EngineConnection:
         except OSError:
             self._calls.pop(call_id, None)
             raise BatcherUnavailableError(GONE) from None
-        return future.result()
+        return future
 
     def _read_forever(self) -> None:
         """The reader thread: the engine's frames in order; at the end, everything waiting fails."""
@@ -152,6 +194,8 @@ class EngineConnection:
         replies = self._replies
         for token, kind, value in events:
             if (reply := replies.get(token)) is None:
+                if kind == LIMITS and (limits := self._limits.pop(token, None)) is not None and value is not None:
+                    limits.values.update(value.values)  # a group's: read when its response starts
                 continue
             if kind == QUEUED:
                 reply.mark_queued()
@@ -170,6 +214,7 @@ class EngineConnection:
         replies, self._replies = self._replies, {}
         for reply in replies.values():
             reply.fail(BatcherUnavailableError(GONE))
+        self._limits.clear()
         calls, self._calls = self._calls, {}
         for future in calls.values():
             future.set_exception(BatcherUnavailableError(GONE))
@@ -221,6 +266,11 @@ class LinkModel(ModelClient):
 
     def cancel(self, request_id: str) -> None:
         self._link.cancel(self.name, request_id)
+
+    @functools.cached_property
+    def limiter(self) -> RateLimiter | None:
+        """The model's ``Config.tenants``' limits, counted in the engine (once, whichever front end)."""
+        return LinkLimiter(self._link) if Limiter.for_tenants(self.config.tenants) is not None else None
 
     def replica_stats(self, *, exact: bool = False) -> list[dict[str, Any]]:
         """A worker thread: the engine's published stats of the model's replicas."""

@@ -26,14 +26,20 @@ HEADER = struct.Struct("!I")  # a frame's byte length
 SEND = "send"  # (SEND, model, [(token, message)], stream)
 CANCEL = "cancel"  # (CANCEL, model, request_id)
 CALL = "call"  # (CALL, call_id, method, model, args): a blocking question (load, stats, describe ...)
+# (LIMITED, group, tenant, tokens, reserved, [(model, [(token, message)], stream)]): the messages a
+# tenant's request sent within its rate limits (``link_state``), reserved on arrival -- or, with
+# ``reserved``, under what a "reserve" CALL took
+LIMITED = "limited"
+SETTLE = "settle"  # (SETTLE, group, used): the group's request has ended, having used ``used`` tokens
 # engine -> front end
 EVENTS = "events"  # (EVENTS, [(token, kind, value)]): every reply posted since the last frame
 RESULT = "result"  # (RESULT, call_id, ok, value): a CALL's answer
 STATUS = "status"  # (STATUS, name, ModelView): a model loaded, unloaded or failed to load
 READY = "ready"  # (READY, [ModelView]): the engine's models are served (the router exists)
 
-# an event's kind
-QUEUED, OK, ERROR, PIECE, TEXT, CONTENT = range(6)
+# an event's kind; LIMITS: (group, LIMITS, Limits | None), what the tenant has left (None: refused),
+# before any event of the group's messages
+QUEUED, OK, ERROR, PIECE, TEXT, CONTENT, LIMITS = range(7)
 
 
 class FrameWriter:

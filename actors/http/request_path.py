@@ -34,7 +34,7 @@ from llamactor.base.embedding_request import EmbeddingRequest
 from llamactor.base.request import GenerationRequest, choice_request_id
 from llamactor.base.tool_format import FALLBACK
 from llamactor.dialects.context import RequestContext
-from llamactor.handles.limits import Limiter, embedding_estimate, generation_estimate, tokenize_estimate
+from llamactor.handles.limits import RateLimiter, embedding_estimate, generation_estimate, tokenize_estimate
 from llamactor.handles.model import ModelClient, check_may_load
 from llamactor.handles.streams import AsyncTextStream, buffered_check, merged
 from llamactor.http.framing import Framing, OnError, stream_response
@@ -62,7 +62,7 @@ class Planned(Generic[P]):
     plan: P
     observe: Observe  # counts a finished completion in the metrics
     tenant: Tenant
-    limiter: Limiter
+    limiter: RateLimiter
 
     @classmethod
     def of(cls, state: ServerState, request: Request, llm: ModelClient, plan: P, dialect: str) -> Planned[P]:
@@ -213,7 +213,7 @@ async def tokenize(state: ServerState, request: Request, llm: ModelClient, promp
                           lambda: llm.submit_tokenize(prompt, **options))
 
 
-async def _limited(request: Request, limiter: Limiter, tokens: int, submit: Callable[[], Future[R]]) -> R:
+async def _limited(request: Request, limiter: RateLimiter, tokens: int, submit: Callable[[], Future[R]]) -> R:
     """The result of ``submit()``, sent within the rate limits of the tenant whose key the request
     carried (a 429 before it is queued; what it has left goes out in the ``x-ratelimit-*`` headers)."""
     (future,), request.state.rate_limits = limiter.submit(tenant_of(request), tokens, lambda: [submit()])

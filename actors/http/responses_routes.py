@@ -3,7 +3,8 @@
 
 A request is translated statelessly onto the chat path (``llamactor.dialects.responses``), as
 llama-server does. Finished responses are kept (unless ``store: false``) in the app's bounded
-in-memory store (``responses_store``), so that ``previous_response_id`` continues a conversation:
+in-memory store (``responses_store``; with front-end processes, the engine's), so that
+``previous_response_id`` continues a conversation:
 the whole conversation is sent again, which the prefix cache makes a cache hit
 (``usage.input_tokens_details.cached_tokens``). An unknown id is a 404 in OpenAI's error shape
 (code ``previous_response_not_found``, param ``previous_response_id``).
@@ -21,7 +22,7 @@ from llamactor.dialects.responses.output_items import response_reply
 from llamactor.dialects.responses.schema import ResponsesRequest
 from llamactor.http.framing import NAMED_SSE, stream_response
 from llamactor.http.request_path import Planned, answer, open_stream, planned, warn_ignored
-from llamactor.http.responses_store import ResponseNotFoundError, ResponseStore, UnknownResponseError
+from llamactor.http.responses_store import Previous, ResponseNotFoundError, Responses, UnknownResponseError
 from llamactor.http.state import State, tenant_of
 
 router = APIRouter()
@@ -30,33 +31,37 @@ router = APIRouter()
 @router.post("/responses", response_model=None)
 async def create(body: ResponsesRequest, request: Request, state: State) -> Any:
     earlier: tuple[dict[str, Any], ...] = ()
-    if body.previous_response_id is not None:  # only the tenant's own: another's is not found
-        previous = state.responses.get(tenant_of(request).name, body.previous_response_id)
+    previous_id = body.previous_response_id
+    if previous_id is not None:  # only the tenant's own: another's is not found
+        previous = await state.responses.get(tenant_of(request).name, previous_id)
         if previous is None:
-            raise ResponseNotFoundError(body.previous_response_id)
+            raise ResponseNotFoundError(previous_id)
         earlier = previous.messages
     call = await planned(state, request, body.model, DIALECT, lambda ctx: response_call(body, ctx, earlier))
     p = call.plan
     warn_ignored(DIALECT, p.ignored, p.shell.id)
+    after = None if previous_id is None else (previous_id, len(earlier))
     if body.stream:
         updates = await open_stream(request, call)
-        stream = ResponseEvents(p, lambda response: keep(state.responses, call, response))
+        stream = ResponseEvents(p, lambda response: keep(state.responses, call, response, after))
         return stream_response(stream.events(updates), NAMED_SSE, stream.failed, updates)
     [c] = await answer(request, call)
-    return keep(state.responses, call, response_reply(p.shell, c))
+    return await keep(state.responses, call, response_reply(p.shell, c), after)
 
 
-def keep(store: ResponseStore, call: Planned[ResponsesCall], response: dict[str, Any]) -> dict[str, Any]:
+async def keep(store: Responses, call: Planned[ResponsesCall], response: dict[str, Any],
+               previous: Previous | None) -> dict[str, Any]:
     """Store a finished response with its conversation as its tenant's, unless asked not to
-    (OpenAI's default: stored)."""
+    (OpenAI's default: stored); stored before the client hears of it (a next turn may come at
+    once, to another front-end process)."""
     if call.plan.shell.body.store is not False:
-        store.put(call.tenant.name, response, call.plan.history + input_messages(response["output"]))
+        await store.put(call.tenant.name, response, call.plan.history + input_messages(response["output"]), previous)
     return response
 
 
 @router.get("/responses/{response_id}", response_model=None)
 async def retrieve(response_id: str, request: Request, state: State) -> Any:
-    stored = state.responses.get(tenant_of(request).name, response_id)
+    stored = await state.responses.get(tenant_of(request).name, response_id)
     if stored is None:
         raise UnknownResponseError(response_id)
     return stored.response
@@ -64,7 +69,6 @@ async def retrieve(response_id: str, request: Request, state: State) -> Any:
 
 @router.delete("/responses/{response_id}", response_model=None)
 async def delete(response_id: str, request: Request, state: State) -> Any:
-    if not state.responses.delete(tenant_of(request).name, response_id):
+    if not await state.responses.delete(tenant_of(request).name, response_id):
         raise UnknownResponseError(response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}
-

@@ -1,7 +1,11 @@
 """Finished responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}``: a bounded
-in-memory LRU (one per app, in its ``ServerState``).
+in-memory LRU, one per daemon. The routes reach it through ``Responses`` (awaited): in one
+process the app's own (``LocalResponses``, in its ``ServerState``); with front-end processes the
+engine's, over the link (``link_state.LinkResponses``; ``engine_state.EngineState`` holds it), so
+that a conversation's turns may land on any front end.
 
-Used only on uvicorn's event loop (handlers and stream generators), so it needs no lock. Entries
+``ResponseStore`` itself is used by one thread at a time (uvicorn's event loop, or under the
+engine state's lock), so it needs no lock of its own. Entries
 belong to the tenant that made them: another tenant's id is not found (404). Each entry holds the whole conversation up to and including that response as chat messages (without
 ``instructions``, which OpenAI does not carry over): a follow-up sends all of it again, and the
 prefix cache makes that cheap. Entries of one conversation share their message dicts (a turn's
@@ -14,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from llamactor.base.errors import LlamactorError
 
@@ -74,3 +78,36 @@ class ResponseStore:
 
     def delete(self, tenant: str, response_id: str) -> bool:
         return self._entries.pop((tenant, response_id), None) is not None
+
+
+Previous = tuple[str, int]  # the previous response's id, and how many messages of its conversation came first
+
+
+class Responses(Protocol):
+    """The stored responses as the routes use them (uvicorn's event loop). ``put``'s ``previous``
+    says that ``messages`` begin with that response's conversation (its length): a store that
+    keeps it may be sent only what follows."""
+
+    async def get(self, tenant: str, response_id: str) -> Stored | None: ...
+
+    async def put(self, tenant: str, response: dict[str, Any], messages: Sequence[dict[str, Any]],
+                  previous: Previous | None = None) -> None: ...
+
+    async def delete(self, tenant: str, response_id: str) -> bool: ...
+
+
+class LocalResponses:
+    """The one-process app's stored responses: a ``ResponseStore`` on the event loop."""
+
+    def __init__(self, store: ResponseStore | None = None) -> None:
+        self.store = store or ResponseStore()
+
+    async def get(self, tenant: str, response_id: str) -> Stored | None:
+        return self.store.get(tenant, response_id)
+
+    async def put(self, tenant: str, response: dict[str, Any], messages: Sequence[dict[str, Any]],
+                  previous: Previous | None = None) -> None:
+        self.store.put(tenant, response, messages)
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        return self.store.delete(tenant, response_id)

@@ -12,11 +12,11 @@ from fastapi import Depends, Request
 
 from llamactor.base.config import Config
 from llamactor.base.tenants import KeyTable, Tenant
-from llamactor.handles.limits import Limiter
+from llamactor.handles.limits import Limiter, RateLimiter
 from llamactor.handles.model import ModelClient, ModelRouter
 from llamactor.http.metrics import Metrics
 from llamactor.http.origins import OriginPolicy
-from llamactor.http.responses_store import ResponseStore
+from llamactor.http.responses_store import LocalResponses, Responses
 from llamactor.jobs.service import JobService
 
 
@@ -41,8 +41,8 @@ class ServerState:
         self.draining = False
         self.jobs: JobService | None = None  # batch jobs (files, batches): set by the daemon when it owns a data dir
         self.metrics = Metrics(self.replica_stats)
-        self.responses = ResponseStore()  # the Responses API's previous_response_id
-        self.limiter = Limiter()  # the tenants' requests and tokens per minute (their keys say how many)
+        self.responses: Responses = LocalResponses()  # the Responses API's previous_response_id
+        self.limiter: RateLimiter = Limiter()  # the tenants' requests and tokens per minute (their keys say how many)
 
     def model(self, router: ModelRouter, name: str | None) -> ModelClient:
         """The model a request names. As llama-server does, a daemon serving exactly one model

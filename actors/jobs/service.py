@@ -27,7 +27,7 @@ from typing import Any
 from llamactor.base.errors import InvalidRequestError, LlamactorError, ModelNotLoadedError
 from llamactor.base.logging import get_logger
 from llamactor.base.tenants import DEFAULT_TENANT
-from llamactor.handles.limits import Limiter
+from llamactor.handles.limits import RateLimiter
 from llamactor.handles.model import ModelClient, check_may_load
 from llamactor.handles.quota import QuotaClient
 from llamactor.jobs import quotas, records
@@ -55,7 +55,7 @@ class JobService(FilesApi):
         self._ready = threading.Event()
         # The tenants' requests and tokens per minute (the daemon's, shared with interactive
         # requests): a job's lines wait for them (``QuotaClient``). None: lines are not limited.
-        self.limiter: Limiter | None = None
+        self.limiter: RateLimiter | None = None
         self._closing = False
         self._workers: dict[str, tuple[threading.Thread, threading.Event]] = {}
 

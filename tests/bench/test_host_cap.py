@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 
+import click
 import pytest
 
 from llamactor.bench import report
-from llamactor.bench.host_cap import missed_goals, report_lines
+from llamactor.bench.host_cap_report import legs_of, missed_goals, report_lines
+from llamactor.cli.commands import front_end_counts
 from llamactor.bench.http_load import dechunk, parse_response
 
 pytestmark = pytest.mark.pure
@@ -62,3 +64,24 @@ def test_the_client_reads_a_chunked_sse_body_and_its_usage_and_refuses_a_stream_
     assert parse_response(plain, stream=False) == (5, 0)
     with pytest.raises(ValueError, match="429"):
         parse_response(b"HTTP/1.1 429 Too Many Requests\r\n\r\n{}", stream=False)
+
+
+def test_legs_through_more_front_end_processes_follow_the_others_in_the_report_and_its_goals() -> None:
+    row = {"max_tokens": 128, "submit": _leg(30_000), "http": _leg(29_000, 0.97), "sse_fp4": _leg(20_000, 0.667, 50.0),
+           "sse_fp": _leg(18_000, 0.6, 40.0), "http_fp2": _leg(28_000, 0.93), "sse_fp2": {**_leg(27_000, 0.9, 45.0),
+                                                                                        "link_us_per_token": 3.0}}
+    assert legs_of(row) == ["submit", "http", "sse_fp", "http_fp2", "sse_fp2", "sse_fp4"]
+    lines = report_lines({"host_cap": {"max_sequences": 126, "c64": row}})
+    rows = [line.split(" | ")[2] for line in lines if line.startswith("| 64 |")]
+    assert rows == ["submit", "http", "sse_fp", "http_fp2", "sse_fp2", "sse_fp4"]
+    assert "| 64 | 128 | sse_fp2 | 27,000 | 0.90 | 2.00 | 4.00 | 20.0 | 45.0 |" in lines
+    assert "- the engine's link to the front-end process, CPU per token: sse_fp2 at 64: 3.0 µs" in lines
+    missed = missed_goals({"c64": row})
+    assert [m.split(",")[0] for m in missed] == ["- missed: sse_fp at 64 streams", "- missed: sse_fp4 at 64 streams"]
+
+
+def test_the_bench_takes_the_counts_of_front_end_processes_as_a_comma_list() -> None:
+    assert front_end_counts("1,4") == (1, 4) and front_end_counts("2, 2") == (2,)
+    for bad in ("0", "65", "two", ""):
+        with pytest.raises(click.BadParameter, match="from 1 to 64"):
+            front_end_counts(bad)

@@ -2,7 +2,7 @@
 engine's, through the official OpenAI SDK -- answers and streams as the one-process daemon gives
 them, each caller its own, a refusal's 4xx before a stream starts, a disconnect cancelling its
 request in the engine, a killed front end started again without the engine reloading, a drain;
-tenants' keys, limits and a SIGHUP's reload in the front end."""
+tenants' keys, limits and a SIGHUP's reload in the front end (tests/http/test_frontend_processes.py: two)."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_tenants_keys_limits_and_a_sighup_reach_the_front_end(tmp_path: Path) ->
         assert d.wait_for_log(lambda e: e.get("event") == "frontend_ready", timeout=60)
         for _ in range(2):
             d.client(limited).completions.create(model=MODEL_ID, prompt="Hi", max_tokens=1)
-        with pytest.raises(openai.RateLimitError):  # the tenant's requests per minute, counted in the front end
+        with pytest.raises(openai.RateLimitError):  # the tenant's requests per minute, counted in the engine
             d.client(limited).completions.create(model=MODEL_ID, prompt="Hi", max_tokens=1)
         with pytest.raises(openai.AuthenticationError):
             d.client(dave).models.list()
@@ -139,9 +139,11 @@ def test_tenants_keys_limits_and_a_sighup_reach_the_front_end(tmp_path: Path) ->
 
 
 @pytest.mark.pure
-def test_more_than_one_front_end_process_is_refused_naming_why() -> None:
+def test_front_end_processes_are_bounded_naming_why() -> None:
     assert Config(frontend_processes=1).frontend_processes == 1 and Config().frontend_processes == 0
-    with pytest.raises(InvalidRequestError, match="frontend_processes must be 0 or 1"):
-        Config(frontend_processes=2)
-    result = CliRunner().invoke(serve, ["--frontend-processes", "2"])
-    assert result.exit_code == 1 and "frontend_processes must be 0 or 1, got 2" in result.output
+    assert Config(frontend_processes=64).frontend_processes == 64
+    for bad in (-1, 65):
+        with pytest.raises(InvalidRequestError, match="frontend_processes must be 0 to 64"):
+            Config(frontend_processes=bad)
+    result = CliRunner().invoke(serve, ["--frontend-processes", "65"])
+    assert result.exit_code == 1 and "frontend_processes must be 0 to 64, got 65" in result.output

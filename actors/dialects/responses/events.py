@@ -14,6 +14,7 @@ holding the output items closed so far (``ResponseEvents.failed``); there is no 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
@@ -109,7 +110,7 @@ class StreamedOutput:
 
 class ResponseEvents:
     """The numbered events of one streamed response. ``finished``: called with the final response
-    object (to store it) before the last event."""
+    object (to store it) before the last event, and awaited if it returns an awaitable."""
 
     def __init__(self, call: ResponsesCall, finished: Callable[[dict[str, Any]], object]) -> None:
         self.call, self.finished = call, finished
@@ -129,7 +130,8 @@ class ResponseEvents:
             for event in self._write(item.last_parts or Parts()) + self.out.finish(status):
                 yield self._numbered(event)
             final = shell.response(status, self.out.items, usage(item))
-            self.finished(final)
+            if inspect.isawaitable(kept := self.finished(final)):  # stored (over a link) before the client hears
+                await kept
             yield self._numbered({"type": f"response.{status}", "response": final})
 
     def failed(self, e: BaseException) -> list[Event]:
