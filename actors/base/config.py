@@ -34,6 +34,7 @@ DEFAULT_CACHED_SEQ_IDS = 32
 # Element types of the KV cache (llama.cpp's type_k / type_v): f16, or quantized to 8 or 4 bits.
 KV_TYPES = ("f16", "q8_0", "q4_0")
 FLASH_ATTN = ("auto", "on", "off")  # llama.cpp's flash attention: auto (where the backend has it)
+MAX_FRONTEND_PROCESSES = 64
 LOAD_ON_REQUEST = ("admins", "tenants")  # who may load a model by asking for it (Config.load_on_request)
 
 
@@ -75,8 +76,8 @@ def _check_transport(c: Config) -> None:
         _require(getattr(c, name) > 0, f"{name} must be > 0, got {getattr(c, name)}")
     _require(c.limit_concurrency >= 1, f"limit_concurrency must be >= 1, got {c.limit_concurrency}")
     _require(c.max_header_bytes >= 1024, f"max_header_bytes must be >= 1024, got {c.max_header_bytes}")
-    # more than one would split what one process keeps per tenant (rate limits, stored responses, batch jobs)
-    _require(c.frontend_processes in (0, 1), f"frontend_processes must be 0 or 1, got {c.frontend_processes}")
+    _require(0 <= c.frontend_processes <= MAX_FRONTEND_PROCESSES,
+             f"frontend_processes must be 0..{MAX_FRONTEND_PROCESSES}, got {c.frontend_processes}")
     for name in ("allowed_hosts", "allowed_origins"):
         object.__setattr__(c, name, tuple(v.strip() for item in getattr(c, name) for v in item.split(",") if v.strip()))
         _require(all(" " not in v for v in getattr(c, name)), f"{name}: a name holds a space: {getattr(c, name)}")
@@ -175,7 +176,7 @@ class Config:
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted without keys (DNS rebinding)
     allowed_origins: tuple[str, ...] = ()  # browser origins accepted, CORS included (CSRF)
     # The HTTP front end in processes of its own beside the engine's (docs/operations.md, *Front-end
-    # processes*): 0 runs it in the engine's process; 1 in one process of its own.
+    # processes*): 0 runs it in the engine's process; N in N processes of their own.
     frontend_processes: int = 0
     # -- tenant limits (docs/operations.md, *Tenants*)
     # Sequences one request may ask for: its choices (n, best_of) times its prompts, in any dialect.

@@ -139,7 +139,7 @@ TRANSPORT_TWEAKS: dict[str, Tweak] = {
                            "this machine's name and --host (DNS rebinding); comma list or repeated; * for any.",
                            flag="--allowed-hosts"),
     "frontend_processes": Tweak("Run the HTTP front end in this many processes of its own beside the engine's "
-                                "(0: in the engine's process; at most 1 for now).", flag="--frontend-processes"),
+                                "(0: in the engine's process; at most 64).", flag="--frontend-processes"),
     "allowed_origins": Tweak("A browser origin (https://app.example.com) allowed to call, with CORS, besides "
                              "loopback ones and the daemon's own pages; comma list or repeated; * for any.",
                              flag="--allowed-origins"),

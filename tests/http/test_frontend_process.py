@@ -139,9 +139,11 @@ def test_tenants_keys_limits_and_a_sighup_reach_the_front_end(tmp_path: Path) ->
 
 
 @pytest.mark.pure
-def test_more_than_one_front_end_process_is_refused_naming_why() -> None:
+def test_more_front_end_processes_than_the_cap_are_refused_naming_why() -> None:
     assert Config(frontend_processes=1).frontend_processes == 1 and Config().frontend_processes == 0
-    with pytest.raises(InvalidRequestError, match="frontend_processes must be 0 or 1"):
-        Config(frontend_processes=2)
-    result = CliRunner().invoke(serve, ["--frontend-processes", "2"])
-    assert result.exit_code == 1 and "frontend_processes must be 0 or 1, got 2" in result.output
+    assert Config(frontend_processes=2).frontend_processes == 2 and Config(frontend_processes=64).frontend_processes == 64
+    for wrong in (-1, 65):
+        with pytest.raises(InvalidRequestError, match=f"frontend_processes must be 0..64, got {wrong}"):
+            Config(frontend_processes=wrong)
+    result = CliRunner().invoke(serve, ["--frontend-processes", "65"])
+    assert result.exit_code == 1 and "frontend_processes must be 0..64, got 65" in result.output
