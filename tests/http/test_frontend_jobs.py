@@ -2,7 +2,8 @@
 official OpenAI SDK on the real model: every Files and Batch route answers on either front end
 (the other one stopped with SIGSTOP, so that only one can accept the connection), tenants still
 see only their own; a job runs in the engine's process, so killing front ends mid-job loses and
-doubles no line; a killed engine resumes its job on the next start, each line done once."""
+doubles no line; the engine reads the keys its jobs run by again on SIGHUP; a killed engine
+resumes its job on the next start, each line done once."""
 
 from __future__ import annotations
 
@@ -154,6 +155,20 @@ def test_killing_the_front_ends_mid_job_loses_and_doubles_no_line(daemon: Daemon
     runs = line_runs(daemon, batch.id)
     assert Counter(rid for rid, _ in runs.elements()) == each_once(batch.id, n)
     assert "cancelled" not in {reason for _, reason in runs}
+
+
+def test_a_sighup_reloads_the_keys_the_engines_jobs_run_by(daemon: Daemon, keys: Path) -> None:
+    dave = "dave-key-000001"
+    with pytest.raises(openai.AuthenticationError):
+        daemon.client(dave).files.list()
+    write_keys_file(keys.parent, {ALICE: {"tenant": "alice"}, BOB: {"tenant": "bob"},
+                                  dave: {"tenant": "dave", "max_files": 1}})
+    daemon.process.send_signal(signal.SIGHUP)  # the engine reads the file, and passes the signal on
+    assert daemon.wait_for_log(lambda _: len(daemon.events("keys_reloaded")) >= FRONT_ENDS
+                               and bool(daemon.events("engine_keys_reloaded")))
+    upload(daemon.client(dave), jsonl([chat_line("d", "Hi.")]))
+    with pytest.raises(openai.BadRequestError, match="max_files=1"):  # dave's quota, as the engine now reads it
+        upload(daemon.client(dave), jsonl([chat_line("d", "Hi.")]))
 
 
 @pytest.mark.timeout(600)  # two daemons
