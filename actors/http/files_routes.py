@@ -1,8 +1,9 @@
 """OpenAI's Files API for batch jobs: ``POST /files`` (multipart, ``purpose=batch``), ``GET /files``,
 ``GET /files/{id}``, ``GET /files/{id}/content``, ``DELETE /files/{id}``, under ``/v1`` and at the
-root, over the daemon's ``JobService`` (in a front-end process, the engine's: ``link_jobs``). Each caller sees its own tenant's files only (another's
-are a 404, as an unknown id is); an upload may set OpenAI's ``expires_after`` (multipart fields
-``expires_after[anchor]=created_at`` and ``expires_after[seconds]``; default 30 days).
+root, over the daemon's ``JobService`` (in a front-end process, the engine's: ``link_jobs``).
+Each caller sees its own tenant's files only (another's are a 404, as an unknown id is); an
+upload may set OpenAI's ``expires_after`` (multipart fields ``expires_after[anchor]=created_at``
+and ``expires_after[seconds]``; default 30 days).
 
 Handlers run on uvicorn's event loop; the store's disk work runs in a worker thread.
 """

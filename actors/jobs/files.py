@@ -4,9 +4,9 @@ at a job's end): their bytes in a folder, their rows in the ``JobDatabase``.
 A file's contents are written to a temporary name and renamed into place, then recorded: a file
 row always names a whole file. A split daemon's front-end process writes an upload's temporary
 file itself (``write_upload``) and the engine's process, which owns the database, adopts it
-(``adopt_file``): an upload's bytes never cross the link between them. Files belong to a tenant (a ``tenant=None`` argument: any owner,
-for the service's workers and the CLI); a file past its ``expires_at`` is gone to every reader at
-once, and ``sweep`` deletes its row and bytes later.
+(``adopt_file``): an upload's bytes never cross the link between them. Files belong to a tenant
+(a ``tenant=None`` argument: any owner, for the service's workers and the CLI); a file past its
+``expires_at`` is gone to every reader at once, and ``sweep`` deletes its row and bytes later.
 
 Thread-safe as the ``JobDatabase`` is: each call is one short transaction.
 """
