@@ -69,7 +69,8 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
                         bind_host=None if uds else host)
     if keys_file:
         reload_on_sighup(state, keys_file, api_key)
-    attach_jobs(state, open_jobs(data_dir))
+    jobs = open_jobs(data_dir)
+    attach_jobs(state, jobs)
     app = create_app(state)
     config = uvicorn_config(app, transport, host=host, port=port, uds=uds, drain_timeout_s=drain_timeout_s)
     _raise_file_limit(transport.limit_concurrency)
@@ -81,8 +82,8 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
         nonlocal exit_code, router
         try:
             router = state.router = llamactor.Router(models, max_loaded=max_loaded)
-            if state.jobs is not None:  # unfinished batch jobs resume once the models are there
-                state.jobs.start(functools.partial(state.model, router))
+            if jobs is not None:  # unfinished batch jobs resume once the models are there
+                jobs.start(functools.partial(state.model, router))
             server.listening.wait()  # "ready" means a client can connect: the socket is bound by now
             for replicas in router:
                 if replicas.loaded:
@@ -99,8 +100,8 @@ def serve(*, host: str, port: int, uds: str | None, api_key: str | None, drain_t
     log.info("serving", address=uds or f"http://{host}:{port}", models=state.model_names, pid=os.getpid())
     server.run()  # returns after SIGTERM/SIGINT and the graceful drain of open connections
     state.draining = True
-    if state.jobs is not None:
-        state.jobs.close()  # jobs stop with what they had in flight pending: they resume on the next start
+    if jobs is not None:
+        jobs.close()  # jobs stop with what they had in flight pending: they resume on the next start
     if router is not None:
         router.close(drain_timeout_s=drain_timeout_s)
     log.info("stopped", exit_code=exit_code)
@@ -127,11 +128,16 @@ def attach_jobs(state: ServerState, jobs: JobService | None) -> None:
         jobs.limiter = state.limiter
 
 
-def open_jobs(data_dir: str | None) -> JobService | None:
-    """The batch jobs of ``data_dir``; None (batch routes answer 503) when another process owns it."""
+def jobs_dir(data_dir: str | None) -> str:
+    """The batch jobs' data dir: ``data_dir``, or by default the user's data folder."""
     import platformdirs
 
-    path = data_dir or platformdirs.user_data_dir("llamactor")
+    return data_dir or platformdirs.user_data_dir("llamactor")
+
+
+def open_jobs(data_dir: str | None) -> JobService | None:
+    """The batch jobs of ``data_dir``; None (batch routes answer 503) when another process owns it."""
+    path = jobs_dir(data_dir)
     try:
         return JobService(JobStore.in_data_dir(path))
     except StoreLockedError as e:

@@ -20,7 +20,6 @@ from fastapi.responses import StreamingResponse
 
 from llamactor.http.live_snapshot import engine_snapshot
 from llamactor.http.state import ServerState, State
-from llamactor.jobs.lifecycle import resumable
 
 router = APIRouter()
 ENGINE_EVENTS_PATH = "/engine/events"
@@ -29,14 +28,9 @@ RATE_WINDOW_S = 2.0
 
 def read_now(state: ServerState) -> tuple[list[tuple[str, int, dict[str, Any]]], list[dict[str, Any]]]:
     """Every replica's published stats and the unfinished batch jobs (a worker thread: under Ray
-    Serve the stats are remote calls, and the jobs are an SQLite read)."""
-    jobs = state.jobs
-    batches = []
-    if jobs is not None:
-        for batch_id in jobs.store.batch_ids():
-            batch = jobs.store.batch(batch_id)
-            if batch is not None and resumable(batch["status"]):
-                batches.append(batch)
+    Serve the stats are remote calls, and the jobs are an SQLite read, in a front-end process a
+    call to the engine's)."""
+    batches = state.jobs.unfinished_batches() if state.jobs is not None else []
     return state.replica_stats(), batches
 
 

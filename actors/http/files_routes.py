@@ -1,8 +1,9 @@
 """OpenAI's Files API for batch jobs: ``POST /files`` (multipart, ``purpose=batch``), ``GET /files``,
 ``GET /files/{id}``, ``GET /files/{id}/content``, ``DELETE /files/{id}``, under ``/v1`` and at the
-root, over the daemon's ``JobService``. Each caller sees its own tenant's files only (another's
-are a 404, as an unknown id is); an upload may set OpenAI's ``expires_after`` (multipart fields
-``expires_after[anchor]=created_at`` and ``expires_after[seconds]``; default 30 days).
+root, over the daemon's ``JobService`` (in a front-end process, the engine's: ``link_jobs``).
+Each caller sees its own tenant's files only (another's are a 404, as an unknown id is); an
+upload may set OpenAI's ``expires_after`` (multipart fields ``expires_after[anchor]=created_at``
+and ``expires_after[seconds]``; default 30 days).
 
 Handlers run on uvicorn's event loop; the store's disk work runs in a worker thread.
 """
@@ -18,14 +19,14 @@ from fastapi.responses import JSONResponse, Response
 
 from llamactor.dialects.errors import ErrorInfo
 from llamactor.http.errors import error_response
-from llamactor.http.state import ServerState, State, tenant_of
-from llamactor.jobs.service import JobService, NotFound
+from llamactor.http.state import Jobs, ServerState, State, tenant_of
+from llamactor.jobs.service import NotFound
 
 T = TypeVar("T")
 router = APIRouter()
 
 
-async def call_jobs(request: Request, state: ServerState, work: Callable[[JobService], T]) -> T | JSONResponse:
+async def call_jobs(request: Request, state: ServerState, work: Callable[[Jobs], T]) -> T | JSONResponse:
     """Run ``work`` on the job service off the loop; a 503 when jobs are off, a 404 for an unknown id."""
     jobs = state.jobs
     if jobs is None:

@@ -6,16 +6,15 @@ stdin: it serves the socket the daemon listens on, and reaches the models over t
 
 What the app keeps in its own process is what one process sees of the HTTP traffic: the edge's
 checks, the tenants' keys (read again on SIGHUP, which the daemon passes on), the metrics' request
-counters, the batch jobs (whose lines go to the models over the link). The tenants' requests and
-tokens per minute and the stored responses are the engine's, shared by every front end
-(``link_state``). SIGTERM drains it as it drains the daemon; the link's end
-(the engine's process gone) ends it.
+counters. The tenants' requests and tokens per minute and the stored responses are the engine's,
+shared by every front end (``link_state``); so are the batch jobs (``link_jobs``: the routes reach
+them over the link, their files in the data dir). SIGTERM drains it as it drains the daemon; the
+link's end (the engine's process gone) ends it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import pickle
 import socket
@@ -25,13 +24,15 @@ from dataclasses import dataclass
 from llamactor.base.config import Config
 from llamactor.base.logging import configure_from_env, get_logger
 from llamactor.handles import tracing
-from llamactor.http.daemon import _DrainingServer, _raise_file_limit, attach_jobs, open_jobs, uvicorn_config
+from llamactor.http.daemon import _DrainingServer, _raise_file_limit, uvicorn_config
 from llamactor.http.engine_link import ModelView
 from llamactor.http.keys_file import load_keys, reload_on_sighup
 from llamactor.http.link_client import EngineConnection, LinkRouter
 from llamactor.http.link_state import use_engine_state
+from llamactor.http.link_jobs import LinkJobs
 from llamactor.http.server import create_app
 from llamactor.http.state import ServerState
+from llamactor.jobs.journal import JobStore
 from llamactor.serving.model_specs import ModelSpec
 
 log = get_logger("llamactor.daemon")
@@ -48,8 +49,8 @@ class FrontendSetup:
     transport: Config
     bind_host: str | None  # None: a Unix socket
     drain_timeout_s: float
-    data_dir: str | None
-    jobs: bool = True  # whether this process runs the batch jobs (a data dir has one owner)
+    data_dir: str | None  # the engine's, resolved: its files folder is read and written here too
+    jobs: bool = True  # whether the engine's process runs the batch jobs (it owns the data dir)
     otlp_endpoint: str | None = None
 
 
@@ -60,7 +61,6 @@ def front_state(setup: FrontendSetup) -> ServerState:
                         transport=setup.transport, bind_host=setup.bind_host)
     if setup.keys_file:
         reload_on_sighup(state, setup.keys_file, setup.api_key)
-    attach_jobs(state, open_jobs(setup.data_dir) if setup.jobs else None)
     return state
 
 
@@ -77,8 +77,6 @@ def run(setup: FrontendSetup, listen_fd: int, link_fd: int) -> int:
     def ready(_views: list[ModelView]) -> None:  # uvicorn's event loop (where the link is read), once
         state.router = router
         log.info("frontend_ready", models=router.names, pid=os.getpid())
-        if state.jobs is not None:
-            state.jobs.start(functools.partial(state.model, router))
 
     def gone() -> None:  # uvicorn's event loop: the engine closed the link
         nonlocal lost
@@ -88,6 +86,8 @@ def run(setup: FrontendSetup, listen_fd: int, link_fd: int) -> int:
     link = EngineConnection(socket.socket(fileno=link_fd), ready, gone)
     router = LinkRouter(setup.specs, link)
     use_engine_state(state, link)  # the tenants' limits and the stored responses: the engine's, shared
+    if setup.jobs and setup.data_dir is not None:
+        state.jobs = LinkJobs(link.call, JobStore.files_dir_of(setup.data_dir))
 
     async def serve() -> None:  # the link is read on uvicorn's own loop
         link.read_on_loop(asyncio.get_running_loop())
@@ -96,8 +96,6 @@ def run(setup: FrontendSetup, listen_fd: int, link_fd: int) -> int:
     with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
         runner.run(serve())
     state.draining = True
-    if state.jobs is not None:
-        state.jobs.close()
     if lost:
         log.error("frontend_engine_lost")
     return 1 if lost else 0

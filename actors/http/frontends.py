@@ -13,7 +13,6 @@ process waits for its exit; the loader thread hands each link the router once it
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pickle
 import signal
@@ -57,10 +56,11 @@ class FrontendProcess:
     """One front-end process and the engine's link to it."""
 
     def __init__(self, index: int, setup: FrontendSetup, listen: socket.socket,
-                 on_exit: Callable[[FrontendProcess], None], state: EngineState | None = None) -> None:
+                 on_exit: Callable[[FrontendProcess], None], state: EngineState | None = None,
+                 calls: dict[str, Callable[..., Any]] | None = None) -> None:
         self.index = index
         ours, theirs = socket.socketpair()
-        self.link = EngineLink(ours, f"frontend-{index}", state)
+        self.link = EngineLink(ours, f"frontend-{index}", state, calls)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "llamactor.http.frontend_main", str(listen.fileno()), str(theirs.fileno())],
             stdin=subprocess.PIPE, pass_fds=(listen.fileno(), theirs.fileno()))
@@ -78,10 +78,12 @@ class FrontendProcess:
 
 
 class Frontends:
-    """The daemon's front ends (main thread, except ``serve``: the loader thread)."""
+    """The daemon's front ends (main thread, except ``serve``: the loader thread). ``calls``: the
+    engine's CALL methods beside the router's, on every link (``EngineLink``)."""
 
-    def __init__(self, setup: FrontendSetup, listen: socket.socket, count: int) -> None:
-        self._setup, self._listen = setup, listen
+    def __init__(self, setup: FrontendSetup, listen: socket.socket, count: int,
+                 calls: dict[str, Callable[..., Any]] | None = None) -> None:
+        self._setup, self._listen, self._calls = setup, listen, calls
         self._lock = threading.Lock()
         self._router: Any = None
         self._exited: deque[FrontendProcess] = deque()
@@ -91,9 +93,7 @@ class Frontends:
         self._procs = [self._start(i) for i in range(count)]
 
     def _start(self, index: int) -> FrontendProcess:
-        # only the first runs the batch jobs: their folder has one owner
-        setup = self._setup if index == 0 else dataclasses.replace(self._setup, jobs=False)
-        proc = FrontendProcess(index, setup, self._listen, self._exited_one, self.state)
+        proc = FrontendProcess(index, self._setup, self._listen, self._exited_one, self.state, self._calls)
         with self._lock:
             if self._router is not None:
                 proc.link.serve(self._router)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import signal
 import tomllib
-from typing import Any
 
 from llamactor.base.errors import InvalidRequestError
 from llamactor.base.logging import get_logger
@@ -42,12 +41,14 @@ def load_keys(path: str) -> KeyTable:
 
 def reload_on_sighup(state: ServerState, path: str, api_key: str | None) -> None:
     """Main thread: read ``path`` again whenever the process gets SIGHUP."""
-    def reload(_signum: int, _frame: Any) -> None:
-        try:
-            state.keys = with_api_key(load_keys(path), api_key)
-        except InvalidRequestError as e:
-            log.error("keys_reload_failed", file=path, reason=str(e))
-            return
-        log.info("keys_reloaded", file=path, tenants=sorted(t.name for t in state.keys.tenants))
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: reload_keys(state, path, api_key))
 
-    signal.signal(signal.SIGHUP, reload)
+
+def reload_keys(state: ServerState, path: str, api_key: str | None, event: str = "keys_reloaded") -> None:
+    """Read ``path`` again into ``state`` (logged as ``event``); a wrong file keeps the keys in force."""
+    try:
+        state.keys = with_api_key(load_keys(path), api_key)
+    except InvalidRequestError as e:
+        log.error("keys_reload_failed", file=path, reason=str(e))
+        return
+    log.info(event, file=path, tenants=sorted(t.name for t in state.keys.tenants))

@@ -6,7 +6,8 @@ As the one-process daemon (``daemon.serve``): the socket opens at once and ``/he
 503 until the models are loaded (a model that cannot be loaded ends the daemon with status 1 and
 a one-line reason); SIGTERM and SIGINT drain -- each front end stops accepting and finishes its
 requests within ``drain_timeout_s``, then the models are closed and the daemon exits 0; SIGHUP is
-passed on (the front ends read the keys file again). A front end that dies is started again.
+passed on (the front ends read the keys file again, as this process does for the batch jobs,
+which run here: ``engine_jobs``). A front end that dies is started again.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import llamactor
 from llamactor.base.config import Config
 from llamactor.base.logging import get_logger
 from llamactor.handles import tracing
+from llamactor.http.engine_jobs import EngineJobs
 from llamactor.http.frontend_main import FrontendSetup
 from llamactor.http.frontends import Frontends, listening_socket
 from llamactor.serving.model_specs import ModelSpec
@@ -39,9 +41,11 @@ def serve_split(*, host: str, port: int, uds: str | None, api_key: str | None, d
     except tracing.TracingUnavailableError as e:
         print(f"llamactor serve: {e}", file=sys.stderr)
         return 1
-    setup = FrontendSetup(models, api_key, max_body_bytes, keys_file, transport, None if uds else host,
-                          drain_timeout_s, data_dir, otlp_endpoint=otlp_endpoint)
-    frontends = Frontends(setup, listening_socket(host, port, uds), transport.frontend_processes)
+    jobs = EngineJobs(FrontendSetup(models, api_key, max_body_bytes, keys_file, transport, None if uds else host,
+                                    drain_timeout_s, data_dir, otlp_endpoint=otlp_endpoint))
+    frontends = Frontends(jobs.frontend_setup(), listening_socket(host, port, uds), transport.frontend_processes,
+                          jobs.calls())
+    jobs.share_limits(frontends.state.limiter)
     stopping = threading.Event()
     exit_code = 0
     router: llamactor.Router | None = None
@@ -51,6 +55,7 @@ def serve_split(*, host: str, port: int, uds: str | None, api_key: str | None, d
         try:
             router = llamactor.Router(models, max_loaded=max_loaded)
             frontends.serve(router)
+            jobs.start(router)  # unfinished batch jobs resume once the models are there
             log.info("router_ready", models=router.names, loaded=[r.name for r in router if r.loaded],
                      frontend_processes=transport.frontend_processes)
         except Exception as e:  # noqa: BLE001 - any failure to load ends the daemon with a reason
@@ -62,6 +67,7 @@ def serve_split(*, host: str, port: int, uds: str | None, api_key: str | None, d
     def on_signal(sig: int, _frame: Any) -> None:
         if sig == signal.SIGHUP:
             frontends.signal(signal.SIGHUP)
+            jobs.reload_keys()
             return
         if not stopping.is_set():
             log.info("draining", signal=sig)
@@ -80,6 +86,7 @@ def serve_split(*, host: str, port: int, uds: str | None, api_key: str | None, d
             exit_code = 1
             break
     frontends.stop(drain_timeout_s + 5)  # the front ends drain their own connections first
+    jobs.close()  # jobs stop with what they had in flight pending: they resume on the next start
     if router is not None:
         router.close(drain_timeout_s=drain_timeout_s)
     log.info("stopped", exit_code=exit_code)

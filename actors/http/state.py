@@ -14,10 +14,13 @@ from llamactor.base.config import Config
 from llamactor.base.tenants import KeyTable, Tenant
 from llamactor.handles.limits import Limiter, RateLimiter
 from llamactor.handles.model import ModelClient, ModelRouter
+from llamactor.http.link_jobs import LinkJobs
 from llamactor.http.metrics import Metrics
 from llamactor.http.origins import OriginPolicy
 from llamactor.http.responses_store import LocalResponses, Responses
 from llamactor.jobs.service import JobService
+
+Jobs = JobService | LinkJobs  # what the batch and files routes call
 
 
 class ServerState:
@@ -39,7 +42,9 @@ class ServerState:
         self.transport = transport or Config()
         self.origins = OriginPolicy(self.transport.allowed_hosts, self.transport.allowed_origins, bind_host)
         self.draining = False
-        self.jobs: JobService | None = None  # batch jobs (files, batches): set by the daemon when it owns a data dir
+        # batch jobs (files, batches): set by the daemon when it owns a data dir (a front-end
+        # process: the engine's, over the link)
+        self.jobs: Jobs | None = None
         self.metrics = Metrics(self.replica_stats)
         self.responses: Responses = LocalResponses()  # the Responses API's previous_response_id
         self.limiter: RateLimiter = Limiter()  # the tenants' requests and tokens per minute (their keys say how many)

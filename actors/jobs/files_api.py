@@ -31,6 +31,13 @@ class NotFound(LookupError):
     """No file or batch of that id (a 404)."""
 
 
+def _upload_expiry(purpose: str, expires_after: dict[str, Any] | None) -> int | None:
+    """An upload's life in seconds (``InvalidRequestError`` for a purpose or policy refused)."""
+    if purpose != "batch":
+        raise InvalidRequestError(f"purpose must be 'batch' (got {purpose!r}): llamactor keeps batch input files only")
+    return records.expiry_seconds(expires_after, "expires_after")
+
+
 class FilesApi:
     """``sweep_every_s``: how often expired files are deleted."""
 
@@ -47,13 +54,23 @@ class FilesApi:
     def add_file(self, data: bytes, filename: str, purpose: str, *, tenant: str = DEFAULT_TENANT,
                  expires_after: dict[str, Any] | None = None) -> dict[str, Any]:
         """A new file of ``tenant``; ``expires_after``: OpenAI's policy (default 30 days)."""
-        if purpose != "batch":
-            raise InvalidRequestError(f"purpose must be 'batch' (got {purpose!r}): llamactor keeps batch input files only")
-        seconds = records.expiry_seconds(expires_after, "expires_after")
+        seconds = _upload_expiry(purpose, expires_after)
         with self._lock:  # (the check and the add together: two uploads at once cannot both pass it)
             quotas.check_new_file(self.tenant(tenant), self.store.files(None, tenant), len(data))
             return records.file_object(self.store.add_file(data, filename, purpose, tenant=tenant,
                                                            expires_after_s=seconds))
+
+    def add_upload(self, name: str, filename: str, purpose: str, *, tenant: str = DEFAULT_TENANT,
+                   expires_after: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``add_file`` of the bytes a front-end process wrote to the files folder as ``name``
+        (``files.write_upload``): checked as they would be, then adopted; a refused upload's
+        file is left where it is (its writer deletes it)."""
+        seconds = _upload_expiry(purpose, expires_after)
+        tmp = self.store.upload_path(name)
+        with self._lock:
+            quotas.check_new_file(self.tenant(tenant), self.store.files(None, tenant), tmp.stat().st_size)
+            return records.file_object(self.store.adopt_file(tmp, filename, purpose, tenant=tenant,
+                                                             expires_after_s=seconds))
 
     def file(self, file_id: str, *, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
         row = self.store.file(file_id, tenant)

@@ -68,7 +68,12 @@ class JobStore(UploadedFiles):
     @classmethod
     def in_data_dir(cls, data_dir: str | Path) -> JobStore:
         """The daemon's store: ``<data_dir>/jobs.sqlite3`` and ``<data_dir>/files/``."""
-        return cls(private_dir(data_dir) / "jobs.sqlite3", Path(data_dir) / "files")
+        return cls(private_dir(data_dir) / "jobs.sqlite3", cls.files_dir_of(data_dir))
+
+    @staticmethod
+    def files_dir_of(data_dir: str | Path) -> Path:
+        """The daemon's files folder in ``data_dir``."""
+        return Path(data_dir) / "files"
 
     def close(self) -> None:
         faulthandler.disable()

@@ -130,6 +130,11 @@ class JobService(FilesApi):
         return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
                 "last_id": page[-1]["id"] if page else None, "has_more": len(ids) > limit}
 
+    def unfinished_batches(self) -> list[dict[str, Any]]:
+        """Every tenant's batches not finished, newest first (the engine's live view)."""
+        batches = (self.store.batch(i) for i in self.store.batch_ids(quotas.UNFINISHED))
+        return [b for b in batches if b is not None and resumable(b["status"])]
+
     def cancel(self, batch_id: str, *, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
         """validating / in_progress -> cancelling; its worker cancels what is in flight and
         finalizes to cancelled. A finished batch is answered as it is."""
