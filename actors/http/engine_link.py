@@ -105,7 +105,7 @@ class EngineLink:
     (``jobs``: the batch jobs, ``link_jobs``); their functions get the CALL's arguments."""
 
     def __init__(self, sock: socket.socket, name: str = "frontend", state: EngineState | None = None,
-                 calls: dict[str, Callable[..., Any]] | None = None) -> None:
+                 *, calls: dict[str, Callable[..., Any]] | None = None) -> None:
         """``state``: what every front end shares (the daemon's; a link alone gets its own)."""
         self.name = name
         self.state = state or EngineState()

@@ -60,7 +60,7 @@ class FrontendProcess:
                  calls: dict[str, Callable[..., Any]] | None = None) -> None:
         self.index = index
         ours, theirs = socket.socketpair()
-        self.link = EngineLink(ours, f"frontend-{index}", state, calls)
+        self.link = EngineLink(ours, f"frontend-{index}", state, calls=calls)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "llamactor.http.frontend_main", str(listen.fileno()), str(theirs.fileno())],
             stdin=subprocess.PIPE, pass_fds=(listen.fileno(), theirs.fileno()))

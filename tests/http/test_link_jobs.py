@@ -42,7 +42,7 @@ def service(tmp_path: Path) -> Iterator[JobService]:
 def front(service: JobService, tmp_path: Path) -> Iterator[LinkJobs]:
     """The front end's ``LinkJobs`` over a link whose engine end answers from ``service``."""
     ours, theirs = socket.socketpair()
-    EngineLink(ours, "frontend-test", {JOBS: job_calls(service)})
+    EngineLink(ours, "frontend-test", calls={JOBS: job_calls(service)})
     connection = EngineConnection(theirs, lambda views: None, lambda: None)
     connection.read_in_thread()
     yield LinkJobs(connection.call, JobStore.files_dir_of(tmp_path))
