@@ -28,8 +28,8 @@ from llamactor.base.engine_info import EngineInfo
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import CallerMessage, Generate, ReplyChannel
 from llamactor.base.tenants import Tenant
-from llamactor.http.engine_state import CALLS, EngineState
 from llamactor.handles.limits import Reservation
+from llamactor.http.engine_state import CALLS, EngineState
 from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, LIMITED, LIMITS, OK, QUEUED, READY, RESULT, SEND,
                                         SETTLE, STATUS, FrameReader, FrameWriter, piece_event, portable_error)
 
