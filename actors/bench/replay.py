@@ -198,13 +198,15 @@ class HostBatcher(BatcherActor):
                 raise RuntimeError("the batcher no longer makes its engine as llamactor.tree.batcher.Engine(...)")
             return
         super().on_start()
-        decode = self.engine.decode
+        # Every decode's results pass ``collect``: the serial loop's ``decode`` (launch, then
+        # collect) and the overlapped loop's own launch and collect, which a GPU build runs.
+        collect = self.engine.collect
 
         def recorded(*args: Any) -> Any:
-            result = decode(*args)
+            result = collect(*args)
             self.recording.offer(result)
             return result
-        setattr(self.engine, "decode", recorded)  # an instance attribute: shadows the method
+        setattr(self.engine, "collect", recorded)  # an instance attribute: shadows the method
 
 
 def null_config(n_sequences: int, **options: Any) -> Config:

@@ -12,7 +12,9 @@ from llamactor.base.config import MAX_SEQUENCES
 from llamactor.bench import baselines, report, streams
 from llamactor.bench.host import measure_host, per_step
 from llamactor.bench.prompts import uniform_prompts
-from llamactor.bench.replay import Recording, null_config
+from llamactor.base.config import Config
+from llamactor.bench.replay import Recording, null_config, start_host_tree
+from llamactor.native.engine import Engine
 from llamactor.bench.servers import running_server, serve_command
 
 HOST_FIGURES = {"steps", "host_ms", "schedule_ms", "sample_ms", "mask_ms", "score_ms", "post_other_ms", "decode_ms",
@@ -110,6 +112,20 @@ def test_the_host_workload_runs_both_legs_end_to_end_and_reports_them(model_path
     table = report.markdown({"host": r}, {"timestamp": "t", "machine": "m", "model": "g",
                                           "settings": {"n_threads": 2, "max_tokens": 4, "quick": True}})
     assert "| 8 | default | null |" in table and "| 4 | greedy | real |" in table
+
+
+@pytest.mark.parametrize("runs_ahead", [False, True])
+def test_a_recording_keeps_the_steps_of_either_loop(model_path: str, runs_ahead: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU build's batcher runs the overlapped loop (launch, then collect), which never calls
+    ``Engine.decode``: its steps are recorded too (the host_cap and sim_device workloads replay them)."""
+    monkeypatch.setattr(Engine, "decodes_async", property(lambda self: runs_ahead))
+    recording = Recording()
+    config = Config(model=model_path, n_parallel=4, n_ctx=1024, n_threads=2, max_restarts=0, sample_in_graph=True)
+    with start_host_tree(config, recording, replay=False) as llm:
+        for future in [llm.submit(p, max_tokens=4, temperature=0, ignore_eos=True) for p in uniform_prompts(4)]:
+            future.result()
+    assert recording.kept and recording.n_rows > 0
 
 
 def test_the_ceiling_prefills_in_chunks_of_n_batch(model_path: str) -> None:
