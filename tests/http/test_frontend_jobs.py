@@ -128,15 +128,24 @@ def test_every_batch_route_answers_on_either_front_end_and_tenants_see_only_thei
     assert not list((data_dir / "files").glob("*.tmp"))  # no upload's temporary file left behind
 
 
+def running_job(client: openai.OpenAI, lines: list[dict[str, object]], completed: int) -> Batch:
+    """A chat-completions batch of ``lines``, once ``completed`` of them are done (the Batch API
+    offers nothing to wait on but its counts)."""
+    batch = client.batches.create(input_file_id=upload(client, jsonl(lines)), endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+
+    def done_enough() -> bool:
+        counts = client.batches.retrieve(batch.id).request_counts
+        return counts is not None and counts.completed >= completed
+    wait_until(done_enough, f"{completed} lines of the job", timeout=120, poll_s=0.1)
+    return batch
+
+
 def test_killing_the_front_ends_mid_job_loses_and_doubles_no_line(daemon: Daemon) -> None:
     n = 24
     alice = daemon.client(ALICE)
-    batch = alice.batches.create(
-        input_file_id=upload(alice, jsonl([chat_line(f"k{i}", f"Tell me about {i}.", 48, ignore_eos=True)
-                                           for i in range(n)])),
-        endpoint="/v1/chat/completions", completion_window="24h")
-    wait_until(lambda: alice.batches.retrieve(batch.id).request_counts.completed >= 1,  # type: ignore[union-attr]
-               "the job's first line", timeout=120, poll_s=0.1)
+    batch = running_job(alice, [chat_line(f"k{i}", f"Tell me about {i}.", 48, ignore_eos=True) for i in range(n)],
+                        completed=1)
     counts = alice.batches.retrieve(batch.id).request_counts
     assert counts is not None and counts.completed < n, "the job ended before the kill: make it longer"
     killed = frontend_pids(daemon)
@@ -176,13 +185,8 @@ def test_a_killed_engine_resumes_its_job_on_the_next_start_each_line_done_once(t
     n = 12
     d = start_split_daemon(tmp_path, keys)
     try:
-        alice = d.client(ALICE)
-        batch = alice.batches.create(
-            input_file_id=upload(alice, jsonl([chat_line(f"e{i}", f"Name {i} animals.", 24, ignore_eos=True)
-                                               for i in range(n)])),
-            endpoint="/v1/chat/completions", completion_window="24h")
-        wait_until(lambda: alice.batches.retrieve(batch.id).request_counts.completed >= 2,  # type: ignore[union-attr]
-                   "two lines of the job", timeout=120, poll_s=0.1)
+        batch = running_job(d.client(ALICE), [chat_line(f"e{i}", f"Name {i} animals.", 24, ignore_eos=True)
+                                              for i in range(n)], completed=2)
     finally:
         d.process.send_signal(signal.SIGKILL)  # the engine's process: the front ends end with it
         d.process.wait(30)
