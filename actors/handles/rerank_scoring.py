@@ -47,13 +47,8 @@ class Scoring:
 
     def __init__(self, client: ScoringClient, context: list[int], continuations: Sequence[tuple[int, ...]], labels: Labels,
                  *, tenant: Tenant, priority: int, request_id: str) -> None:
-        self.client = client
-        self.context = context
-        self.continuations = continuations
-        self.labels = labels
-        self.tenant = tenant
-        self.priority = priority
-        self.request_id = request_id
+        self.client, self.context, self.continuations, self.labels = client, context, continuations, labels
+        self.tenant, self.priority, self.request_id = tenant, priority, request_id  # each group's request carries them
         # A group as large as the sequences that run at once (more would only wait), and the
         # rerank's waiting documents an eighth of the queue at most: eight reranks of any length
         # at once fit a tenant's share of it.
