@@ -27,6 +27,7 @@ from typing import Any
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import CallerMessage, Generate, ReplyChannel
+from llamactor.base.step_posts import gathered
 from llamactor.base.tenants import Tenant
 from llamactor.handles.limits import Reservation
 from llamactor.http.engine_state import CALLS, EngineState
@@ -58,9 +59,10 @@ def model_view(router: Any, name: str) -> ModelView:
 
 
 class Outbox:
-    """Replies bound for one front end, sent in batches: the first posted after a send wakes the
-    sender thread, and whatever else is posted before it runs -- the rest of the step's pieces,
-    every stream's -- goes in the same frame, in the order posted."""
+    """Replies bound for one front end, sent in batches: a batcher hands over what it posted while
+    handling one message -- a step's pieces, every stream's -- at once (``base.step_posts``), other
+    threads post each reply at once; the first posted after a send wakes the sender thread, and
+    whatever else is posted before it runs goes in the same frame, in the order posted."""
 
     def __init__(self, writer: FrameWriter, name: str) -> None:
         self._writer = writer
@@ -72,10 +74,17 @@ class Outbox:
         self._thread.start()
 
     def post(self, event: tuple[int, int, Any]) -> None:
-        """Any thread (a batcher's, mostly)."""
+        """Any thread: a batcher's, handling a message, only appends to its gathered list."""
+        if (items := gathered(self)) is not None:
+            items.append(event)
+        else:
+            self.post_many([event])
+
+    def post_many(self, events: list[tuple[int, int, Any]]) -> None:
+        """Any thread: ``events`` in order, one lock and at most one wake for them all."""
         with self._lock:
-            self._items.append(event)
-            first = len(self._items) == 1
+            first = not self._items
+            self._items += events
         if first:
             self._wake.set()
 
