@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import queue
 import socket
 import threading
 from collections.abc import Callable
@@ -60,15 +59,21 @@ def model_view(router: Any, name: str) -> ModelView:
 
 
 class Outbox:
-    """Replies bound for one front end, sent in batches: a batcher hands over what it posted while
-    handling one message -- a step's pieces, every stream's -- at once (``base.step_posts``), other
-    threads post each reply at once; the sender thread sends whatever was handed over by the time
-    it runs in one frame, in the order posted. The hand-over is a ``SimpleQueue`` put (C, no
-    Python-level lock or ``Event``): all a batcher's step pays for the link besides its appends."""
+    """Replies bound for one front end. A batcher hands over what it posted while handling one
+    message -- a step's pieces, every stream's -- at once (``base.step_posts``); other threads post
+    each reply at once. A hand-over with nothing ahead of it is written there and then, without
+    blocking (``FrameWriter.try_write``: no wake of another thread, no GIL ping-pong, per step);
+    what the socket does not take at once, and whatever is posted while that is pending, goes to
+    the sender thread, which writes it in order -- so a batcher never waits for a front end."""
 
     def __init__(self, writer: FrameWriter, name: str) -> None:
         self._writer = writer
-        self._queue: queue.SimpleQueue[list[tuple[int, int, Any]] | None] = queue.SimpleQueue()
+        self._items: list[tuple[int, int, Any]] = []  # the sender's to write, in order
+        self._rest: bytes | None = None  # a frame's unwritten rest (the writer's lock still taken)
+        self._busy = False  # a poster or the sender is writing: posts go to ``_items`` behind it
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
         self._thread = threading.Thread(target=self._send_forever, name=f"{name}-sender", daemon=True)
         self._thread.start()
 
@@ -77,27 +82,56 @@ class Outbox:
         if (items := gathered(self)) is not None:
             items.append(event)
         else:
-            self._queue.put([event])
+            self.post_many([event])
 
     def post_many(self, events: list[tuple[int, int, Any]]) -> None:
-        """Any thread: ``events`` in order, one hand-over for them all."""
-        self._queue.put(events)
+        """Any thread, never blocking: ``events`` in order, written now if nothing is ahead of them."""
+        with self._lock:
+            if self._busy:
+                self._items += events
+                return
+            self._busy = True
+        try:
+            written = self._writer.try_write((EVENTS, events))
+        except OSError:
+            written = True  # the front end is gone: the reader cancels its requests
+        with self._lock:
+            if written is True and not self._items:
+                self._busy = False
+                return
+            if written is False:
+                self._items[:0] = events  # before whatever was posted meanwhile
+            elif written is not True:
+                self._rest = written
+        self._wake.set()
 
     def close(self) -> None:
-        self._queue.put(None)
+        self._closed = True
+        self._wake.set()
 
     def _send_forever(self) -> None:
-        """The sender thread: what was handed over by the time it wakes, in one frame; until closed
-        (what is still queued then is dropped) or the front end is gone."""
-        while (items := self._queue.get()) is not None:
-            while not self._queue.empty():  # what else was handed over meanwhile goes in the same frame
-                if (more := self._queue.get()) is None:
-                    return
-                items = [*items, *more]  # a new list: a poster's own stays its own
+        """The sender thread: woken with the writing handed to it, it writes until nothing is left."""
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closed:
+                return
             try:
-                self._writer.write((EVENTS, items))
+                self._drain()
             except OSError:
                 return  # the front end is gone: the reader cancels its requests
+
+    def _drain(self) -> None:
+        if (rest := self._rest) is not None:
+            self._rest = None
+            self._writer.finish(rest)
+        while True:
+            with self._lock:
+                items, self._items = self._items, []
+                if not items:
+                    self._busy = False
+                    return
+            self._writer.write((EVENTS, items))
 
 
 class EngineLink:
