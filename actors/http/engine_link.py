@@ -67,7 +67,7 @@ class Outbox:
     the sender thread, which writes it in order -- so a batcher never waits for a front end."""
 
     def __init__(self, writer: FrameWriter, name: str) -> None:
-        self._writer = writer
+        self._writer, self._name = writer, name
         self._items: list[tuple[int, int, Any]] = []  # the sender's to write, in order
         self._rest: bytes | None = None  # a frame's unwritten rest (the writer's lock still taken)
         self._busy = False  # a poster or the sender is writing: posts go to ``_items`` behind it
@@ -95,6 +95,9 @@ class Outbox:
             written = self._writer.try_write((EVENTS, events))
         except OSError:
             written = True  # the front end is gone: the reader cancels its requests
+        except Exception as e:  # noqa: BLE001 - a reply that cannot be pickled must not crash its batcher
+            log.error("frontend_events_unsendable", frontend=self._name, error=repr(e))
+            written = True
         with self._lock:
             if written is True and not self._items:
                 self._busy = False

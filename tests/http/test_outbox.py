@@ -68,3 +68,11 @@ def test_try_write_keeps_the_lock_for_a_frames_rest_until_it_is_finished() -> No
     assert writer.try_write((EVENTS, [(2, OK, None)])) is True and reader.read() == (EVENTS, [(2, OK, None)])
     ours.close()
     theirs.close()
+
+
+def test_a_reply_that_cannot_be_pickled_is_dropped_and_the_poster_goes_on(outbox: Any) -> None:
+    box, reader = outbox
+    with gathering_posts():  # as a batcher's step: nothing may raise into it
+        box.post((1, OK, lambda: None))
+    box.post((2, OK, "next"))
+    assert reader.read() == (EVENTS, [(2, OK, "next")])
