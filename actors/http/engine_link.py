@@ -9,9 +9,9 @@ every one still running is cancelled, so its sequences are freed. What every fro
 the tenants' rate limits, the stored responses -- is the link's ``EngineState`` (the daemon's one).
 
 Threads: the link's reader (front end's frames; a ``LIMITED`` frame's reservation is taken or
-refused there, never waited for), its sender (the outbox), a few workers for the front end's
-blocking questions (loading a model, stats, the shared state's calls); replies are posted from the
-batchers'.
+refused there, never waited for), its sender (what the outbox could not write at once), a few
+workers for the front end's blocking questions (loading a model, stats, the shared state's calls);
+replies are posted from the batchers' (gathered per message, written by them when nothing is ahead).
 """
 
 from __future__ import annotations
