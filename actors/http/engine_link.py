@@ -118,6 +118,9 @@ class Outbox:
             self._wake.wait()
             self._wake.clear()
             if self._closed:
+                if self._rest is not None:  # a frame half written: the writer's lock back for the others
+                    self._rest = None
+                    self._writer.finish(None)
                 return
             try:
                 self._drain()

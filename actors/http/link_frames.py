@@ -77,10 +77,12 @@ class FrameWriter:
             return sent > 0
         return buffer[sent:]
 
-    def finish(self, rest: bytes) -> None:
-        """Any thread: the rest of a frame ``try_write`` began, then the lock it kept released."""
+    def finish(self, rest: bytes | None) -> None:
+        """Any thread: the rest of a frame ``try_write`` began, then the lock it kept released
+        (``rest`` None: the link is closing, the frame is given up, the lock released alone)."""
         try:
-            self._sock.sendall(rest)
+            if rest is not None:
+                self._sock.sendall(rest)
         finally:
             self._lock.release()
 

@@ -76,3 +76,4 @@ def test_a_reply_that_cannot_be_pickled_is_dropped_and_the_poster_goes_on(outbox
         box.post((1, OK, lambda: None))
     box.post((2, OK, "next"))
     assert reader.read() == (EVENTS, [(2, OK, "next")])
+
