@@ -56,6 +56,37 @@ class FrameWriter:
             self._sock.sendall(HEADER.pack(len(data)) + data)
 
 
+    def try_write(self, obj: Any) -> bytes | bool:
+        """Never blocks: True once the whole frame is written, False if nothing was (the socket's
+        buffer full, or another thread writing), else the frame's unwritten rest -- this writer's
+        lock then stays taken until ``finish(rest)`` (any thread) writes it. OSError when gone."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+            buffer = HEADER.pack(len(data)) + data
+            try:
+                sent = self._sock.send(buffer, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+        except BaseException:
+            self._lock.release()
+            raise
+        if sent == len(buffer) or sent == 0:
+            self._lock.release()
+            return sent > 0
+        return buffer[sent:]
+
+    def finish(self, rest: bytes | None) -> None:
+        """Any thread: the rest of a frame ``try_write`` began, then the lock it kept released
+        (``rest`` None: the link is closing, the frame is given up, the lock released alone)."""
+        try:
+            if rest is not None:
+                self._sock.sendall(rest)
+        finally:
+            self._lock.release()
+
+
 class FrameReader:
     """Reads frames from ``sock`` (one thread)."""
 

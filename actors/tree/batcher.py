@@ -31,6 +31,7 @@ from llamactor.base.errors import ModelLoadError, StepAbortedError
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import AuditKv, BatcherFailed, BatcherReady, CallerMessage, Cancel, Embed, FlushDue, \
     Generate, GetStats, InjectCrash, PromptPrepared, Step, Tokenize
+from llamactor.base.step_posts import gathering_posts
 from llamactor.tree.tell import tell_quietly
 from llamactor.native.engine import Engine
 from llamactor.scheduling.embedding_queue import EmbeddingQueue
@@ -173,6 +174,10 @@ class BatcherActor(pykka.ThreadingActor):
     # -- messages (batcher thread) ----------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
+        with gathering_posts():  # a step's replies to a front-end link leave once, at its end
+            return self._on_message(message)
+
+    def _on_message(self, message: Any) -> Any:
         self._in_hand, self._step_suspects = message, None
         if isinstance(message, Step):
             self._step_queued = False
