@@ -1,7 +1,7 @@
 """Replies a batcher posts while it handles one message, gathered and handed over once at its end.
 
 A reply channel whose events go to another thread (the engine's end of a front-end link:
-``http.engine_link.Outbox``) would otherwise take a lock and wake that thread for the first
+``http.link_outbox.Outbox``) would otherwise take a lock and wake that thread for the first
 piece of every step, and the woken thread would then contend for the GIL with the batcher
 mid-step, sending frames of one or two pieces. Instead the batcher runs each message inside
 ``gathering_posts()``; a sink's ``post`` then only appends to this thread's list for it

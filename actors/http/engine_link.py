@@ -27,12 +27,12 @@ from typing import Any
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.logging import get_logger
 from llamactor.base.messages import CallerMessage, Generate, ReplyChannel
-from llamactor.base.step_posts import gathered
 from llamactor.base.tenants import Tenant
 from llamactor.handles.limits import Reservation
 from llamactor.http.engine_state import CALLS, EngineState
-from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, LIMITED, LIMITS, OK, QUEUED, READY, RESULT, SEND,
+from llamactor.http.link_frames import (CALL, CANCEL, ERROR, LIMITED, LIMITS, OK, QUEUED, READY, RESULT, SEND,
                                         SETTLE, STATUS, FrameReader, FrameWriter, piece_event, portable_error)
+from llamactor.http.link_outbox import Outbox
 
 log = get_logger("llamactor.http.link")
 CALL_WORKERS = 4  # a front end's blocking questions at once (a model loading must not hold up stats)
@@ -56,88 +56,6 @@ def model_view(router: Any, name: str) -> ModelView:
     describe = getattr(router, "describe", None)
     return ModelView(name, loaded, replicas.info if loaded else None,
                      describe(name) if describe is not None else None)
-
-
-class Outbox:
-    """Replies bound for one front end. A batcher hands over what it posted while handling one
-    message -- a step's pieces, every stream's -- at once (``base.step_posts``); other threads post
-    each reply at once. A hand-over with nothing ahead of it is written there and then, without
-    blocking (``FrameWriter.try_write``: no wake of another thread, no GIL ping-pong, per step);
-    what the socket does not take at once, and whatever is posted while that is pending, goes to
-    the sender thread, which writes it in order -- so a batcher never waits for a front end."""
-
-    def __init__(self, writer: FrameWriter, name: str) -> None:
-        self._writer, self._name = writer, name
-        self._items: list[tuple[int, int, Any]] = []  # the sender's to write, in order
-        self._rest: bytes | None = None  # a frame's unwritten rest (the writer's lock still taken)
-        self._busy = False  # a poster or the sender is writing: posts go to ``_items`` behind it
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._closed = False
-        self._thread = threading.Thread(target=self._send_forever, name=f"{name}-sender", daemon=True)
-        self._thread.start()
-
-    def post(self, event: tuple[int, int, Any]) -> None:
-        """Any thread: a batcher's, handling a message, only appends to its gathered list."""
-        if (items := gathered(self)) is not None:
-            items.append(event)
-        else:
-            self.post_many([event])
-
-    def post_many(self, events: list[tuple[int, int, Any]]) -> None:
-        """Any thread, never blocking: ``events`` in order, written now if nothing is ahead of them."""
-        with self._lock:
-            if self._busy:
-                self._items += events
-                return
-            self._busy = True
-        try:
-            written = self._writer.try_write((EVENTS, events))
-        except OSError:
-            written = True  # the front end is gone: the reader cancels its requests
-        except Exception as e:  # noqa: BLE001 - a reply that cannot be pickled must not crash its batcher
-            log.error("frontend_events_unsendable", frontend=self._name, error=repr(e))
-            written = True
-        with self._lock:
-            if written is True and not self._items:
-                self._busy = False
-                return
-            if written is False:
-                self._items[:0] = events  # before whatever was posted meanwhile
-            elif written is not True:
-                self._rest = written
-        self._wake.set()
-
-    def close(self) -> None:
-        self._closed = True
-        self._wake.set()
-
-    def _send_forever(self) -> None:
-        """The sender thread: woken with the writing handed to it, it writes until nothing is left."""
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            if self._closed:
-                if self._rest is not None:  # a frame half written: the writer's lock back for the others
-                    self._rest = None
-                    self._writer.finish(None)
-                return
-            try:
-                self._drain()
-            except OSError:
-                return  # the front end is gone: the reader cancels its requests
-
-    def _drain(self) -> None:
-        if (rest := self._rest) is not None:
-            self._rest = None
-            self._writer.finish(rest)
-        while True:
-            with self._lock:
-                items, self._items = self._items, []
-                if not items:
-                    self._busy = False
-                    return
-            self._writer.write((EVENTS, items))
 
 
 class EngineLink:

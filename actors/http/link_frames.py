@@ -55,7 +55,6 @@ class FrameWriter:
         with self._lock:
             self._sock.sendall(HEADER.pack(len(data)) + data)
 
-
     def try_write(self, obj: Any) -> bytes | bool:
         """Never blocks: True once the whole frame is written, False if nothing was (the socket's
         buffer full, or another thread writing), else the frame's unwritten rest -- this writer's
@@ -134,3 +133,16 @@ def portable_error(error: BaseException) -> BaseException:
     except Exception:  # noqa: BLE001 - whatever an unpicklable exception raises
         return EngineError(f"the engine failed: {error!r}")
     return error
+
+
+def sendable(events: list[tuple[int, int, Any]]) -> list[tuple[int, int, Any]]:
+    """``events`` with each whose value does not pickle replaced by an ``EngineError`` for its own
+    request (``ERROR``): the frame's other events go on as they were."""
+    out = []
+    for token, kind, value in events:
+        try:
+            pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001 - whatever an unpicklable value raises
+            value, kind = EngineError(f"a reply could not be sent to the front end: {e!r}"), ERROR
+        out.append((token, kind, value))
+    return out

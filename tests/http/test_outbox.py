@@ -1,4 +1,4 @@
-"""The engine's ``Outbox`` for a front-end link under a batcher's gathering (``base.step_posts``):
+"""The engine's ``Outbox`` (``http/link_outbox.py``) for a front-end link under a batcher's gathering (``base.step_posts``):
 a step's pieces leave in one frame, in order, at its end; other threads' posts leave at once; a
 front end that reads slowly never blocks a poster (the rest goes to the sender thread, in order)."""
 
@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from llamactor.base.step_posts import gathering_posts
-from llamactor.http.engine_link import Outbox
-from llamactor.http.link_frames import EVENTS, OK, QUEUED, TEXT, FrameReader, FrameWriter
+from llamactor.base.errors import EngineError
+from llamactor.http.link_frames import ERROR, EVENTS, OK, QUEUED, TEXT, FrameReader, FrameWriter
+from llamactor.http.link_outbox import Outbox
 
 pytestmark = pytest.mark.pure
 
@@ -70,10 +71,18 @@ def test_try_write_keeps_the_lock_for_a_frames_rest_until_it_is_finished() -> No
     theirs.close()
 
 
-def test_a_reply_that_cannot_be_pickled_is_dropped_and_the_poster_goes_on(outbox: Any) -> None:
+def test_a_reply_that_cannot_be_pickled_fails_its_own_request_and_the_others_go_on(outbox: Any) -> None:
     box, reader = outbox
     with gathering_posts():  # as a batcher's step: nothing may raise into it
         box.post((1, OK, lambda: None))
+        box.post((3, TEXT, "piece"))
     box.post((2, OK, "next"))
-    assert reader.read() == (EVENTS, [(2, OK, "next")])
-
+    events: list[Any] = []
+    while len(events) < 3:
+        kind, frame = reader.read()
+        assert kind == EVENTS
+        events += frame
+    (token, kind, error), *rest = events
+    assert (token, kind) == (1, ERROR) and isinstance(error, EngineError)
+    assert "could not be sent to the front end" in str(error)
+    assert rest == [(3, TEXT, "piece"), (2, OK, "next")]
