@@ -130,15 +130,6 @@ class Limiter:
                     raise
                 wait.wait(tenant, self._wait_s(tenant, tokens) or float(e.retry_after))
 
-    def try_reserve(self, tenant: Tenant, tokens: int) -> Reservation | float:
-        """Any thread, never waiting: the reservation, or the seconds until the buckets would allow
-        it (what a waiter elsewhere sleeps before asking again); ``InvalidRequestError`` for what
-        could never fit them."""
-        try:
-            return self.reserve(tenant, tokens)
-        except RateLimitError as e:
-            return self._wait_s(tenant, tokens) or float(e.retry_after)
-
     def _wait_s(self, tenant: Tenant, tokens: int) -> float:
         with self._lock:
             return self._limits.wait_s(tenant, tokens, time.monotonic())

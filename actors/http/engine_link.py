@@ -137,16 +137,15 @@ class EngineLink:
             for msg in msgs:
                 msg.reply.fail(e)
 
-    def _send_limited(self, group: int, tenant: Tenant, tokens: int, reserved: int | None,
+    def _send_limited(self, group: int, tenant: Tenant, tokens: int,
                       sends: list[tuple[str, list[tuple[int, CallerMessage]], bool]]) -> None:
         """The reader thread: a tenant's messages within its limits (``Limiter.submit``'s order):
-        reserved now -- or under what a "reserve" call took --, what the tenant has left posted
+        reserved now, what the tenant has left posted
         first, then sent; settled by the group's SETTLE, which the front end sends once what its
         ``send`` answered has ended (a rerank's later requests too). Refused (429, or 400 for what
         could never fit), each message fails with why before anything is queued."""
-        limiter = self.state.limiter
         try:
-            reservation = limiter.reserve(tenant, tokens) if reserved is None else self.state.take(reserved)
+            reservation = self.state.limiter.reserve(tenant, tokens)
         except Exception as e:  # noqa: BLE001 - each message answers with it
             error = portable_error(e)
             self._outbox.post((group, LIMITS, None))

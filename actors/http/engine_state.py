@@ -5,9 +5,9 @@ ends count a tenant's limits once and a conversation's turns may land on any of 
 
 A front end is our own process (it checked the tenant's key, and its estimates are our code's);
 what it asks here names the tenant it found, and a stored response is found under that tenant
-alone. Nothing here waits: a request over its tenant's limits is refused at once (a 429), and a
-batch line that must wait for them asks again later from its own thread in the front end
-(``link_state.LinkLimiter``), so no link's reader or worker ever sleeps on a tenant.
+alone. Nothing here waits: a request over its tenant's limits is refused at once (a 429), so no
+link's reader or worker ever sleeps on a tenant. (The batch lines that do wait for their limits run
+in this process, ``engine_jobs``, and wait on their own job threads.)
 
 Threads: each link's reader (a ``LIMITED`` frame reserves, its ``SETTLE`` settles:
 ``engine_link``), its call workers (``call``).
@@ -15,16 +15,14 @@ Threads: each link's reader (a ``LIMITED`` frame reserves, its ``SETTLE`` settle
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-from llamactor.base.tenants import Tenant
-from llamactor.handles.limits import Limiter, Reservation
+from llamactor.handles.limits import Limiter
 from llamactor.http.responses_store import Previous, ResponseStore, Stored
 
-CALLS = frozenset({"reserve", "response_get", "response_put", "response_delete"})  # answered by ``call``
+CALLS = frozenset({"response_get", "response_put", "response_delete"})  # answered by ``call``
 
 
 class EngineState:
@@ -34,34 +32,14 @@ class EngineState:
         self.limiter = limiter or Limiter()
         self.responses = responses or ResponseStore()
         self._lock = threading.Lock()  # the store's: call workers of every link use it
-        # Taken by a "reserve" call, until its messages come (a front end that dies in between
-        # leaves one small entry, its estimate spent, as a send that failed in one process).
-        self._reserved: dict[int, Reservation] = {}
-        self._ids = itertools.count()
 
     def call(self, method: str, args: tuple[Any, ...]) -> Any:
         """A link's call worker: one of ``CALLS``, answered at once."""
-        if method == "reserve":
-            return self.reserve(*args)
         if method == "response_get":
             return self.response_get(*args)
         if method == "response_put":
             return self.response_put(*args)
         return self.response_delete(*args)
-
-    def reserve(self, tenant: Tenant, tokens: int) -> tuple[int | None, float]:
-        """(an id for the reservation taken, 0), or (None, the seconds to wait before asking again);
-        ``InvalidRequestError`` for what could never fit the tenant's limits."""
-        got = self.limiter.try_reserve(tenant, tokens)
-        if not isinstance(got, Reservation):
-            return None, got
-        reservation_id = next(self._ids)
-        self._reserved[reservation_id] = got
-        return reservation_id, 0.0
-
-    def take(self, reservation_id: int) -> Reservation:
-        """The reservation a ``reserve`` call took (its messages have come); KeyError if none."""
-        return self._reserved.pop(reservation_id)
 
     def response_get(self, tenant: str, response_id: str) -> Stored | None:
         with self._lock:

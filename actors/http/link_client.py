@@ -89,15 +89,14 @@ class EngineConnection:
             self.drop([(model, items, stream)], BatcherUnavailableError(GONE))
         return [m.reply.future for m in msgs]
 
-    def send_limited(self, sends: Sends, tenant: Tenant, tokens: int,
-                     reserved: int | None = None) -> tuple[int, Limits]:
+    def send_limited(self, sends: Sends, tenant: Tenant, tokens: int) -> tuple[int, Limits]:
         """Any thread: ``sends`` (what ``send`` collected) in one frame, within ``tenant``'s limits
         counted in the engine (``link_state``); the group's number (``settle`` takes it) and what
         the tenant has left, filled in place before the messages' first reply is handed on."""
         group, limits = next(self._tokens), Limits()
         self._limits[group] = limits
         try:
-            self._writer.write((LIMITED, group, tenant, tokens, reserved, sends))
+            self._writer.write((LIMITED, group, tenant, tokens, sends))
         except OSError:
             self._limits.pop(group, None)
             self.drop(sends, BatcherUnavailableError(GONE))

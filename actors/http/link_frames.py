@@ -26,9 +26,8 @@ HEADER = struct.Struct("!I")  # a frame's byte length
 SEND = "send"  # (SEND, model, [(token, message)], stream)
 CANCEL = "cancel"  # (CANCEL, model, request_id)
 CALL = "call"  # (CALL, call_id, method, model, args): a blocking question (load, stats, describe ...)
-# (LIMITED, group, tenant, tokens, reserved, [(model, [(token, message)], stream)]): the messages a
-# tenant's request sent within its rate limits (``link_state``), reserved on arrival -- or, with
-# ``reserved``, under what a "reserve" CALL took
+# (LIMITED, group, tenant, tokens, [(model, [(token, message)], stream)]): the messages a tenant's
+# request sent within its rate limits (``link_state``), reserved on arrival
 LIMITED = "limited"
 SETTLE = "settle"  # (SETTLE, group, used): the group's request has ended, having used ``used`` tokens
 # engine -> front end

@@ -12,9 +12,8 @@ meet where they meet any refusal, before a stream starts. Once what ``send()`` a
 (a rerank's later requests, sent from callbacks, included), the tokens it used are counted here as
 one process counts them and a ``SETTLE`` frame settles the group there.
 What the tenant has left (the ``x-ratelimit-*`` headers) arrives before the messages' first reply
-and fills the ``Limits`` returned. A batch line that waits for the limits (``WaitForLimits``)
-asks the engine to reserve first (a call answered at once), sleeping on its own thread here
-between tries.
+and fills the ``Limits`` returned. Nothing here waits for the limits: the batch lines that do
+(``WaitForLimits``) run in the engine's process (``engine_jobs``), against its ``Limiter`` itself.
 """
 
 from __future__ import annotations
@@ -59,11 +58,9 @@ def collecting() -> Sends | None:
 class Link(Protocol):
     """What of ``link_client.EngineConnection`` this module uses."""
 
-    def call(self, method: str, model: str | None, *args: Any) -> Any: ...
-
     async def call_async(self, method: str, *args: Any) -> Any: ...
 
-    def send_limited(self, sends: Sends, tenant: Tenant, tokens: int, reserved: int | None) -> tuple[int, Limits]: ...
+    def send_limited(self, sends: Sends, tenant: Tenant, tokens: int) -> tuple[int, Limits]: ...
 
     def settle(self, group: int, used: int) -> None: ...
 
@@ -80,38 +77,29 @@ class LinkLimiter:
                wait: WaitForLimits | None = None) -> Submitted[T]:
         """``send()``'s messages in one frame, reserved, refused or settled there (above). A tenant
         without limits sends as it would; a submit inside another (a handle's limiter under the
-        app's) is the outer one's: its messages join the outer frame, counted once."""
+        app's) is the outer one's: its messages join the outer frame, counted once. ``wait``: a front
+        end runs no batch lines, the only callers that wait for their limits (``TypeError``)."""
+        if wait is not None:
+            raise TypeError("a front end's limiter never waits: batch lines run in the engine's process")
         if (tenant.requests_per_minute is None and tenant.tokens_per_minute is None) or collecting() is not None:
             return Submitted(send(), Limits())
-        reserved = None if wait is None else self._reserve_waiting(tenant, tokens, wait)
         collector = Collector()
         sends, context = collector.sends, COLLECTING.set(collector)
         try:
             sent = send()
         except BaseException as e:
             self._link.drop(sends, e)
-            if reserved is not None:  # the engine forgets it; the estimate stays spent, as in one process
-                self._link.settle(self._link.send_limited([], tenant, tokens, reserved)[0], tokens)
             raise
         finally:
             collector.open = False
             COLLECTING.reset(context)
-        group, limits = self._link.send_limited(sends, tenant, tokens, reserved)
+        group, limits = self._link.send_limited(sends, tenant, tokens)
         futures = [future_of(s) for s in sent]
         if futures:
             when_all_done(futures, lambda used: self._link.settle(group, used))
         else:  # nothing to wait for: the estimate stays spent, as in one process
             self._link.settle(group, tokens)
         return Submitted(sent, limits)
-
-    def _reserve_waiting(self, tenant: Tenant, tokens: int, wait: WaitForLimits) -> int:
-        """The caller's thread (a batch job's): the engine's reservation id, asked for until it has
-        room, sleeping here between tries (``BatcherUnavailableError`` once ``wait.stop`` is set)."""
-        while True:
-            reserved, wait_s = self._link.call("reserve", None, tenant, tokens)
-            if reserved is not None:
-                return int(reserved)
-            wait.wait(tenant, wait_s)
 
 
 class LinkResponses:
@@ -139,8 +127,6 @@ class LinkResponses:
 
 def use_engine_state(state: Any, link: Link) -> None:
     """``state`` (a front-end process's ``ServerState``) counts its tenants' limits and keeps its
-    responses in the engine's process; its batch jobs' lines too, if it runs them."""
+    responses in the engine's process."""
     state.limiter = LinkLimiter(link)
     state.responses = LinkResponses(link)
-    if state.jobs is not None:
-        state.jobs.limiter = state.limiter

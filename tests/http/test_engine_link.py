@@ -273,30 +273,15 @@ def test_a_request_that_could_never_fit_the_tenants_tokens_is_a_bad_request(two_
     assert stub.sent == []
 
 
-def test_a_batch_line_waits_for_the_limits_on_its_own_thread_while_the_link_serves_others(two_front_ends: Any) -> None:
-    state, stub, ((connection, front), (_, other)) = two_front_ends
-    tenant = Tenant("batch", requests_per_minute=1)
-    waits: list[float] = []
-    stop, waiting = threading.Event(), threading.Event()
-
-    def on_wait(_: Tenant, seconds: float) -> None:
-        waits.append(seconds)
-        waiting.set()
-
-    limiter = LinkLimiter(connection)
-    line = WaitForLimits(stop, on_wait)
-    msg = generate("line-1")
-    assert limiter.submit(tenant, 1, lambda: [front.model("m").send(msg)], line).sent == [msg.reply.future]
-    sent(stub, 1)[0].reply.resolve(completion("line-1"))
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        second = pool.submit(limiter.submit, tenant, 1, lambda: [front.model("m").send(generate("line-2"))], line)
-        assert waiting.wait(TIMEOUT) and 0 < waits[0] <= 60
-        # meanwhile the engine's end answers everyone else at once: no thread of it sleeps on the tenant
-        assert other.model("m").replica_stats() == [{"state": "ready", "exact": False}]
-        stop.set()
-        with pytest.raises(BatcherUnavailableError, match="stopped while waiting"):
-            second.result(TIMEOUT)
-    assert [m.request_id for m in stub.sent] == ["line-1"] and state._reserved == {}
+def test_a_front_ends_limiter_never_waits_for_the_limits(two_front_ends: Any) -> None:
+    """Batch lines, the only callers that wait for their tenant's limits, run in the engine's
+    process (``http/engine_jobs``): a front end asked to wait refuses before sending anything."""
+    _, stub, ((connection, front), _) = two_front_ends
+    line = WaitForLimits(threading.Event())
+    with pytest.raises(TypeError, match="never waits"):
+        LinkLimiter(connection).submit(Tenant("batch", requests_per_minute=1), 1,
+                                       lambda: [front.model("m").send(generate("line-1"))], line)
+    assert stub.sent == []
 
 
 def test_stored_responses_are_one_store_per_tenant_whichever_front_end_asks(two_front_ends: Any) -> None:
