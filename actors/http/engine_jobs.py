@@ -19,23 +19,26 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from llamactor.handles.limits import Limiter
 from llamactor.http.daemon import attach_jobs, jobs_dir, open_jobs
 from llamactor.http.frontend_main import FrontendSetup
 from llamactor.http.keys_file import load_keys, reload_keys
-from llamactor.handles.limits import Limiter
 from llamactor.http.link_jobs import JOBS, job_calls
 from llamactor.http.state import ServerState
 
 
 class EngineJobs:
     """The jobs of ``setup.data_dir`` (none, and the batch routes answer 503, when another process
-    owns it); ``setup``: what the front ends are started with."""
+    owns it); ``setup``: what the front ends are started with; ``limiter``: the tenants' one budget,
+    the one every front end's requests spend (``EngineState.limiter``), so that a tenant's batch and
+    interactive work are counted together."""
 
-    def __init__(self, setup: FrontendSetup) -> None:
+    def __init__(self, setup: FrontendSetup, limiter: Limiter) -> None:
         self._setup = setup
         keys = load_keys(setup.keys_file) if setup.keys_file else None
         self.state = ServerState([s.name for s in setup.specs], setup.api_key, setup.max_body_bytes, keys,
                                  transport=setup.transport, bind_host=setup.bind_host)
+        self.state.limiter = limiter  # before attach_jobs, which gives it to the service
         self.data_dir = jobs_dir(setup.data_dir)
         self.service = open_jobs(self.data_dir)
         attach_jobs(self.state, self.service)
@@ -47,13 +50,6 @@ class EngineJobs:
     def calls(self) -> dict[str, Callable[..., Any]]:
         """The links' ``jobs`` CALL (``EngineLink``'s ``calls``)."""
         return {} if self.service is None else {JOBS: job_calls(self.service)}
-
-    def share_limits(self, limiter: Limiter) -> None:
-        """The jobs' lines spend the tenants' one budget, the one every front end's requests spend
-        (``EngineState.limiter``): a tenant's batch and interactive work are counted together."""
-        self.state.limiter = limiter
-        if self.service is not None:
-            self.service.limiter = limiter
 
     def start(self, router: Any) -> None:
         """The loader thread: the models are there; unfinished jobs resume."""

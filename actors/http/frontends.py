@@ -82,14 +82,14 @@ class Frontends:
     engine's CALL methods beside the router's, on every link (``EngineLink``)."""
 
     def __init__(self, setup: FrontendSetup, listen: socket.socket, count: int,
-                 calls: dict[str, Callable[..., Any]] | None = None) -> None:
+                 calls: dict[str, Callable[..., Any]] | None = None, state: EngineState | None = None) -> None:
         self._setup, self._listen, self._calls = setup, listen, calls
         self._lock = threading.Lock()
         self._router: Any = None
         self._exited: deque[FrontendProcess] = deque()
         self.wake = threading.Event()  # a front end exited (or the daemon's state changed)
         self._restarts: deque[float] = deque()
-        self.state = EngineState()  # the tenants' limits and stored responses, shared by every front end
+        self.state = state or EngineState()  # the tenants' limits and stored responses, shared by every front end
         self._procs = [self._start(i) for i in range(count)]
 
     def _start(self, index: int) -> FrontendProcess:

@@ -23,6 +23,7 @@ from llamactor.base.config import Config
 from llamactor.base.logging import get_logger
 from llamactor.handles import tracing
 from llamactor.http.engine_jobs import EngineJobs
+from llamactor.http.engine_state import EngineState
 from llamactor.http.frontend_main import FrontendSetup
 from llamactor.http.frontends import Frontends, listening_socket
 from llamactor.serving.model_specs import ModelSpec
@@ -41,11 +42,11 @@ def serve_split(*, host: str, port: int, uds: str | None, api_key: str | None, d
     except tracing.TracingUnavailableError as e:
         print(f"llamactor serve: {e}", file=sys.stderr)
         return 1
+    shared = EngineState()  # the front ends' tenants' limits and stored responses; the jobs' limits too
     jobs = EngineJobs(FrontendSetup(models, api_key, max_body_bytes, keys_file, transport, None if uds else host,
-                                    drain_timeout_s, data_dir, otlp_endpoint=otlp_endpoint))
+                                    drain_timeout_s, data_dir, otlp_endpoint=otlp_endpoint), shared.limiter)
     frontends = Frontends(jobs.frontend_setup(), listening_socket(host, port, uds), transport.frontend_processes,
-                          jobs.calls())
-    jobs.share_limits(frontends.state.limiter)
+                          jobs.calls(), shared)
     stopping = threading.Event()
     exit_code = 0
     router: llamactor.Router | None = None
