@@ -199,10 +199,6 @@ main.add_command(models)
 main.add_command(top)
 main.add_command(rerank)
 
-if __name__ == "__main__":
-    main()
-
-
 def front_end_counts(text: str) -> tuple[int, ...]:
     """``--frontend-processes 1,4``'s counts, each 1 to 64 (``Config.frontend_processes``'s bound)."""
     from llamactor.base.config import MAX_FRONTEND_PROCESSES
@@ -215,3 +211,7 @@ def front_end_counts(text: str) -> tuple[int, ...]:
         raise click.BadParameter(f"comma-separated counts from 1 to {MAX_FRONTEND_PROCESSES}, got {text!r}",
                                  param_hint="--frontend-processes")
     return tuple(dict.fromkeys(counts))
+
+
+if __name__ == "__main__":
+    main()
