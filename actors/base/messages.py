@@ -36,6 +36,17 @@ class ReplyChannel:
     n_pieces_sent: int = 0  # > 0: the caller has seen text (only a resume can go on invisibly)
     # How far a generation got on the batcher that runs it; a new batcher resumes it from here.
     progress: Progress | None = None
+    # True once ``future`` is done (its caller cancelled it, or it was answered), set by the
+    # future's done-callback on whichever thread completes it: the batcher checks each running
+    # request every step, and ``future.done()`` takes the future's lock each time.
+    done: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.future.add_done_callback(self._on_done)
+
+    def _on_done(self, _future: concurrent.futures.Future[Any]) -> None:
+        """Any thread: the one that completes the future."""
+        self.done = True
 
     def __reduce__(self) -> tuple[type[ReplyChannel], tuple[()]]:
         """A message sent to another process (a Ray Serve replica) arrives with an empty channel:

@@ -48,7 +48,12 @@ class StopScanner:
         best: tuple[int, int] | None = None
         for k, (stop, failure) in enumerate(zip(self._stops, self._failures)):
             j, n = self._states[k], len(stop)
-            for i, c in enumerate(piece):
+            # At state 0 nothing moves until the stop's first character: skip to it (in C), and
+            # past the whole piece -- most tokens -- when it has none.
+            first = 0 if j else piece.find(stop[0])
+            if first < 0:
+                continue
+            for i, c in enumerate(piece[first:], first):
                 while j and stop[j] != c:
                     j = failure[j - 1]
                 if stop[j] == c:

@@ -50,15 +50,17 @@ class PrefixTree:
         """The longest prefix of ``tokens`` that has KV cells, and a sequence that holds it, among
         the sequences of ``scope`` and the pinned entries (``pinned_only``: those alone; without
         ``shared``, a LoRA adapter's scope, not those: they were computed on the base model)."""
-        def visible(s: int) -> bool:
-            return (shared and bool(self.entries.get(s))) or (not pinned_only and self.scopes.get(s) == scope)
-
+        # The seq_ids it may see, gathered once: each node's ids are then tested against them in
+        # one set operation, not a call per id per node.
+        visible = {s for s, pinned in self.entries.items() if pinned} if shared else set()
+        if not pinned_only:
+            visible.update(s for s, s_scope in self.scopes.items() if s_scope == scope)
         best_n, best_node = 0, self.root
         stack = [self.root]
         while stack:
             node = stack.pop()
             for child in node.children:
-                if not any(visible(s) for s in child.seq_ids):
+                if child.seq_ids.isdisjoint(visible):
                     continue
                 if child.start < len(tokens) and child.tokens[0] == tokens[child.start]:
                     n = child.start + common_prefix_len(child.tokens, tokens[child.start:child.end])
@@ -66,7 +68,7 @@ class PrefixTree:
                         best_n, best_node = n, child
                     if n == child.end:
                         stack.append(child)
-        return Match(best_n, min(s for s in best_node.seq_ids if visible(s)) if best_n else -1)
+        return Match(best_n, min(best_node.seq_ids & visible) if best_n else -1)
 
     def length(self, seq_id: int) -> int:
         """How many cells ``seq_id`` holds (its positions are 0 .. length - 1)."""
@@ -77,16 +79,29 @@ class PrefixTree:
 
     def cache_cells(self) -> int:
         """Cells held by unpinned entries alone: what evicting every entry would free."""
-        return sum(len(n.tokens) for n in descendants(self.root)
-                   if all(self.entries.get(s) is False for s in n.seq_ids))
+        return self._cells()[0]
 
     def pinned_cells(self) -> int:
-        return sum(len(n.tokens) for n in descendants(self.root) if any(self.entries.get(s) for s in n.seq_ids))
+        return self._cells()[1]
+
+    def _cells(self) -> tuple[int, int]:
+        """(``cache_cells``, ``pinned_cells``), in one walk: the nodes held by unpinned entries
+        alone, and those a pinned entry holds (the id sets gathered once, tested per node in C)."""
+        unpinned = {s for s, pinned in self.entries.items() if not pinned}
+        pinned = self.entries.keys() - unpinned
+        cache = held = 0
+        for node in descendants(self.root):
+            if node.seq_ids <= unpinned:
+                cache += len(node.tokens)
+            if not node.seq_ids.isdisjoint(pinned):
+                held += len(node.tokens)
+        return cache, held
 
     def stats(self) -> dict[str, int]:
         n_pinned = sum(self.entries.values())
-        return {"entries": len(self.entries) - n_pinned, "cells": self.cache_cells(), "pinned": n_pinned,
-                "pinned_cells": self.pinned_cells(), **self.counters}
+        cache, pinned = self._cells()
+        return {"entries": len(self.entries) - n_pinned, "cells": cache, "pinned": n_pinned,
+                "pinned_cells": pinned, **self.counters}
 
     # -- cells ------------------------------------------------------------------------------------
 

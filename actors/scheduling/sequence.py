@@ -40,8 +40,16 @@ class Sequence:
     # tokens follow one query and are one-off, and cached cells cost every step's attention (a
     # unified KV cache's masked cells are still scanned), so they are freed at once.
     cache_upto: int | None = None
+    # Read off its (frozen) request once: the scheduler asks for them several times a row a step.
+    tenant: str = field(init=False, repr=False)  # its tenant's name
+    weight: float = field(init=False, repr=False)  # its tenant's fair-share weight
+    adapters: AdapterSet = field(init=False, repr=False)  # the LoRA adapter set it decodes under (``adapter_turns``)
+    submitted_at: float = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        request = self.request
+        self.tenant, self.weight = request.tenant.name, request.tenant.weight
+        self.adapters, self.submitted_at = request.lora, request.submitted_at
         if not 0 < self.n_prompt <= len(self.token_ids):
             raise ValueError(f"n_prompt {self.n_prompt} out of range for {len(self.token_ids)} tokens")
         if self.scoring is not None and self.scoring.n_prompt != self.n_prompt:
@@ -58,27 +66,10 @@ class Sequence:
         return self.request.priority
 
     @property
-    def submitted_at(self) -> float:
-        return self.request.submitted_at
-
-    @property
-    def tenant(self) -> str:
-        return self.request.tenant.name
-
-    @property
-    def adapters(self) -> AdapterSet:
-        """The LoRA adapter set it decodes under (one per step: ``adapter_turns``)."""
-        return self.request.lora
-
-    @property
     def scope(self) -> str:
         """The cache scope of its tenant under its adapter set: the cached prefixes, lower tiers
         and scores it may use (KV computed under other adapters is not its KV)."""
         return adapter_scope(self.request.tenant.scope, self.request.lora)
-
-    @property
-    def weight(self) -> float:
-        return self.request.tenant.weight
 
     @property
     def max_running(self) -> int | None:
@@ -105,39 +96,39 @@ class Chunk:
     positions ``[score_lo, score_hi)`` among them are prompt rows whose logits scoring needs, and
     its last row is an output row when it samples or reads labels. ``drafts``: tokens expected to
     follow, verified in the same decode (a row with logits each, after the chunk's last row: only
-    on a chunk that samples; docs/architecture.md, *Speculation*)."""
+    on a chunk that samples; docs/architecture.md, *Speculation*).
+
+    What the chunk does with its rows (``samples``, ``reads_labels``, ``output_last``,
+    ``n_score_rows``) is decided when it is planned, from ``seq`` as it stands then, and kept:
+    packing, drafts, the batch's rows, its output rows and the graph chains each read it once
+    per row per step (a property re-derived it ~10 times a row). Read it for the step it was
+    planned for: once ``n_past`` moves on, ``seq`` has outgrown the chunk."""
 
     seq: Sequence
     n_tokens: int
     score_lo: int = 0
     score_hi: int = 0
     drafts: tuple[int, ...] = ()
+    # True when the chunk reaches the last known token, so its logits are sampled.
+    samples: bool = field(init=False, repr=False, compare=False)
+    # True when the chunk reaches the end of a label sequence's prompt: its last row is read.
+    reads_labels: bool = field(init=False, repr=False, compare=False)
+    # Whether its last row leaves llama.cpp after its scoring rows (to sample or read labels).
+    output_last: bool = field(init=False, repr=False, compare=False)
+    n_score_rows: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.score_hi > self.score_lo and not (
-                self.seq.n_past <= self.score_lo and self.score_hi <= self.seq.n_past + self.n_tokens):
+        seq, end = self.seq, self.seq.n_past + self.n_tokens
+        if self.score_hi > self.score_lo and not (seq.n_past <= self.score_lo and self.score_hi <= end):
             raise ValueError("a chunk's score rows must lie inside it")
-        if self.drafts and not self.samples:
+        samples = end == len(seq.token_ids) and not seq.prompt_only
+        reads_labels = bool(seq.labels) and end == seq.n_prompt
+        if self.drafts and not samples:
             raise ValueError("only a chunk that samples carries drafts")
-
-    @property
-    def samples(self) -> bool:
-        """True when the chunk reaches the last known token, so its logits are sampled."""
-        return self.seq.n_past + self.n_tokens == len(self.seq.token_ids) and not self.seq.prompt_only
-
-    @property
-    def reads_labels(self) -> bool:
-        """True when the chunk reaches the end of a label sequence's prompt: its last row is read."""
-        return bool(self.seq.labels) and self.seq.n_past + self.n_tokens == self.seq.n_prompt
-
-    @property
-    def output_last(self) -> bool:
-        """Whether the chunk's last row leaves llama.cpp after its scoring rows (to sample or read labels)."""
-        return self.samples or self.reads_labels
-
-    @property
-    def n_score_rows(self) -> int:
-        return self.score_hi - self.score_lo
+        object.__setattr__(self, "samples", samples)  # frozen: set once, here
+        object.__setattr__(self, "reads_labels", reads_labels)
+        object.__setattr__(self, "output_last", samples or reads_labels)
+        object.__setattr__(self, "n_score_rows", self.score_hi - self.score_lo)
 
 
 @dataclass(slots=True)

@@ -61,7 +61,7 @@ class DraftVerifier:
                 if not (n_accepted < len(drafts) and token == drafts[n_accepted] and len(seq.token_ids) > n_before):
                     return reason
                 n_accepted += 1
-                if reason is not None or seq.request.reply.future.done():
+                if reason is not None or seq.request.reply.done:
                     return reason
                 token, logprob, top = self._draw(seq, first_row + n_accepted - 1)
                 self.counts["tokens_generated"] += 1

@@ -57,9 +57,12 @@ class GraphChains:
         for chunk in plan.chunks:
             seq, seq_id = chunk.seq, chunk.seq.seq_id
             chain = seq.state.graph if seq.state is not None else None
+            on_id = attached.get(seq_id)
+            if on_id is chain:
+                continue  # as it should be (a decoding request's chain stays on from step to step)
             if chain is not None and chunk.samples:
                 self.engine.attach_chain(seq_id, chain)
-            elif seq_id in attached and attached[seq_id] is not chain:
+            elif on_id is not None:
                 self.engine.attach_chain(seq_id, None)
 
     def release(self, seq: Sequence, *, finished: bool) -> None:

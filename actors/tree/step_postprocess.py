@@ -86,7 +86,7 @@ def accept_tokens(draw: Draw, now: float, verifier: DraftVerifier, counts: dict[
             continue
         if reason is not None:
             finish(seq, reason)
-        elif seq.request.reply.future.done():  # the caller cancelled its future
+        elif seq.request.reply.done:  # the caller cancelled its future
             finish(seq, "cancelled")
     counts["tokens_generated"] += len(draw.seqs)
 

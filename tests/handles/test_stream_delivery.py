@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import pickle
 import threading
 from typing import Any
 
@@ -164,3 +165,22 @@ def test_a_last_piece_with_only_logprobs_reaches_pieces_but_no_text_reader() -> 
     sync.attach(future)
     future.set_result(completion(" five"))
     assert list(sync) == [" five"]
+
+
+def test_the_done_flag_follows_the_future_whoever_completes_it_and_a_sent_channel_starts_clear() -> None:
+    """The batcher reads ``ReplyChannel.done`` for each running request every step instead of
+    taking the future's lock: it is set by whichever thread completes the future."""
+    cancelled, answered, failed, broken = ReplyChannel(), ReplyChannel(), ReplyChannel(), ReplyChannel(on_piece=_raise)
+    assert not any(r.done for r in (cancelled, answered, failed, broken))
+    caller = threading.Thread(target=cancelled.future.cancel)  # the caller gives up, on its own thread
+    caller.start()
+    caller.join()
+    answered.resolve(completion("x"))
+    failed.fail(RuntimeError("its own"))
+    broken.send_piece("x")  # a consumer that raises: the channel cancels its request
+    assert cancelled.done and answered.done and failed.done and broken.done
+    assert not pickle.loads(pickle.dumps(answered)).done  # another process's copy: its own future
+
+
+def _raise(piece: Piece) -> None:
+    raise RuntimeError("the consumer went away")

@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from llamactor.scheduling.kv_nodes import KvOp, Match
+from llamactor.scheduling.kv_nodes import KvOp, Match, descendants
 from llamactor.scheduling.prefix_index import PrefixIndex
 
 pytestmark = pytest.mark.pure
@@ -238,3 +238,46 @@ def test_a_scope_never_sees_another_scopes_prefixes_but_every_scope_sees_the_pin
     index.finish(bob, 4.0, keep=True)
     assert index.lookup([9, 9, 1, 2, 3, 5], scope="bob") == Match(6, bob)
     assert {op.scope for op in index.evict(100)} == {"alice", "bob"}  # what goes to a lower tier stays scoped
+
+
+def reference_lookup(index: PrefixIndex, tokens: list[int], scope: str, pinned_only: bool, shared: bool) -> Match:
+    """``lookup`` by its definition: the deepest node on ``tokens``' path that a visible sequence
+    holds (a pinned entry, unless not ``shared``; one of ``scope``, unless ``pinned_only``)."""
+    def visible(s: int) -> bool:
+        return (shared and bool(index.entries.get(s))) or (not pinned_only and index.scopes.get(s) == scope)
+
+    best_n, best_ids, stack = 0, set(), [index.root]
+    while stack:
+        for child in stack.pop().children:
+            ids = {s for s in child.seq_ids if visible(s)}
+            n = child.start + sum(1 for _ in itertools.takewhile(
+                lambda p: p[0] == p[1], zip(child.tokens, tokens[child.start:child.end])))
+            if ids and child.start < len(tokens) and n > best_n:
+                best_n, best_ids = n, ids
+            if ids and child.start < len(tokens) and n == child.end:
+                stack.append(child)
+    return Match(best_n, min(best_ids) if best_n else -1)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_lookups_and_cell_counts_agree_with_their_definitions(seed: int) -> None:
+    """``lookup`` gathers the visible seq_ids once per call, and the cell counts walk the tree
+    once: the same answers as testing each id of each node."""
+    rng = random.Random(seed)
+    index, model = PrefixIndex(n_seq_ids=8, n_cells=10_000), CellModel()
+    index.pin(admit(index, model, [rng.randint(0, 2) for _ in range(rng.randint(1, 4))], 0.0, scope=None))  # type: ignore[arg-type]
+    running: list[int] = []
+    for step in range(80):
+        tokens = [rng.randint(0, 2) for _ in range(rng.randint(1, 9))]
+        if len(running) < 5 and rng.random() < 0.5:
+            running.append(admit(index, model, tokens, float(step), scope=rng.choice("ab")))
+        elif running:
+            seq_id = running.pop(rng.randrange(len(running)))
+            model.apply(index.finish(seq_id, float(step), keep=rng.random() < 0.8))
+        for scope, pinned_only, shared in itertools.product("ab", (False, True), (False, True)):
+            assert index.lookup(tokens, scope=scope, pinned_only=pinned_only, shared=shared) == \
+                reference_lookup(index, tokens, scope, pinned_only, shared)
+        nodes = list(descendants(index.root))
+        assert index.cache_cells() == sum(len(n.tokens) for n in nodes
+                                          if all(index.entries.get(s) is False for s in n.seq_ids))
+        assert index.pinned_cells() == sum(len(n.tokens) for n in nodes if any(index.entries.get(s) for s in n.seq_ids))

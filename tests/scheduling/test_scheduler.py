@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llamactor.base.errors import QueueFullError
 from llamactor.scheduling.kv_nodes import KvOp, common_prefix_len
 from llamactor.scheduling.prefix_index import PrefixIndex
+from llamactor.scheduling.sequence import Chunk
 
 from tests.support.scheduling import make_scheduler, make_seq, run_to_end
 
@@ -144,3 +147,29 @@ def test_a_step_that_needs_more_cells_than_are_free_evicts_cached_prefixes_first
 def test_common_prefix_len_counts_equal_leading_tokens() -> None:
     assert common_prefix_len((1, 2, 3), [1, 2, 4]) == 2
     assert common_prefix_len((), [1]) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(n_prompt=st.integers(1, 12), n_generated=st.integers(0, 4), data=st.data(), prompt_only=st.booleans(),
+       labels=st.booleans(), scored=st.booleans())
+def test_what_a_chunk_does_with_its_rows_is_its_definition_when_planned(
+        n_prompt: int, n_generated: int, data: st.DataObject, prompt_only: bool, labels: bool, scored: bool) -> None:
+    """``Chunk`` keeps ``samples``, ``reads_labels``, ``output_last`` and ``n_score_rows`` as
+    planned (read once per row per step): each is its definition off the sequence at planning."""
+    seq = make_seq(n_prompt + n_generated)
+    seq.n_prompt, seq.prompt_only = n_prompt, prompt_only or labels
+    seq.labels = ((1,), (2,)) if labels else ()
+    seq.n_past = data.draw(st.integers(0, len(seq.token_ids) - 1))
+    n = data.draw(st.integers(1, len(seq.token_ids) - seq.n_past))
+    lo = data.draw(st.integers(seq.n_past, seq.n_past + n)) if scored else 0
+    hi = data.draw(st.integers(lo, seq.n_past + n)) if scored else 0
+    end = seq.n_past + n
+    samples = end == len(seq.token_ids) and not seq.prompt_only
+    drafts = (5, 6) if samples and data.draw(st.booleans()) else ()
+    chunk = Chunk(seq, n, lo, hi, drafts)
+    reads_labels = labels and end == n_prompt
+    assert (chunk.samples, chunk.reads_labels, chunk.output_last, chunk.n_score_rows) == (
+        samples, reads_labels, samples or reads_labels, hi - lo)
+    seq.n_past += n  # the step is computed: the chunk still says what its rows were
+    seq.token_ids.append(7)
+    assert (chunk.samples, chunk.reads_labels, chunk.output_last) == (samples, reads_labels, samples or reads_labels)
