@@ -34,10 +34,11 @@ def stop_failure(stop: str) -> tuple[int, ...]:
 class StopScanner:
     """Where the stop strings occur in a text fed piece by piece (one thread at a time)."""
 
-    __slots__ = ("_stops", "_failures", "_states", "_fed")
+    __slots__ = ("_stops", "_firsts", "_failures", "_states", "_fed")
 
     def __init__(self, stops: tuple[str, ...]) -> None:
         self._stops = stops
+        self._firsts = frozenset(s[0] for s in stops)  # where a match may start
         self._failures = [stop_failure(s) for s in stops]
         self._states = [0] * len(stops)  # per stop: how much of it the text's tail matches
         self._fed = 0  # characters fed so far
@@ -45,6 +46,9 @@ class StopScanner:
     def feed(self, piece: str) -> tuple[int, int] | None:
         """Advance over ``piece``; ``(start, k)`` of the earliest-starting occurrence of a stop
         string (``stops[k]``, the first listed on a tie) that ends in ``piece``, or None."""
+        if not any(self._states) and self._firsts.isdisjoint(piece):
+            self._fed += len(piece)  # no match under way, and none starts here: most tokens
+            return None
         best: tuple[int, int] | None = None
         for k, (stop, failure) in enumerate(zip(self._stops, self._failures)):
             j, n = self._states[k], len(stop)
