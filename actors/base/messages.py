@@ -62,15 +62,22 @@ class ReplyChannel:
         if not text and not (last and logprobs):
             return False
         if self.on_piece is not None:
-            self.n_pieces_sent += 1
-            try:
-                self.on_piece(Piece(text, logprobs, parts))
-            except Exception:  # noqa: BLE001 - e.g. the caller's event loop is closed
-                # A broken consumer must not crash the batcher that serves everyone else:
-                # cancel this request instead (the batcher sees the cancelled future).
-                self.on_piece = None
-                self.future.cancel()
+            self.hand_on(Piece(text, logprobs, parts))
         return True
+
+    def hand_on(self, piece: Piece) -> None:
+        """Stream ``piece`` as it was made where it was sent (a front end's link: the engine's
+        ``send_piece`` already decided it goes, a last piece of logprobs alone included)."""
+        if self.on_piece is None:
+            return
+        self.n_pieces_sent += 1
+        try:
+            self.on_piece(piece)
+        except Exception:  # noqa: BLE001 - e.g. the caller's event loop is closed
+            # A broken consumer must not crash the batcher that serves everyone else:
+            # cancel this request instead (the batcher sees the cancelled future).
+            self.on_piece = None
+            self.future.cancel()
 
     def mark_queued(self) -> None:
         if not self.queued.done():

@@ -80,11 +80,29 @@ class Mailbox:
         self._lock = threading.Lock()
         self._items: list[tuple[AsyncTextStream, object]] = []
         self._scheduled = False
+        self._in_place = False  # ``in_place``: the loop's thread is handing items on itself
+
+    @contextlib.contextmanager
+    def in_place(self) -> Iterator[None]:
+        """Event loop: what the loop's own thread posts within this arrives at once, with nothing
+        waiting to cross -- no lock, no hop to a later callback (a front-end process reads the
+        engine's link on its loop: a frame's pieces reach their streams as it is read). A stream's
+        reader still wakes once for all that arrived for it (its wake is a callback of the loop)."""
+        self._in_place = True
+        try:
+            yield
+        finally:
+            self._in_place = False
 
     def post(self, stream: AsyncTextStream, item: object) -> None:
         """Any thread; RuntimeError when the loop is closed (the batcher then cancels the request)."""
         if self._loop.is_closed():
             raise RuntimeError("the stream's event loop is closed")
+        # in place: whatever another thread posted before is in ``_items`` when this looks (the
+        # GIL orders the two), so a stream's items keep their order
+        if self._in_place and not self._items and asyncio._get_running_loop() is self._loop:
+            stream.arrived(item)
+            return
         with self._lock:
             self._items.append((stream, item))
             if self._scheduled:

@@ -29,11 +29,12 @@ from llamactor.base.messages import CallerMessage, Generate, ReplyChannel
 from llamactor.base.sampling import SamplingParams
 from llamactor.base.sampling_defaults import model_sampling
 from llamactor.handles.model import ModelClient
+from llamactor.handles.streams import mailbox_of
 from llamactor.http.engine_link import ModelView
 from llamactor.base.tenants import Tenant
 from llamactor.handles.limits import Limiter, RateLimiter
-from llamactor.http.link_frames import (CALL, CANCEL, ERROR, EVENTS, HEADER, LIMITED, LIMITS, OK, QUEUED, READY, RESULT,
-                                        SEND, SETTLE, STATUS, FrameReader, FrameWriter, event_piece)
+from llamactor.http.link_frames import (CALL, CANCEL, EVENTS, HEADER, LIMITED, LIMITS, OK, PIECE, QUEUED, READY,
+                                        RESULT, SEND, SETTLE, STATUS, FrameReader, FrameWriter, event_piece)
 from llamactor.http.link_state import LinkLimiter, Sends, collecting
 from llamactor.scheduling.rate_limits import Limits
 from llamactor.serving.model_specs import ModelSpec, model_named
@@ -69,6 +70,7 @@ class EngineConnection:
         """Read the engine's frames on ``loop`` (its thread), as the socket has them: a frame's
         pieces reach their streams without a thread of their own taking turns with the loop."""
         self._loop = loop
+        self._mailbox = mailbox_of(loop)  # its streams' (made here, on the loop's thread)
         loop.add_reader(self._sock.fileno(), self._readable)
 
     def send(self, model: str, msgs: Sequence[CallerMessage]) -> list[Future[Any]]:
@@ -154,7 +156,8 @@ class EngineConnection:
         self._end()
 
     def _readable(self) -> None:
-        """The event loop: what the socket holds, each whole frame handled in order."""
+        """The event loop: what the socket holds, each whole frame handled in order; a frame's
+        pieces reach their streams as it is read (``Mailbox.in_place``)."""
         try:
             data = self._sock.recv(READ_BYTES, socket.MSG_DONTWAIT)
         except BlockingIOError:
@@ -167,13 +170,19 @@ class EngineConnection:
             return
         unread = self._unread
         unread += data
-        while len(unread) >= HEADER.size:
-            end = HEADER.size + HEADER.unpack_from(unread)[0]
-            if len(unread) < end:
-                break
-            frame = pickle.loads(memoryview(unread)[HEADER.size:end])
-            del unread[:end]
-            self._handle(frame)
+        start, size = 0, len(unread)
+        try:
+            with self._mailbox.in_place():
+                while size - start >= HEADER.size:
+                    end = start + HEADER.size + HEADER.unpack_from(unread, start)[0]
+                    if size < end:
+                        break
+                    with memoryview(unread) as view:
+                        frame = pickle.loads(view[start + HEADER.size:end])
+                    start = end
+                    self._handle(frame)
+        finally:  # what was read, dropped once: per frame, it moved the rest of a read that brought many
+            del unread[:start]
 
     def _handle(self, frame: tuple[Any, ...]) -> None:
         kind = frame[0]
@@ -196,17 +205,16 @@ class EngineConnection:
                 if kind == LIMITS and (limits := self._limits.pop(token, None)) is not None and value is not None:
                     limits.values.update(value.values)  # a group's: read when its response starts
                 continue
-            if kind == QUEUED:
+            if kind >= PIECE:  # the most of a frame, asked first: a piece, handed on as the engine sent it
+                reply.hand_on(event_piece(kind, value))
+            elif kind == QUEUED:
                 reply.mark_queued()
             elif kind == OK:
                 del replies[token]
                 reply.resolve(value)
-            elif kind == ERROR:
+            else:  # ERROR
                 del replies[token]
                 reply.fail(value)
-            else:
-                piece = event_piece(kind, value)
-                reply.send_piece(piece.text, piece.logprobs, piece.parts)
 
     def _end(self) -> None:
         self.lost = True

@@ -37,8 +37,11 @@ STATUS = "status"  # (STATUS, name, ModelView): a model loaded, unloaded or fail
 READY = "ready"  # (READY, [ModelView]): the engine's models are served (the router exists)
 
 # an event's kind; LIMITS: (group, LIMITS, Limits | None), what the tenant has left (None: refused),
-# before any event of the group's messages
-QUEUED, OK, ERROR, PIECE, TEXT, CONTENT, LIMITS = range(7)
+# before any event of the group's messages. A piece's kinds come last (``kind >= PIECE``): the
+# reader asks that first. PARTS: a piece without logprobs as the tuple (text, reasoning, content,
+# calls), where a pickled ``Piece`` and its ``Parts`` cost several µs each to rebuild (a chat's
+# text the splitter holds back, a reasoning model's thinking)
+QUEUED, OK, ERROR, LIMITS, PIECE, TEXT, CONTENT, PARTS = range(8)
 
 
 class FrameWriter:
@@ -106,22 +109,25 @@ class FrameReader:
 
 def piece_event(token: int, piece: Piece) -> tuple[int, int, Any]:
     """A piece as few bytes as say it: its text alone where it has no logprobs and its parts (if
-    any) are all content."""
+    any) are all content; without logprobs, its parts as a tuple."""
     if not piece.logprobs:
         parts = piece.parts
         if parts is None:
             return token, TEXT, piece.text
         if not parts.reasoning and not parts.calls and parts.content == piece.text:  # no Parts made per token
             return token, CONTENT, piece.text
+        return token, PARTS, (piece.text, parts.reasoning, parts.content, parts.calls)
     return token, PIECE, piece
 
 
 def event_piece(kind: int, value: Any) -> Piece:
     """The ``Piece`` a piece event stands for."""
-    if kind == TEXT:
-        return Piece(value)
     if kind == CONTENT:
         return Piece(value, (), Parts(content=value))
+    if kind == TEXT:
+        return Piece(value)
+    if kind == PARTS:
+        return Piece(value[0], (), Parts(value[1], value[2], value[3]))
     return value  # type: ignore[no-any-return]
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from llamactor.base.completion import ChoiceUpdate, Completion, Embeddings, Tokenized
@@ -128,10 +128,12 @@ async def stream(request: Request, call: Planned[P],
 async def respond(request: Request, call: Planned[P], streamed: bool,
                   make_events: Callable[[P, AsyncGenerator[ChoiceUpdate, None]], Any], framing: Framing,
                   on_error: OnError, reply: Callable[[P, list[Completion]], Any]) -> Any:
-    """The plan's answer: its events streamed, or its reply once every choice is done."""
+    """The plan's answer: its events streamed, or its reply once every choice is done -- a
+    ``JSONResponse`` of the dialect's dict (plain JSON values), the bytes FastAPI would make of it
+    without its ``jsonable_encoder`` walk over every value (~70 µs a reply)."""
     if streamed:
         return await stream(request, call, make_events, framing, on_error)
-    return reply(call.plan, await answer(request, call))
+    return JSONResponse(reply(call.plan, await answer(request, call)))
 
 
 def warn_ignored(dialect: str, fields: list[str], request_id: str) -> None:

@@ -97,7 +97,10 @@ def model_status(replica_states: set[str]) -> str:
     return "degraded" if "ready" in replica_states else sorted(replica_states - {"unloaded"})[0]
 
 
-def server_state(request: Request) -> ServerState:
+async def server_state(request: Request) -> ServerState:
+    """The app's state (event loop). ``async``: FastAPI runs a plain function dependency on a worker
+    thread, a hop to another thread and back on every request (docs/performance.md, *A streamed
+    token's cost in the front end*)."""
     return request.app.state.server  # type: ignore[no-any-return]
 
 

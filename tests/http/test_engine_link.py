@@ -157,11 +157,16 @@ def test_blocking_calls_answer_and_a_lost_engine_fails_what_waits(linked: Any) -
 
 
 def test_a_text_piece_travels_as_its_text_alone() -> None:
+    held = Piece(" ", (), Parts())  # what a chat's splitter holds back: no Parts pickled per token either
+    rich = Piece("d", (TokenLogprob(3, "d", -0.5),), Parts(content="d"))
     for piece, kind in ((Piece("a"), link_frames.TEXT), (Piece("b", (), Parts(content="b")), link_frames.CONTENT),
-                        (Piece("c", (), Parts(reasoning="c")), link_frames.PIECE)):
+                        (Piece("c", (), Parts(reasoning="c")), link_frames.PARTS), (held, link_frames.PARTS),
+                        (rich, link_frames.PIECE)):
         token, got_kind, value = link_frames.piece_event(7, piece)
         assert (token, got_kind) == (7, kind) and link_frames.event_piece(got_kind, value) == piece
+        assert got_kind >= link_frames.PIECE  # what the front end's reader asks first
     assert isinstance(link_frames.piece_event(0, Piece("a"))[2], str)
+    assert not isinstance(link_frames.piece_event(0, held)[2], Piece)
 
 
 # -- what the front ends share in the engine: the tenants' limits, the stored responses ----------
