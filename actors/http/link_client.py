@@ -177,8 +177,7 @@ class EngineConnection:
                     end = start + HEADER.size + HEADER.unpack_from(unread, start)[0]
                     if size < end:
                         break
-                    with memoryview(unread) as view:
-                        frame = pickle.loads(view[start + HEADER.size:end])
+                    frame = pickle.loads(memoryview(unread)[start + HEADER.size:end])
                     start = end
                     self._handle(frame)
         finally:  # what was read, dropped once: per frame, it moved the rest of a read that brought many
