@@ -3,11 +3,10 @@
 model, and ``LinkRouter``, the models by name.
 
 ``EngineConnection`` numbers each message it sends (a token), keeps its reply channel, and hands
-the engine's replies to it -- on the event loop itself in a front-end process (``read_on_loop``:
-no thread takes turns with the loop for them), else on a reader thread of its own, as the
-batcher thread does in-process; either way a frame's pieces reach their streams in one hop. What the app asks without
-waiting (loaded or not, the model's info, what ``GET /models`` says) the engine pushes as it
-changes; what may wait (loading, stats) is a blocking call, made from worker threads.
+the engine's replies to it -- on the event loop in a front-end process (``read_on_loop``: a
+frame's pieces reach their streams as it is read), else on a reader thread of its own. What the
+app asks without waiting (loaded or not, the model's info, ``GET /models``) the engine pushes as
+it changes; what may wait (loading, stats) is a blocking call, made from worker threads.
 """
 
 from __future__ import annotations
@@ -67,8 +66,7 @@ class EngineConnection:
         threading.Thread(target=self._read_forever, name="engine-link-reader", daemon=True).start()
 
     def read_on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Read the engine's frames on ``loop`` (its thread), as the socket has them: a frame's
-        pieces reach their streams without a thread of their own taking turns with the loop."""
+        """Read the engine's frames on ``loop`` (its thread): no thread takes turns with the loop."""
         self._loop = loop
         self._mailbox = mailbox_of(loop)  # its streams' (made here, on the loop's thread)
         loop.add_reader(self._sock.fileno(), self._readable)
@@ -156,8 +154,7 @@ class EngineConnection:
         self._end()
 
     def _readable(self) -> None:
-        """The event loop: what the socket holds, each whole frame handled in order; a frame's
-        pieces reach their streams as it is read (``Mailbox.in_place``)."""
+        """The event loop: the socket's whole frames in order, their pieces handed on in place."""
         try:
             data = self._sock.recv(READ_BYTES, socket.MSG_DONTWAIT)
         except BlockingIOError:
@@ -171,17 +168,16 @@ class EngineConnection:
         unread = self._unread
         unread += data
         start, size = 0, len(unread)
-        try:
+        try:  # (the frames read dropped once, after: per frame, that moved the rest of a read of many)
             with self._mailbox.in_place():
                 while size - start >= HEADER.size:
                     end = start + HEADER.size + HEADER.unpack_from(unread, start)[0]
                     if size < end:
                         break
-                    with memoryview(unread) as view:
-                        frame = pickle.loads(view[start + HEADER.size:end])
+                    frame = pickle.loads(memoryview(unread)[start + HEADER.size:end])
                     start = end
                     self._handle(frame)
-        finally:  # what was read, dropped once: per frame, it moved the rest of a read that brought many
+        finally:
             del unread[:start]
 
     def _handle(self, frame: tuple[Any, ...]) -> None:
@@ -209,12 +205,9 @@ class EngineConnection:
                 reply.hand_on(event_piece(kind, value))
             elif kind == QUEUED:
                 reply.mark_queued()
-            elif kind == OK:
+            else:  # OK or ERROR: the request's end
                 del replies[token]
-                reply.resolve(value)
-            else:  # ERROR
-                del replies[token]
-                reply.fail(value)
+                (reply.resolve if kind == OK else reply.fail)(value)
 
     def _end(self) -> None:
         self.lost = True

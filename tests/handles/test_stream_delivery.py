@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import pickle
 import threading
@@ -13,7 +14,7 @@ import pytest
 
 from llamactor.base.completion import Completion, Piece, TokenLogprob
 from llamactor.base.messages import ReplyChannel
-from llamactor.handles.streams import AsyncTextStream, TextStream, buffered, buffered_check, merged
+from llamactor.handles.streams import AsyncTextStream, TextStream, buffered, buffered_check, mailbox_of, merged
 
 from tests.support.dialects import completion
 
@@ -128,6 +129,32 @@ def test_the_rest_of_a_batch_merged_is_reading_counts_as_buffered_so_its_frames_
         return [(getattr(item, "text", ""), check(), buffered([stream])) async for _, item in merged([stream])]
 
     assert asyncio.run(run()) == [("a", True, True), ("b", True, True), ("c", False, False), ("abc", False, False)]
+
+
+def test_in_place_the_loops_own_posts_arrive_at_once_behind_what_another_thread_posted() -> None:
+    """A front-end process hands the link's pieces on in place (``Mailbox.in_place``): they reach
+    the stream as they are posted, unless another thread's posts wait to cross -- then they go
+    behind them, in order; outside ``in_place`` the loop's own posts wait for the delivery too."""
+    async def run() -> tuple[bool, bool, bool, list[str]]:
+        loop = asyncio.get_running_loop()
+        (stream,), (future,) = _streams(loop, 1)
+        box = mailbox_of(loop)
+        with box.in_place():
+            stream.push(Piece("a"))
+        at_once = buffered([stream])
+        pusher = threading.Thread(target=stream.push, args=(Piece("b"),))
+        pusher.start()
+        pusher.join()
+        assert box._items  # noqa: SLF001 - the other thread's post waits to cross (the loop has not run)
+        with box.in_place():
+            stream.push(Piece("c"))
+        behind = stream._buffer == collections.deque([Piece("a")])  # noqa: SLF001 - "c" did not pass "b"
+        stream.push(Piece("d"))
+        waits = stream._buffer == collections.deque([Piece("a")])  # noqa: SLF001
+        future.set_result(completion("abcd"))
+        return at_once, behind, waits, [p.text async for p in stream.pieces()]
+
+    assert asyncio.run(run()) == (True, True, True, ["a", "b", "c", "d"])
 
 
 def test_a_closed_loop_refuses_a_piece_so_the_batcher_cancels_the_request() -> None:

@@ -127,6 +127,54 @@ def test_each_message_gets_its_own_replies_in_order(linked: Any) -> None:
     assert pieces["a"] == [Piece("one"), Piece("two", (), Parts(content="two"))] and pieces["b"] == [rich]
 
 
+def test_a_last_piece_of_logprobs_alone_crosses_the_link(linked: Any) -> None:
+    """The tokens of a stop string never become text; their logprobs go with the request's last
+    piece, which has no text of its own: the front end hands it on as the engine sent it."""
+    _, stub, front, _ = linked
+    pieces: list[Piece] = []
+    future = front.model("m").send(generate("l", pieces.append))
+    (msg,) = sent(stub, 1)
+    held = (TokenLogprob(",", -0.1), TokenLogprob(" six", -0.2))
+    msg.reply.send_piece(" five", (TokenLogprob(" five", -0.3),))
+    assert msg.reply.send_piece("", held, last=True)
+    msg.reply.resolve(completion("l"))
+    future.result(TIMEOUT)
+    assert [p.text for p in pieces] == [" five", ""] and pieces[1].logprobs == held
+
+
+def test_frames_that_arrive_in_one_read_are_handled_in_order_and_a_partial_one_waits() -> None:
+    """The loop reads what the socket holds at once: several frames, and the start of the next,
+    which is handled once the rest of it comes."""
+    ours, theirs = socket.socketpair()
+    connection = EngineConnection(theirs, lambda views: None, lambda: None)
+    got: list[str] = []
+    replies = [ReplyChannel(on_piece=lambda piece: got.append(piece.text)) for _ in range(3)]
+    connection._replies.update(enumerate(replies))  # noqa: SLF001 - as ``send`` registers them
+
+    def frame(events: list[tuple[int, int, Any]]) -> bytes:
+        data = pickle.dumps((link_frames.EVENTS, events))
+        return link_frames.HEADER.pack(len(data)) + data
+    whole = b"".join(frame([(t, link_frames.TEXT, f"{step}.{t}") for t in range(3)]) for step in range(4))
+    last = frame([(t, link_frames.OK, completion(f"{t}")) for t in range(3)])
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        connection.read_on_loop(loop)
+        ours.sendall(whole + last[:7])
+        while len(got) < 12:
+            await asyncio.sleep(0.01)
+        assert not any(r.future.done() for r in replies)  # the last frame has not all come
+        ours.sendall(last[7:])
+        await asyncio.gather(*(asyncio.wrap_future(r.future) for r in replies))
+    try:
+        asyncio.run(asyncio.wait_for(run(), TIMEOUT))
+    finally:
+        ours.close()
+        theirs.close()
+    assert got == [f"{step}.{t}" for step in range(4) for t in range(3)]
+    assert not connection._unread  # noqa: SLF001 - every frame read was dropped
+
+
 def test_a_cancelled_future_cancels_the_request_in_the_engine(linked: Any) -> None:
     _, stub, front, _ = linked
     future = front.model("m").send(generate("c"))
@@ -158,7 +206,7 @@ def test_blocking_calls_answer_and_a_lost_engine_fails_what_waits(linked: Any) -
 
 def test_a_text_piece_travels_as_its_text_alone() -> None:
     held = Piece(" ", (), Parts())  # what a chat's splitter holds back: no Parts pickled per token either
-    rich = Piece("d", (TokenLogprob(3, "d", -0.5),), Parts(content="d"))
+    rich = Piece("d", (TokenLogprob("d", -0.5),), Parts(content="d"))
     for piece, kind in ((Piece("a"), link_frames.TEXT), (Piece("b", (), Parts(content="b")), link_frames.CONTENT),
                         (Piece("c", (), Parts(reasoning="c")), link_frames.PARTS), (held, link_frames.PARTS),
                         (rich, link_frames.PIECE)):

@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
+from fastapi.dependencies import utils as fastapi_dependencies
 from starlette.requests import Request
 from starlette.routing import Route
 
@@ -96,6 +97,31 @@ def test_a_streams_chunks_go_past_the_middleware_and_its_start_and_end_through_i
     assert b"".join(m["body"] for m, _ in chunks) == b'data: {"i":0}\n\ndata: {"i":1}\n\ndata: {"i":2}\n\ndata: [DONE]\n\n'
     assert all(through == set() for _, through in chunks)  # straight to the server: no wrapper per chunk
     assert end == {"type": "http.response.body", "body": b"", "more_body": False} and end_through == MIDDLEWARE_SENDS
+
+
+def test_the_apps_state_is_found_on_the_loop_without_a_worker_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every route's ``State`` dependency: as a plain function FastAPI would run it on a worker
+    thread, a hop there and back per request (docs/performance.md, *A streamed token's cost in
+    the front end*)."""
+    hops: list[Any] = []
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(func)
+        return func(*args, **kwargs)
+    monkeypatch.setattr(fastapi_dependencies, "run_in_threadpool", counted)
+    sent: list[Message] = []
+
+    async def server_send(message: Message) -> None:
+        sent.append(message)
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+    app = create_app(ServerState(["m"], api_key=None, max_body_bytes=1024))
+    scope = {"type": "http", "method": "GET", "path": "/health", "raw_path": b"/health", "query_string": b"",
+             "headers": [(b"host", b"127.0.0.1")], "asgi": {"version": "3.0", "spec_version": "2.3"}}
+    asyncio.run(app(scope, receive, server_send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 503  # /health answered: no router yet
+    assert hops == []
 
 
 async def _updates(texts: list[str]) -> AsyncGenerator[Any, None]:
