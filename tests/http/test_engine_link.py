@@ -148,7 +148,13 @@ def test_frames_that_arrive_in_one_read_are_handled_in_order_and_a_partial_one_w
     ours, theirs = socket.socketpair()
     connection = EngineConnection(theirs, lambda views: None, lambda: None)
     got: list[str] = []
-    replies = [ReplyChannel(on_piece=lambda piece: got.append(piece.text)) for _ in range(3)]
+    every_piece: list[asyncio.Event] = []  # the loop's, made in ``run``: set when the 12th arrives
+
+    def arrived(piece: Piece) -> None:  # the loop's thread: the link's pieces are handed on in place
+        got.append(piece.text)
+        if len(got) == 12:
+            every_piece[0].set()
+    replies = [ReplyChannel(on_piece=arrived) for _ in range(3)]
     connection._replies.update(enumerate(replies))  # noqa: SLF001 - as ``send`` registers them
 
     def frame(events: list[tuple[int, int, Any]]) -> bytes:
@@ -158,11 +164,10 @@ def test_frames_that_arrive_in_one_read_are_handled_in_order_and_a_partial_one_w
     last = frame([(t, link_frames.OK, completion(f"{t}")) for t in range(3)])
 
     async def run() -> None:
-        loop = asyncio.get_running_loop()
-        connection.read_on_loop(loop)
+        every_piece.append(asyncio.Event())
+        connection.read_on_loop(asyncio.get_running_loop())
         ours.sendall(whole + last[:7])
-        while len(got) < 12:
-            await asyncio.sleep(0.01)
+        await every_piece[0].wait()
         assert not any(r.future.done() for r in replies)  # the last frame has not all come
         ours.sendall(last[7:])
         await asyncio.gather(*(asyncio.wrap_future(r.future) for r in replies))
