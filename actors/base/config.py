@@ -113,6 +113,7 @@ class Config:
     # crosses to the host instead of a row of n_vocab logits. Grammars and logprobs stay on the host.
     # None: on when layers run on a GPU; off on a CPU-only engine, where ggml's per-sequence
     # samplers cost the decode more than they save the host (docs/performance.md, "Host work").
+    # Greedy requests join only when it is True: otherwise the host's argmax is cheaper.
     sample_in_graph: bool | None = None
     # Bit-exact logits alone or in any batch, before or after a cache hit, preemption or restart
     # (docs/performance.md, "Batch-invariant mode"): flash attention on, no repacked weights,

@@ -73,7 +73,8 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
     "flash_attn": Tweak("llama.cpp's flash attention; off: f32 attention, slower prefill. Neither makes "
                         "log-probabilities batch-independent: --batch-invariant does.", type=click.Choice(FLASH_ATTN)),
     "sample_in_graph": Tweak("Sample inside llama.cpp's decode graph where a request's sampler chain allows "
-                             "(only tokens cross to the host); grammars and logprobs stay on the host.",
+                             "(only tokens cross to the host); grammars and logprobs stay on the host, and "
+                             "greedy requests too unless this is set on outright.",
                              show_default="on with GPU layers, off on a CPU-only engine"),
     "batch_invariant": Tweak("Bit-exact logits, log-probabilities and greedy tokens whatever else runs beside "
                              "a request (evaluations, audits); CPU only, flash attention on, n_ubatch <= 32."),

@@ -22,10 +22,14 @@ from llamactor.native.sampling import Sampled
 from llamactor.scheduling.sequence import Sequence, StepPlan
 
 
-def chain_params(params: SamplingParams, seed: int) -> ChainParams | None:
+def chain_params(params: SamplingParams, seed: int, greedy_in_graph: bool = True) -> ChainParams | None:
     """The chain llama.cpp would run for ``params``, or None when a part of the request needs the
-    logits row on the host (a grammar, logprobs, prompt scoring) or it samples nothing."""
+    logits row on the host (a grammar, logprobs, prompt scoring), it samples nothing, or it is
+    greedy and ``greedy_in_graph`` is off: the host's argmax then costs less than a chain, whose
+    every attach and detach makes llama.cpp re-plan its graph (docs/operations.md)."""
     if params.grammar is not None or params.logprobs or params.prompt_logprobs is not None or params.max_tokens == 0:
+        return None
+    if params.temperature == 0.0 and not greedy_in_graph:
         return None
     return ChainParams(params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty,
                        params.repeat_last_n, params.presence_penalty, params.frequency_penalty, params.logit_bias,
@@ -35,8 +39,10 @@ def chain_params(params: SamplingParams, seed: int) -> ChainParams | None:
 class GraphChains:
     """The batcher's side of in-graph sampling."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, engine: Engine, greedy_in_graph: bool) -> None:
+        """``greedy_in_graph``: whether greedy requests get a chain too (only when the operator
+        asked for in-graph sampling outright: ``sample_in_graph=True``)."""
+        self.engine, self.greedy_in_graph = engine, greedy_in_graph
 
     def give(self, seq: Sequence, progress: Progress) -> None:
         """Give a new or resumed request its chain, if it can have one; a resumed one's generator
@@ -46,7 +52,7 @@ class GraphChains:
             return  # a drafting request's rows are verified by the host sampler (``draft_verify``)
         if progress.graph_seed is None:
             progress.graph_seed = state.params.seed if state.params.seed is not None else secrets.randbits(32)
-        p = chain_params(state.params, progress.graph_seed)
+        p = chain_params(state.params, progress.graph_seed, self.greedy_in_graph)
         if p is not None:
             state.graph = GraphChain(p, self.engine.n_vocab, history=seq.token_ids, n_draws=len(progress.generated))
 
