@@ -36,6 +36,9 @@ class StepCounters:
         "steps": 0, "tokens_generated": 0, "prompt_tokens_computed": 0, "tokens_recomputed": 0,
         "requests_finished": 0, "step_sequences": 0,
         "prompt_rows_scored": 0, "label_rows": 0, "tokens_sampled_in_graph": 0,
+        # chains attached to or detached from an id (each a re-plan of llama.cpp's graph), and
+        # parked chains a request took over instead (docs/operations.md, *Sampling inside the graph*)
+        "graph_chain_changes": 0, "graph_chains_adopted": 0,
         # draft rows verified, and those taken as tokens or not (docs/architecture.md, *Speculation*)
         "draft_tokens": 0, "accepted_draft_tokens": 0, "rejected_draft_tokens": 0,
         "rows_dropped": 0,  # overlapped steps' rows of sequences that ended while they were in flight

@@ -2,14 +2,20 @@
 
 Runs on the batcher's thread. A request whose sampler chain llama.cpp can run in the graph gets a
 ``GraphChain`` when it arrives (or is resumed after a crash); the chain is attached to the
-request's sequence id before a step in which that sequence samples, and detached when the request
-finishes or is preempted, or when another request's rows land on that id -- an id must never carry
-a stale chain: llama.cpp would sample that row in the graph and not copy its logits.
+request's sequence id before a step in which that sequence samples. Every attach and detach makes
+llama.cpp re-plan its graph on the next decode (~27 ms on an H200, whoever else is decoding), so
+they are kept few: a finished request's chain stays on its id, parked (``GraphSamplers.park``),
+and the id's next request takes it over when it would build the same chain with any seed
+(``adoptable``), or replaces it in one change. A preempted request's chain is detached (it
+comes back on another id). An id must never carry a stale chain into a row that reads logits:
+llama.cpp would sample that row in the graph and not copy its logits.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
+from typing import Any
 
 import numpy as np
 
@@ -36,13 +42,23 @@ def chain_params(params: SamplingParams, seed: int, greedy_in_graph: bool = True
                        seed & 0xFFFFFFFF)
 
 
+def adoptable(params: SamplingParams, own: GraphChain, parked: GraphChain) -> bool:
+    """Whether a request may take over ``parked`` instead of attaching its own chain ``own``: it
+    asked for no seed (so which generator draws for it is free; a seeded one must draw from its
+    own), ``own`` has drawn nothing yet, the two differ in their seeds at most, and neither has a
+    penalty window (whose history would have to be replayed)."""
+    return (params.seed is None and own.n_draws == 0 and not own.params.penalised
+            and parked.params == dataclasses.replace(own.params, seed=parked.params.seed))
+
+
 class GraphChains:
     """The batcher's side of in-graph sampling."""
 
-    def __init__(self, engine: Engine, greedy_in_graph: bool) -> None:
+    def __init__(self, engine: Engine, greedy_in_graph: bool, counts: dict[str, Any]) -> None:
         """``greedy_in_graph``: whether greedy requests get a chain too (only when the operator
-        asked for in-graph sampling outright: ``sample_in_graph=True``)."""
-        self.engine, self.greedy_in_graph = engine, greedy_in_graph
+        asked for in-graph sampling outright: ``sample_in_graph=True``); ``counts``: the batcher's
+        counters (``graph_chain_changes``, ``graph_chains_adopted``)."""
+        self.engine, self.greedy_in_graph, self.counts = engine, greedy_in_graph, counts
 
     def give(self, seq: Sequence, progress: Progress) -> None:
         """Give a new or resumed request its chain, if it can have one; a resumed one's generator
@@ -57,34 +73,56 @@ class GraphChains:
             state.graph = GraphChain(p, self.engine.n_vocab, history=seq.token_ids, n_draws=len(progress.generated))
 
     def before_step(self, plan: StepPlan) -> None:
-        """Attach the chain of every sequence that samples in this step; detach a chain left on
-        the id of a sequence that does not own it."""
-        attached = self.engine.graph.chains
+        """Give every sequence that samples in this step its chain on its id (taking over the
+        id's parked one where it may); detach a chain from an id whose rows read logits
+        without it. A parked chain stays through rows that output nothing."""
+        graph = self.engine.graph
         for chunk in plan.chunks:
-            seq, seq_id = chunk.seq, chunk.seq.seq_id
-            chain = seq.state.graph if seq.state is not None else None
-            on_id = attached.get(seq_id)
+            state, seq_id = chunk.seq.state, chunk.seq.seq_id
+            chain = state.graph if state is not None else None
+            on_id = graph.chains.get(seq_id)
             if on_id is chain:
                 continue  # as it should be (a decoding request's chain stays on from step to step)
-            if chain is not None and chunk.samples:
-                self.engine.attach_chain(seq_id, chain)
-            elif on_id is not None:
-                self.engine.attach_chain(seq_id, None)
+            parked = graph.parked(seq_id)
+            if state is not None and chain is not None and chunk.samples:
+                if parked is not None and adoptable(state.params, chain, parked):
+                    state.graph = self._adopt(seq_id, chain)
+                else:
+                    self._attach(seq_id, chain)
+            elif on_id is not None and (parked is None or chunk.output_last or chunk.n_score_rows):
+                self._attach(seq_id, None)
 
     def release(self, seq: Sequence, *, finished: bool) -> None:
-        """The request left its sequence id (finished, or preempted): detach its chain; free it
-        once the request is over."""
+        """The request left its sequence id: finished, its chain stays there, parked; preempted,
+        it is detached and the request gets a new one in the same state for its next id (llama.cpp
+        initialises a chain once)."""
         chain = seq.state.graph if seq.state is not None else None
         if chain is None:
             return
-        for seq_id, attached in list(self.engine.graph.chains.items()):
-            if attached is chain:
-                self.engine.attach_chain(seq_id, None)
+        ids = [seq_id for seq_id, attached in self.engine.graph.chains.items() if attached is chain]
         if finished:
-            chain.free()
+            for seq_id in ids:
+                self.engine.graph.park(seq_id)
+            if not ids:
+                chain.free()
             seq.state.graph = None  # type: ignore[union-attr]
-        else:  # it comes back on another id, and llama.cpp initialises a chain once
-            seq.state.graph = chain.renewed(seq.token_ids)  # type: ignore[union-attr]
+            return
+        for seq_id in ids:
+            self._attach(seq_id, None)
+        seq.state.graph = chain.renewed(seq.token_ids)  # type: ignore[union-attr]
+
+    def _attach(self, seq_id: int, chain: GraphChain | None) -> None:
+        self.engine.attach_chain(seq_id, chain)
+        self.counts["graph_chain_changes"] += 1
+
+    def _adopt(self, seq_id: int, own: GraphChain) -> GraphChain:
+        """The id's parked chain, now the request's (its generator goes on where the last owner's
+        stopped); the request's own, never attached, is freed."""
+        own.free()
+        chain = self.engine.graph.adopt(seq_id)
+        chain.n_draws = 0
+        self.counts["graph_chains_adopted"] += 1
+        return chain
 
 
 def sample_rows(sampler: GrammarSampler, to_sample: list[Sequence], logits: np.ndarray,

@@ -1,5 +1,6 @@
 """Which requests sample inside llama.cpp's graph: chains for what needs no logits on the host,
-and greedy requests only when the operator asked for in-graph sampling outright."""
+greedy requests only when the operator asked for in-graph sampling outright; and how few times
+an id's chain changes (each change makes llama.cpp re-plan its graph)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 from llamactor.base.grammar import Grammar
 from llamactor.base.sampling import SamplingParams
 from llamactor.native.engine import Engine
-from llamactor.tree.graph_chains import chain_params
+from llamactor.native.graph_sampling import ChainParams
+from llamactor.tree.graph_chains import adoptable, chain_params
 
 PROMPT = "Once upon a time, in a land far away,"
 
@@ -40,3 +42,48 @@ def test_on_an_engine_whose_decode_runs_ahead_greedy_draws_on_the_host_and_a_cha
     assert greedy.usage.completion_tokens == 12 and llm.stats()["tokens_sampled_in_graph"] == 0
     llm.ask(PROMPT, max_tokens=12, temperature=0.8, seed=3, ignore_eos=True)
     assert llm.stats()["tokens_sampled_in_graph"] == 12
+
+
+class Chain:
+    """What ``adoptable`` reads of a chain (a real one needs a llama.cpp sampler)."""
+
+    def __init__(self, params: ChainParams, n_draws: int = 0) -> None:
+        self.params, self.n_draws = params, n_draws
+
+
+@pytest.mark.pure
+def test_only_an_unseeded_request_that_would_build_the_same_chain_takes_over_a_parked_one() -> None:
+    parked = Chain(ChainParams(0.8, 40, 0.95, 0.05, seed=11))
+    same = Chain(ChainParams(0.8, 40, 0.95, 0.05, seed=99))
+    unseeded, seeded = SamplingParams(temperature=0.8), SamplingParams(temperature=0.8, seed=99)
+    assert adoptable(unseeded, same, parked)
+    assert not adoptable(seeded, same, parked)  # a seed is its own generator
+    assert not adoptable(unseeded, Chain(same.params, n_draws=3), parked)
+    assert not adoptable(unseeded, Chain(ChainParams(0.7, 40, 0.95, 0.05, seed=99)), parked)
+    penalised = ChainParams(0.8, 40, 0.95, 0.05, repeat_penalty=1.1, seed=5)
+    assert not adoptable(unseeded, Chain(penalised), Chain(penalised))
+
+
+def changes(llm) -> tuple[int, int, int]:
+    s = llm.stats()
+    return s["graph_chain_changes"], s["graph_chains_adopted"], s["tokens_sampled_in_graph"]
+
+
+def test_a_finished_chain_stays_on_its_id_for_the_next_request_and_a_seed_still_draws_its_own(start_llm) -> None:
+    llm = start_llm(n_parallel=2, prefix_cache=False, sample_in_graph=True)
+    first = llm.ask(PROMPT, max_tokens=8, temperature=0.8, seed=5, ignore_eos=True)
+    assert changes(llm) == (1, 0, 8)  # attached once, and not detached when it finished
+    llm.ask(PROMPT, max_tokens=8, temperature=0.8, ignore_eos=True)
+    assert changes(llm) == (1, 1, 16)  # unseeded, the same chain: it took the parked one over
+    again = llm.ask(PROMPT, max_tokens=8, temperature=0.8, seed=5, ignore_eos=True)
+    assert changes(llm) == (2, 1, 24) and again.token_ids == first.token_ids  # its own generator
+    scored = llm.ask(PROMPT, max_tokens=8, temperature=0, logprobs=True, ignore_eos=True)
+    # Its rows read logits: the parked chain is detached first, or llama.cpp would keep them.
+    assert changes(llm) == (3, 1, 24) and len(scored.logprobs) == 8
+
+
+def test_with_the_prefix_cache_each_request_changes_a_chain_once_not_twice(start_llm) -> None:
+    llm = start_llm(n_parallel=2, sample_in_graph=True)
+    for i in range(3):
+        llm.ask(f"{PROMPT} {i}", max_tokens=6, temperature=0.8, seed=i, ignore_eos=True)
+    assert changes(llm) == (3, 0, 18)
