@@ -142,7 +142,10 @@ class GraphSamplers:
         self._ctx, self._memory, self._shadow = ctx, memory, shadow_offset
         self.every = max(1, n_swa // 2) if n_swa > 0 else 256
         self.chains: dict[int, GraphChain] = {}
-        self.ids = np.empty(0, dtype=np.int32)  # the attached seq_ids, for a vectorised lookup
+        # Whether each seq_id carries a chain: one lookup per row per step, on the path between
+        # a step's tokens and the next launch (``np.isin`` against the attached ids: ~16 µs a
+        # step on 2 cores, 1.7 µs this way).
+        self._carries = np.zeros(llama_cpp.llama_n_seq_max(ctx), dtype=bool)
         self._unshadowed: dict[int, int] = {}  # seq_id -> its first position the shadow does not own
         self._parked: set[int] = set()  # ids whose chain no request owns any more (``park``)
 
@@ -157,7 +160,7 @@ class GraphSamplers:
             self.chains.pop(seq_id, None)
         else:
             self.chains[seq_id] = chain
-        self.ids = np.fromiter(self.chains, dtype=np.int32, count=len(self.chains))
+        self._carries[seq_id] = chain is not None
         if seq_id in self._parked and current is not None:
             self._parked.discard(seq_id)
             current.free()
@@ -202,7 +205,7 @@ class GraphSamplers:
         sequence with a chain (None: no entry is)."""
         if not self.chains:
             return None
-        rows = (logits != 0) & np.isin(seq_id, self.ids)
+        rows = (logits != 0) & self._carries[seq_id]
         return rows if rows.any() else None
 
     def tokens(self, in_graph: np.ndarray | None, logits: np.ndarray, seq_id: np.ndarray, pos: np.ndarray,
