@@ -147,7 +147,7 @@ class GraphSamplers:
         # step on 2 cores, 1.7 µs this way).
         self._carries = np.zeros(llama_cpp.llama_n_seq_max(ctx), dtype=bool)
         self._unshadowed: dict[int, int] = {}  # seq_id -> its first position the shadow does not own
-        self._parked: set[int] = set()  # ids whose chain no request owns any more (``park``)
+        self._parked: dict[int, None] = {}  # ids whose chain no request owns any more, oldest first (``park``)
 
     def attach(self, seq_id: int, chain: GraphChain | None) -> None:
         """Attach ``chain`` to ``seq_id`` (None: detach). llama.cpp re-plans its graph on the next
@@ -162,7 +162,7 @@ class GraphSamplers:
             self.chains[seq_id] = chain
         self._carries[seq_id] = chain is not None
         if seq_id in self._parked and current is not None:
-            self._parked.discard(seq_id)
+            del self._parked[seq_id]
             current.free()
 
     def park(self, seq_id: int) -> None:
@@ -170,15 +170,19 @@ class GraphSamplers:
         it would make llama.cpp re-plan its graph for every sequence decoding (~27 ms on an H200) --
         until a row on the id needs another chain or none, or a request adopts it (``adopt``)."""
         if seq_id in self.chains:
-            self._parked.add(seq_id)
+            self._parked[seq_id] = None
 
     def parked(self, seq_id: int) -> GraphChain | None:
         """The chain parked on ``seq_id``, if one is."""
         return self.chains.get(seq_id) if seq_id in self._parked else None
 
+    def parked_ids(self) -> list[int]:
+        """The ids with a parked chain, the longest parked first."""
+        return list(self._parked)
+
     def adopt(self, seq_id: int) -> GraphChain:
         """Hand the chain parked on ``seq_id`` to the request whose rows land there next."""
-        self._parked.discard(seq_id)
+        del self._parked[seq_id]
         return self.chains[seq_id]
 
     def decoded(self, seq_ids: Sequence[int], positions: Sequence[int]) -> None:

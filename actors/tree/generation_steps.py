@@ -88,7 +88,8 @@ class GenerationSteps:
         self.tiers = tiers  # where an evicted prefix goes first (and comes back from), if anywhere
         self.counters = counters
         self.watchdog = watchdog
-        self.chains = GraphChains(engine, greedy_in_graph=config.sample_in_graph is True, counts=counters.counts)
+        self.chains = GraphChains(engine, greedy_in_graph=config.sample_in_graph is True, counts=counters.counts,
+                                  max_attached=config.n_parallel)
         self.sampler = GrammarSampler(engine.info.n_vocab)
         self.drafts = DraftRows(enabled=not config.batch_invariant, draft_max=config.draft_max,
                                 n_batch=engine.info.n_batch, n_ubatch=engine.info.n_ubatch,

@@ -54,11 +54,13 @@ def adoptable(params: SamplingParams, own: GraphChain, parked: GraphChain) -> bo
 class GraphChains:
     """The batcher's side of in-graph sampling."""
 
-    def __init__(self, engine: Engine, greedy_in_graph: bool, counts: dict[str, Any]) -> None:
+    def __init__(self, engine: Engine, greedy_in_graph: bool, counts: dict[str, Any], max_attached: int) -> None:
         """``greedy_in_graph``: whether greedy requests get a chain too (only when the operator
         asked for in-graph sampling outright: ``sample_in_graph=True``); ``counts``: the batcher's
-        counters (``graph_chain_changes``, ``graph_chains_adopted``)."""
+        counters (``graph_chain_changes``, ``graph_chains_adopted``); ``max_attached``: the most
+        chains attached at once, parked ones included (``n_parallel``: what a full batch attaches)."""
         self.engine, self.greedy_in_graph, self.counts = engine, greedy_in_graph, counts
+        self.max_attached = max_attached
 
     def give(self, seq: Sequence, progress: Progress) -> None:
         """Give a new or resumed request its chain, if it can have one; a resumed one's generator
@@ -76,7 +78,7 @@ class GraphChains:
         """Give every sequence that samples in this step its chain on its id (taking over the
         id's parked one where it may); detach a chain from an id whose rows read logits
         without it. A parked chain stays through rows that output nothing."""
-        graph = self.engine.graph
+        graph, changes = self.engine.graph, self.counts["graph_chain_changes"]
         for chunk in plan.chunks:
             state, seq_id = chunk.seq.state, chunk.seq.seq_id
             chain = state.graph if state is not None else None
@@ -91,6 +93,18 @@ class GraphChains:
                     self._attach(seq_id, chain)
             elif on_id is not None and (parked is None or chunk.output_last or chunk.n_score_rows):
                 self._attach(seq_id, None)
+        if self.counts["graph_chain_changes"] > changes:
+            self._sweep_parked()
+
+    def _sweep_parked(self) -> None:
+        """In a step that re-plans llama.cpp's graph anyway: detach the longest-parked chains
+        beyond ``max_attached`` (the same re-plan covers them). llama.cpp builds every attached
+        chain's subgraph into each graph it builds (an idle one on a dummy row, not computed), so
+        parked chains must not pile up past what a full batch attaches."""
+        graph = self.engine.graph
+        surplus = len(graph.chains) - self.max_attached
+        for seq_id in graph.parked_ids()[:max(0, surplus)]:
+            self._attach(seq_id, None)
 
     def release(self, seq: Sequence, *, finished: bool) -> None:
         """The request left its sequence id: finished, its chain stays there, parked; preempted,

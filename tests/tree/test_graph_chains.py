@@ -83,7 +83,16 @@ def test_a_finished_chain_stays_on_its_id_for_the_next_request_and_a_seed_still_
 
 
 def test_with_the_prefix_cache_each_request_changes_a_chain_once_not_twice(start_llm) -> None:
-    llm = start_llm(n_parallel=2, sample_in_graph=True)
-    for i in range(3):
+    llm = start_llm(n_parallel=4, sample_in_graph=True)
+    for i in range(3):  # each on an id of its own: the last one's cells stay as a cached prefix
         llm.ask(f"{PROMPT} {i}", max_tokens=6, temperature=0.8, seed=i, ignore_eos=True)
     assert changes(llm) == (3, 0, 18)
+
+
+def test_parked_chains_beyond_n_parallel_are_detached_in_a_step_that_re_plans_anyway(start_llm) -> None:
+    llm = start_llm(n_parallel=2, sample_in_graph=True)
+    for i in range(2):
+        llm.ask(f"{PROMPT} {i}", max_tokens=6, temperature=0.8, seed=i, ignore_eos=True)
+    assert changes(llm) == (2, 0, 12)  # two chains parked: as many as a full batch attaches
+    llm.ask(f"{PROMPT} 2", max_tokens=6, temperature=0.8, seed=2, ignore_eos=True)
+    assert changes(llm) == (4, 0, 18)  # its attach, and the longest-parked chain's detach with it
