@@ -91,7 +91,13 @@ class _BatcherCollector(Collector):
             "rows_dropped": ("llamactor_overlap_rows_dropped", "Overlapped steps: rows of sequences that ended while "
                              "their row was in flight (computed, not used)"),
             "steps_planned_ahead": ("llamactor_overlap_steps_planned_ahead", "Overlapped steps launched as laid out "
-                                    "while the step before computed")})
+                                    "while the step before computed"),
+            "tokens_sampled_in_graph": ("llamactor_tokens_sampled_in_graph",
+                                        "Tokens drawn inside llama.cpp's decode graph (sample_in_graph)"),
+            "graph_chain_changes": ("llamactor_graph_chain_changes", "Sampler chains attached to or detached from a "
+                                    "sequence id: each makes llama.cpp re-plan its graph on the next decode"),
+            "graph_chains_adopted": ("llamactor_graph_chains_adopted", "Parked sampler chains a new request took "
+                                     "over instead of a re-plan")})
         # Speculation (docs/architecture.md, *Speculation*), named after vLLM's spec_decode series;
         # absent from a batcher that does not draft.
         yield from _families(CounterMetricFamily, s, None, {

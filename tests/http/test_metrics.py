@@ -45,3 +45,12 @@ def test_the_overlapped_loops_counters_are_per_replica_series() -> None:
     text = Metrics(lambda: replicas).render().decode()
     assert metric(text, "llamactor_overlap_steps_planned_ahead_total" + REPLICA % 0) == 120
     assert metric(text, "llamactor_overlap_rows_dropped_total" + REPLICA % 0) == 3
+
+
+def test_the_graph_samplers_counters_are_per_replica_series() -> None:
+    replicas: ReplicaStats = [("m", 0, {"state": "ready", "tokens_sampled_in_graph": 900, "graph_chain_changes": 12,
+                                        "graph_chains_adopted": 5})]
+    text = Metrics(lambda: replicas).render().decode()
+    assert metric(text, "llamactor_tokens_sampled_in_graph_total" + REPLICA % 0) == 900
+    assert metric(text, "llamactor_graph_chain_changes_total" + REPLICA % 0) == 12
+    assert metric(text, "llamactor_graph_chains_adopted_total" + REPLICA % 0) == 5
