@@ -53,10 +53,13 @@ class ChainParams:
 class GraphChain:
     """One request's llama.cpp sampler chain, owned by the request until ``free``."""
 
-    def __init__(self, params: ChainParams, n_vocab: int, history: Sequence[int] = (), n_draws: int = 0) -> None:
+    def __init__(self, params: ChainParams, n_vocab: int, history: Sequence[int] = (), n_draws: int = 0,
+                 shareable: bool = False) -> None:
         """``history``: the tokens before the first sampled one (the penalty window looks at them);
-        ``n_draws``: how many tokens the request sampled already (a resumed request)."""
-        self.params, self.n_vocab = params, n_vocab
+        ``n_draws``: how many tokens the request sampled already (a resumed request); ``shareable``:
+        its seed is a secret (the request gave none), so another request that gave none may draw
+        on from it -- a caller's own seed makes the generator's state known to that caller."""
+        self.params, self.n_vocab, self.shareable = params, n_vocab, shareable
         self.n_draws = n_draws  # tokens sampled with this request's generator so far
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         chain_params.no_perf = True
@@ -98,7 +101,7 @@ class GraphChain:
     def renewed(self, history: Sequence[int]) -> GraphChain:
         """A new chain in this one's state (llama.cpp attaches a chain once: a preempted
         request gets a new one for its next sequence id); this one is freed."""
-        chain = GraphChain(self.params, self.n_vocab, history, self.n_draws)
+        chain = GraphChain(self.params, self.n_vocab, history, self.n_draws, self.shareable)
         self.free()
         return chain
 

@@ -45,9 +45,10 @@ def chain_params(params: SamplingParams, seed: int, greedy_in_graph: bool = True
 def adoptable(params: SamplingParams, own: GraphChain, parked: GraphChain) -> bool:
     """Whether a request may take over ``parked`` instead of attaching its own chain ``own``: it
     asked for no seed (so which generator draws for it is free; a seeded one must draw from its
-    own), ``own`` has drawn nothing yet, the two differ in their seeds at most, and neither has a
-    penalty window (whose history would have to be replayed)."""
-    return (params.seed is None and own.n_draws == 0 and not own.params.penalised
+    own), and neither did the parked chain's owner (else that caller could tell what this one
+    draws), ``own`` has drawn nothing yet, the two differ in their seeds at most, and neither has
+    a penalty window (whose history would have to be replayed)."""
+    return (params.seed is None and parked.shareable and own.n_draws == 0 and not own.params.penalised
             and parked.params == dataclasses.replace(own.params, seed=parked.params.seed))
 
 
@@ -72,7 +73,8 @@ class GraphChains:
             progress.graph_seed = state.params.seed if state.params.seed is not None else secrets.randbits(32)
         p = chain_params(state.params, progress.graph_seed, self.greedy_in_graph)
         if p is not None:
-            state.graph = GraphChain(p, self.engine.n_vocab, history=seq.token_ids, n_draws=len(progress.generated))
+            state.graph = GraphChain(p, self.engine.n_vocab, history=seq.token_ids, n_draws=len(progress.generated),
+                                     shareable=state.params.seed is None)
 
     def before_step(self, plan: StepPlan) -> None:
         """Give every sequence that samples in this step its chain on its id (taking over the

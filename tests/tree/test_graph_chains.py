@@ -47,8 +47,8 @@ def test_on_an_engine_whose_decode_runs_ahead_greedy_draws_on_the_host_and_a_cha
 class Chain:
     """What ``adoptable`` reads of a chain (a real one needs a llama.cpp sampler)."""
 
-    def __init__(self, params: ChainParams, n_draws: int = 0) -> None:
-        self.params, self.n_draws = params, n_draws
+    def __init__(self, params: ChainParams, n_draws: int = 0, shareable: bool = True) -> None:
+        self.params, self.n_draws, self.shareable = params, n_draws, shareable
 
 
 @pytest.mark.pure
@@ -58,6 +58,8 @@ def test_only_an_unseeded_request_that_would_build_the_same_chain_takes_over_a_p
     unseeded, seeded = SamplingParams(temperature=0.8), SamplingParams(temperature=0.8, seed=99)
     assert adoptable(unseeded, same, parked)
     assert not adoptable(seeded, same, parked)  # a seed is its own generator
+    # A caller who chose the parked chain's seed knows its generator: nobody else draws on from it.
+    assert not adoptable(unseeded, same, Chain(parked.params, shareable=False))
     assert not adoptable(unseeded, Chain(same.params, n_draws=3), parked)
     assert not adoptable(unseeded, Chain(ChainParams(0.7, 40, 0.95, 0.05, seed=99)), parked)
     penalised = ChainParams(0.8, 40, 0.95, 0.05, repeat_penalty=1.1, seed=5)
@@ -71,15 +73,19 @@ def changes(llm) -> tuple[int, int, int]:
 
 def test_a_finished_chain_stays_on_its_id_for_the_next_request_and_a_seed_still_draws_its_own(start_llm) -> None:
     llm = start_llm(n_parallel=2, prefix_cache=False, sample_in_graph=True)
-    first = llm.ask(PROMPT, max_tokens=8, temperature=0.8, seed=5, ignore_eos=True)
+    llm.ask(PROMPT, max_tokens=8, temperature=0.8, ignore_eos=True)
     assert changes(llm) == (1, 0, 8)  # attached once, and not detached when it finished
     llm.ask(PROMPT, max_tokens=8, temperature=0.8, ignore_eos=True)
     assert changes(llm) == (1, 1, 16)  # unseeded, the same chain: it took the parked one over
+    first = llm.ask(PROMPT, max_tokens=8, temperature=0.8, seed=5, ignore_eos=True)
+    assert changes(llm) == (2, 1, 24)  # seeded: a chain of its own seed replaced the parked one
+    llm.ask(PROMPT, max_tokens=8, temperature=0.8, ignore_eos=True)
+    assert changes(llm) == (3, 1, 32)  # a seeded caller's generator is not drawn on by another
     again = llm.ask(PROMPT, max_tokens=8, temperature=0.8, seed=5, ignore_eos=True)
-    assert changes(llm) == (2, 1, 24) and again.token_ids == first.token_ids  # its own generator
+    assert changes(llm) == (4, 1, 40) and again.token_ids == first.token_ids
     scored = llm.ask(PROMPT, max_tokens=8, temperature=0, logprobs=True, ignore_eos=True)
     # Its rows read logits: the parked chain is detached first, or llama.cpp would keep them.
-    assert changes(llm) == (3, 1, 24) and len(scored.logprobs) == 8
+    assert changes(llm) == (5, 1, 40) and len(scored.logprobs) == 8
 
 
 def test_with_the_prefix_cache_each_request_changes_a_chain_once_not_twice(start_llm) -> None:
