@@ -147,8 +147,9 @@ class GraphSamplers:
         self.chains: dict[int, GraphChain] = {}
         # Whether each seq_id carries a chain: one lookup per row per step, on the path between
         # a step's tokens and the next launch (``np.isin`` against the attached ids: ~16 µs a
-        # step on 2 cores, 1.7 µs this way).
-        self._carries = np.zeros(llama_cpp.llama_n_seq_max(ctx), dtype=bool)
+        # step on 2 cores, 1.7 µs this way). Its last entry stays False: an id past the end
+        # (the bench's replayed engine numbers more sequences than its context has) reads it.
+        self._carries = np.zeros(llama_cpp.llama_n_seq_max(ctx) + 1, dtype=bool)
         self._unshadowed: dict[int, int] = {}  # seq_id -> its first position the shadow does not own
         self._parked: dict[int, None] = {}  # ids whose chain no request owns any more, oldest first (``park``)
 
@@ -163,6 +164,8 @@ class GraphSamplers:
             self.chains.pop(seq_id, None)
         else:
             self.chains[seq_id] = chain
+        if seq_id >= len(self._carries) - 1:
+            self._carries = np.concatenate([self._carries, np.zeros(seq_id + 2 - len(self._carries), dtype=bool)])
         self._carries[seq_id] = chain is not None
         if seq_id in self._parked and current is not None:
             del self._parked[seq_id]
@@ -212,7 +215,7 @@ class GraphSamplers:
         sequence with a chain (None: no entry is)."""
         if not self.chains:
             return None
-        rows = (logits != 0) & self._carries[seq_id]
+        rows = (logits != 0) & np.take(self._carries, seq_id, mode="clip")
         return rows if rows.any() else None
 
     def tokens(self, in_graph: np.ndarray | None, logits: np.ndarray, seq_id: np.ndarray, pos: np.ndarray,
