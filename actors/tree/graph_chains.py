@@ -5,8 +5,8 @@ Runs on the batcher's thread. A request whose sampler chain llama.cpp can run in
 request's sequence id before a step in which that sequence samples. Every attach and detach makes
 llama.cpp re-plan its graph on the next decode (~27 ms on an H200, whoever else is decoding), so
 they are kept few: a finished request's chain stays on its id, parked (``GraphSamplers.park``),
-and the id's next request takes it over when it would build the same chain with any seed
-(``adoptable``), or replaces it in one change. A preempted request's chain is detached (it
+and the id's next request takes it over when it would build the same chain and neither it nor
+the last owner gave a seed (``adoptable``), or replaces it in one change. A preempted request's chain is detached (it
 comes back on another id). An id must never carry a stale chain into a row that reads logits:
 llama.cpp would sample that row in the graph and not copy its logits.
 """
