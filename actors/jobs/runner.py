@@ -48,6 +48,7 @@ from llamactor.jobs import records
 from llamactor.jobs.endpoints import PendingLine, start_line
 from llamactor.jobs.lifecycle import RequestCounts
 from llamactor.jobs.journal import JobStore
+from llamactor.scheduling.interactive_watch import InteractiveWatch
 
 log = get_logger("llamactor.jobs")
 RETRYABLE = (QueueFullError, BatcherUnavailableError, BatcherRestartedError)
@@ -62,28 +63,6 @@ class LineCounts(RequestCounts):
 
     tokens: int
     elapsed_s: float
-
-
-class InteractiveWatch:
-    """Pure: whether other callers have work on the model, from how many sequences it runs or
-    queues beyond the job's own. Published stats may be a decode step old (a line the job saw
-    finish still counted), so a count is believed only once it has lasted ``confirm_steps``
-    decode steps; the answer then holds ``hold_s`` past the last such sighting (the next
-    interactive request comes before the job would refill its sequences)."""
-
-    def __init__(self, confirm_steps: int = 2, hold_s: float = 3.0) -> None:
-        self.confirm_steps, self.hold_s = confirm_steps, hold_s
-        self._since: int | None = None  # the step count when others were first seen
-        self._until = float("-inf")
-
-    def observe(self, others: int, steps: int, now: float) -> bool:
-        if others <= 0:
-            self._since = None
-        else:
-            self._since = steps if self._since is None else self._since
-            if steps - self._since >= self.confirm_steps:
-                self._until = now + self.hold_s
-        return now <= self._until
 
 
 ModelLoad = Callable[[], tuple[int, int]]  # (sequences running or waiting, decode steps so far)
@@ -161,7 +140,9 @@ class JobRunner:
             futures = [f for _, pending in in_flight.values() for f in pending.futures]
             if futures:
                 concurrent.futures.wait(futures, timeout=0.25, return_when=concurrent.futures.FIRST_COMPLETED)
-            for line_no in [n for n, (_, p) in in_flight.items() if p.done()]:
+            ended = [n for n, (_, p) in in_flight.items() if p.done()]
+            self._saw_end([in_flight[n][1] for n in ended])
+            for line_no in ended:
                 self._finish(*in_flight.pop(line_no), todo)
             if self.tokens_computed and time.monotonic() - last_record > 0.5:
                 self.store.record_run(self.batch_id, self._run_no, self.tokens_computed() - self._base)
@@ -219,21 +200,30 @@ class JobRunner:
             return 1
         if self.model_load is None:
             return self.max_in_flight
-        ours = sum(not f.done() for _, pending in in_flight.values() for f in pending.futures)
+        # (a line already done but not yet finished here is still ours: it is told to the watch next)
+        ours = sum(len(pending.futures) for _, pending in in_flight.values())
         load, steps = self.model_load()
         if self._watch.observe(load - ours, steps, time.monotonic()):
             return self.yield_in_flight
         return self.max_in_flight
+
+    def _saw_end(self, pending: list[PendingLine]) -> None:
+        """Tell the watch how many of the job's sequences just ended, and how old the stats are now."""
+        if pending and self.model_load is not None:
+            self._watch.saw_end(sum(len(p.futures) for p in pending), self.model_load()[1])
 
     def _step_aside(self, in_flight: dict[int, tuple[Line, PendingLine]], todo: deque[Line], cap: int) -> None:
         """Cancel the newest lines beyond ``cap`` (the least generated, so the least lost: their
         prompts stay in the prefix cache) and queue them again first: sequences the scheduler
         would not free before they finish go to the callers who are waiting now."""
         newest = list(in_flight)[cap:]
+        cancelled: list[PendingLine] = []
         for line_no in reversed(newest):
             line, pending = in_flight.pop(line_no)
             pending.cancel()
             todo.appendleft(line)
+            cancelled.append(pending)
+        self._saw_end(cancelled)
         self.store.release(self.batch_id, newest)
         log.info("job_stepped_aside", batch_id=self.batch_id, lines=len(newest), in_flight=cap)
 

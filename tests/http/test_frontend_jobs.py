@@ -162,8 +162,9 @@ def test_killing_the_front_ends_mid_job_loses_and_doubles_no_line(daemon: Daemon
     assert Counter(o["custom_id"] for o in output) == Counter(f"k{i}" for i in range(n))  # each exactly once
     # the engine ran each line's request once, to its end: none cancelled with a front end, none again
     runs = line_runs(daemon, batch.id)
-    # (On a failure, say how each line ended and what the job did: a clean clone under load saw a
-    # line finish twice once; whether the job stepped aside or restarted then is not known yet.)
+    # (On a failure, say how each line ended and what the job did: two clean clones under load saw
+    # a line run twice, the job stepping aside for its own just-ended lines, which a step-old
+    # snapshot still counted: ``InteractiveWatch.saw_end``.)
     story = (sorted(runs.items()), [line for line in daemon.log_lines if str(line.get("event", "")).startswith("job_")])
     assert Counter(rid for rid, _ in runs.elements()) == each_once(batch.id, n), story
     assert "cancelled" not in {reason for _, reason in runs}

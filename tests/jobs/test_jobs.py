@@ -18,7 +18,8 @@ from llamactor.jobs import records
 from llamactor.jobs.endpoints import check_body
 from llamactor.jobs.input_lines import NotJsonlError, rank_by_prefix, read_input_lines
 from llamactor.jobs.lifecycle import check_transition, resumable
-from llamactor.jobs.runner import InteractiveWatch, JobRunner, LineCounts
+from llamactor.jobs.runner import JobRunner, LineCounts
+from llamactor.scheduling.interactive_watch import InteractiveWatch
 from llamactor.jobs.database import StoreLockedError
 from llamactor.jobs.journal import JobStore
 
@@ -181,16 +182,24 @@ def test_a_full_queue_is_retried_and_a_refused_request_fails_only_its_line(store
     assert [json.loads(r)["custom_id"] for r in store.results(b, "done")] == ["b"]
 
 
-def test_other_callers_work_counts_only_once_it_lasts_two_steps_and_then_holds_for_a_while() -> None:
-    watch = InteractiveWatch(confirm_steps=2, hold_s=3.0)
-    assert not watch.observe(2, 100, 10.0)   # a first sighting may be a step-old count of our own lines
-    assert not watch.observe(1, 101, 10.1)
-    assert not watch.observe(0, 101, 10.2)   # gone at the next look: it was
-    assert not watch.observe(1, 102, 10.3)
-    assert not watch.observe(1, 102, 11.0)   # however long a step takes, a step-old count is not believed
-    assert watch.observe(1, 104, 11.5)       # still there two steps later: others have work
-    assert watch.observe(0, 110, 13.0)       # held after they finish, for the next arrival
-    assert not watch.observe(0, 120, 14.6)
+def test_a_stale_snapshot_still_counting_a_line_the_job_saw_end_does_not_make_it_step_aside(
+        store: JobStore) -> None:
+    b = new_batch(store, *(line(f"q{i}", f"question {i}") for i in range(4)))
+    client, published = FakeClient(), [(0, 0)]
+    runner = JobRunner(store, b, CHAT, client, "m", max_in_flight=3, yield_in_flight=1,
+                       model_load=lambda: published[-1], watch=InteractiveWatch(confirm_steps=0, hold_s=0.0))
+    thread, result = run_in_thread(runner)
+    first = [client.next_message(i) for i in range(3)]
+    published.append((3, 1))  # the job's three lines, as the batcher publishes them
+    answer(first[0])          # ... and the snapshot stays a step old: it still counts the first
+    fourth = client.next_message(3)
+    assert fourth.request_id == f"chatcmpl-{records.request_id(b, 3)}"  # the fourth line, not one stepped aside
+    assert not any(m.reply.future.cancelled() for m in first[1:])
+    published.append((3, 2))
+    for msg in (*first[1:], fourth):
+        answer(msg)
+    thread.join(10)
+    assert result == [True] and len(client.sent) == 4
 
 
 def test_while_others_have_work_the_runner_keeps_only_its_yield_share_in_flight(store: JobStore) -> None:
