@@ -53,6 +53,19 @@ def _families(family: type[GaugeMetricFamily] | type[CounterMetricFamily], repli
         yield metric
 
 
+# Speculation (docs/architecture.md, *Speculation*), named after vLLM's spec_decode series;
+# absent from a batcher that does not draft.
+SPECULATION_SERIES = {
+    "proposed_draft_tokens": ("llamactor_spec_decode_proposed_tokens", "Tokens drafters (a prediction, n-gram "
+                              "lookup) proposed, verified or not: the budget verifies what pays"),
+    "draft_tokens": ("llamactor_spec_decode_draft_tokens", "Drafted tokens (a prediction's, n-gram lookup's) "
+                     "verified in steps"),
+    "accepted_draft_tokens": ("llamactor_spec_decode_accepted_tokens",
+                              "Drafted tokens the model agreed with: output without a step of their own"),
+    "rejected_draft_tokens": ("llamactor_spec_decode_rejected_tokens",
+                              "Drafted tokens the model disagreed with: computed, then rolled back")}
+
+
 class _BatcherCollector(Collector):
     def __init__(self, stats: Callable[[], ReplicaStats]) -> None:
         self._stats = stats
@@ -98,15 +111,7 @@ class _BatcherCollector(Collector):
                                     "sequence id: each makes llama.cpp re-plan its graph on the next decode"),
             "graph_chains_adopted": ("llamactor_graph_chains_adopted", "Parked sampler chains a new request took "
                                      "over instead of a re-plan")})
-        # Speculation (docs/architecture.md, *Speculation*), named after vLLM's spec_decode series;
-        # absent from a batcher that does not draft.
-        yield from _families(CounterMetricFamily, s, None, {
-            "draft_tokens": ("llamactor_spec_decode_draft_tokens", "Drafted tokens (a prediction's, n-gram lookup's) "
-                             "verified in steps"),
-            "accepted_draft_tokens": ("llamactor_spec_decode_accepted_tokens",
-                                      "Drafted tokens the model agreed with: output without a step of their own"),
-            "rejected_draft_tokens": ("llamactor_spec_decode_rejected_tokens",
-                                      "Drafted tokens the model disagreed with: computed, then rolled back")})
+        yield from _families(CounterMetricFamily, s, None, SPECULATION_SERIES)
         yield from _families(CounterMetricFamily, s, "prefix_cache", {
             "lookups": ("llamactor_prefix_cache_lookups", "Admissions that looked for a cached prefix"),
             "hits": ("llamactor_prefix_cache_hits", "Admissions that attached a cached prefix"),

@@ -17,6 +17,13 @@ is drafted but a probe -- a step of ``PROBE_ROWS`` drafted rows more than the st
 next fit has a slope. The window forgets, so a batcher that stopped drafting probes again now and
 then (three steps in ``WINDOW``) and follows the engine's load.
 
+A drafter's acceptance is measured too: one that has had nothing accepted yet (``DraftWish.unproven``)
+is judged on its first row as if it were ``HOPEFUL``. A request's drafter starts at a prior (the
+n-gram drafter's is 0.5); where a row costs about what a step's fixed part does (a loaded CPU), no
+row pays at the prior, nothing is verified, and the estimate never learns that the request quotes
+its prompt word for word. Its cost is bounded: a row a step until a token is accepted or the
+drafter's back-off rests it.
+
 Pure: no clock; the batcher thread records each step's time and plans the next step's drafts.
 """
 
@@ -36,6 +43,8 @@ PROBES = 3  # the median of three: one stalled probe does not decide
 # A draft row's expected saving must beat its cost by this share: break-even rows (a fit's
 # rounding away from no fixed part) are not worth their KV cells.
 MIN_GAIN = 1e-4
+# The acceptance an unproven drafter's first row is judged at: as likely as a caller's prediction.
+HOPEFUL = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +146,8 @@ class DraftWish:
     # (``draft_together``): the fixed part is saved with the chance that each of them does, about
     # ``acceptance ** (i * together)`` for the i-th drafted token, not ``acceptance ** i``.
     together: int = 1
+    # Whether its drafter has had nothing accepted yet: its first row is judged at ``HOPEFUL``.
+    unproven: bool = False
 
 
 def draft_shares(remaining: Sequence[int | None], waiting: bool) -> list[float]:
@@ -199,6 +210,7 @@ def _rows_by_value(wishes: Sequence[DraftWish], line: Line) -> list[tuple[float,
     for index, wish in enumerate(wishes):
         p = min(max(wish.acceptance, 0.0), 1.0)
         fixed, together = line.fixed * max(wish.share, 0.0), max(wish.together, 1)
-        rows.extend((p ** i * line.per_row + p ** (i * together) * fixed, index)
-                    for i in range(1, max(wish.n_proposed, 0) + 1))
+        for i in range(1, max(wish.n_proposed, 0) + 1):
+            q = max(p, HOPEFUL) if wish.unproven and i == 1 else p
+            rows.append((q ** i * line.per_row + q ** (i * together) * fixed, index))
     return sorted(rows, key=lambda row: (-row[0], row[1]))

@@ -62,6 +62,11 @@ class Drafter(Protocol):
         """The estimated chance (0..1) that a drafted token is accepted, given those before it were."""
         ...
 
+    @property
+    def unproven(self) -> bool:
+        """Whether none of its drafted tokens has been accepted yet (the estimate is still its prior's)."""
+        ...
+
 
 def make_drafter(mode: str, prediction: Sequence[int] | None) -> Drafter | None:
     """The drafter a request's sampling asks for: the prediction's when there is one (tokenized,
@@ -87,6 +92,7 @@ class Adaptivity:
         self.rest = FIRST_REST  # the next rest's length
         self.resting_steps = 0
         self.probing = False
+        self.unproven = True
 
     @property
     def acceptance(self) -> float:
@@ -108,7 +114,7 @@ class Adaptivity:
         self.accepted = self.accepted * keep + n_accepted
         self.trials = self.trials * keep + n_accepted + (n_accepted < n_drafted)
         if n_accepted:
-            self.fail_streak, self.rest, self.probing = 0, FIRST_REST, False
+            self.fail_streak, self.rest, self.probing, self.unproven = 0, FIRST_REST, False, False
             return
         self.fail_streak += 1
         if self.probing or self.fail_streak >= FAIL_STREAK:

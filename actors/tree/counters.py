@@ -39,8 +39,9 @@ class StepCounters:
         # chains attached to or detached from an id (each a re-plan of llama.cpp's graph), and
         # parked chains a request took over instead (docs/operations.md, *Sampling inside the graph*)
         "graph_chain_changes": 0, "graph_chains_adopted": 0,
-        # draft rows verified, and those taken as tokens or not (docs/architecture.md, *Speculation*)
-        "draft_tokens": 0, "accepted_draft_tokens": 0, "rejected_draft_tokens": 0,
+        # tokens drafters proposed (verified or not: the budget grants what pays), draft rows
+        # verified, and those taken as tokens or not (docs/architecture.md, *Speculation*)
+        "proposed_draft_tokens": 0, "draft_tokens": 0, "accepted_draft_tokens": 0, "rejected_draft_tokens": 0,
         "rows_dropped": 0,  # overlapped steps' rows of sequences that ended while they were in flight
         "steps_planned_ahead": 0})  # overlapped steps launched as laid out while the step before computed
     # As timed: a generation step's four verbs, and the two parts of them the profile shows apart

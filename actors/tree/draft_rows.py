@@ -38,8 +38,11 @@ def prediction_ids(params: SamplingParams, tokenizer: Tokenizer) -> list[int] | 
 class DraftRows:
     """The batcher's drafting: drafters handed out, draft rows planned, step cost measured."""
 
-    def __init__(self, *, enabled: bool, draft_max: int, n_batch: int, n_ubatch: int, n_ctx_seq: int) -> None:
+    def __init__(self, *, enabled: bool, draft_max: int, n_batch: int, n_ubatch: int, n_ctx_seq: int,
+                 counts: dict[str, int] | None = None) -> None:
         self.enabled = enabled  # False in batch-invariant mode
+        # the batcher's counters: ``proposed_draft_tokens`` (what drafters proposed, verified or not)
+        self.counts = counts if counts is not None else {}
         self.draft_max = draft_max
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
@@ -69,11 +72,13 @@ class DraftRows:
                      for _, c, d in slots]
         if not any(proposals):
             return
+        self.counts["proposed_draft_tokens"] = self.counts.get("proposed_draft_tokens", 0) + sum(map(len, proposals))
         n_rows = plan.n_rows
         room = min(self.batch_room(n_rows), scheduler.draft_room(plan))
         shares = self.shares(plan, scheduler)
         together = draft_together(list(shares.values()), bool(scheduler.pending))
-        wishes = [DraftWish(len(p), d.acceptance, shares[i], together) for p, (i, _, d) in zip(proposals, slots)]
+        wishes = [DraftWish(len(p), d.acceptance, shares[i], together, d.unproven)
+                  for p, (i, _, d) in zip(proposals, slots)]
         granted = plan_drafts(wishes, n_rows, max(0, room), self.cost) if room > 0 else [0] * len(wishes)
         for (i, chunk, _), proposal, n in zip(slots, proposals, granted):
             if n > 0:

@@ -93,7 +93,7 @@ class GenerationSteps:
         self.sampler = GrammarSampler(engine.info.n_vocab)
         self.drafts = DraftRows(enabled=not config.batch_invariant, draft_max=config.draft_max,
                                 n_batch=engine.info.n_batch, n_ubatch=engine.info.n_ubatch,
-                                n_ctx_seq=engine.info.n_ctx_seq)
+                                n_ctx_seq=engine.info.n_ctx_seq, counts=counters.counts)
         self._plan: StepPlan | None = None  # the step's plan, once scheduled: its suspects
         self.overlap = OverlappedSteps(self) if overlap_on(config, engine.decodes_async) else None
 

@@ -16,14 +16,15 @@ from tests.support.dialects import completion
 
 pytestmark = pytest.mark.pure
 
-DRAFTING = {"state": "ready", "draft_tokens": 40, "accepted_draft_tokens": 31, "rejected_draft_tokens": 9}
+DRAFTING = {"state": "ready", "proposed_draft_tokens": 64, "draft_tokens": 40, "accepted_draft_tokens": 31,
+            "rejected_draft_tokens": 9}
 REPLICA = r'\{model="m",replica="%d"\}'
 
 
 def test_the_batchers_draft_counters_are_spec_decode_series_per_replica_and_absent_until_published() -> None:
     replicas: ReplicaStats = [("m", 0, DRAFTING), ("m", 1, {"state": "ready"})]
     text = Metrics(lambda: replicas).render().decode()
-    for name, value in (("draft", 40), ("accepted", 31), ("rejected", 9)):
+    for name, value in (("proposed", 64), ("draft", 40), ("accepted", 31), ("rejected", 9)):
         series = f"llamactor_spec_decode_{name}_tokens_total"
         assert metric(text, series + REPLICA % 0) == value
         assert f'{series}{{model="m",replica="1"}}' not in text  # that batcher publishes no draft counters

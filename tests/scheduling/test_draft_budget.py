@@ -13,9 +13,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from llamactor.scheduling.draft_budget import (PROBE_ROWS, PROBES, WINDOW, DraftWish, Line, StepCost, draft_shares,
-                                               draft_together,
-                                               plan_drafts)
+from llamactor.scheduling.draft_budget import (HOPEFUL, PROBE_ROWS, PROBES, WINDOW, DraftWish, Line, StepCost,
+                                               draft_shares, draft_together, plan_drafts)
 
 pytestmark = pytest.mark.pure
 
@@ -124,6 +123,15 @@ def test_one_stream_drafts_when_the_fixed_part_dominates() -> None:
     assert plan_drafts([DraftWish(16, 0.5)], 1, 511, cpu) == [1]
 
 
+def test_an_unproven_drafters_first_row_is_judged_as_hopeful_and_only_its_first() -> None:
+    cpu = fitted(35.0, 15.0)
+    assert plan_drafts([DraftWish(16, 0.3)], 1, 511, cpu) == [0]  # 0.3 * 50 ms saves no more than a 15 ms row
+    assert plan_drafts([DraftWish(16, 0.3, unproven=True)], 1, 511, cpu) == [1]  # HOPEFUL * 50 ms does
+    assert plan_drafts([DraftWish(16, 0.9, unproven=True)], 1, 511, cpu) == plan_drafts([DraftWish(16, 0.9)], 1, 511, cpu)
+    # where even a sure token saves less than its row, an unproven drafter gets nothing either
+    assert plan_drafts([DraftWish(16, 0.3, 1 / 64, unproven=True)] * 64, 64, 448, cpu) == [0] * 64
+
+
 def test_high_concurrency_plans_no_drafts() -> None:
     gpu = fitted(10.0, 0.1, range(1, 600, 7))
     assert plan_drafts([DraftWish(16, 0.6)], n_rows=1, room=511, cost=gpu) == [9]  # until 0.6 ** i is tiny
@@ -139,7 +147,8 @@ def test_the_room_left_caps_the_drafts_and_the_most_promising_go_first() -> None
     assert plan_drafts([DraftWish(16, 0.95)], 512, 0, cost) == [0]
 
 
-wishes_strategy = st.lists(st.builds(DraftWish, st.integers(0, 64), st.floats(0, 1), st.floats(0, 1)), max_size=24)
+wishes_strategy = st.lists(st.builds(DraftWish, st.integers(0, 64), st.floats(0, 1), st.floats(0, 1),
+                                     unproven=st.booleans()), max_size=24)
 costs = st.builds(Line, st.floats(0, 100), st.floats(0, 50))
 
 
@@ -159,7 +168,8 @@ def test_never_more_than_proposed_nor_than_the_room(wishes: list[DraftWish], n_r
     assert all(0 <= d <= w.n_proposed for d, w in zip(plan, wishes))
     assert sum(plan) <= room
     assert room > 0 or not any(plan)
-    assert all(d == 0 for d, w in zip(plan, wishes) if w.acceptance == 0)
+    assert all(d == 0 for d, w in zip(plan, wishes) if w.acceptance == 0 and not w.unproven)
+    assert all(d <= 1 for d, w in zip(plan, wishes) if w.acceptance == 0)  # an unproven one's first row at most
 
 
 @settings(max_examples=300, deadline=None)
@@ -179,7 +189,8 @@ def test_every_planned_row_is_expected_to_save_more_than_it_costs(wishes: list[D
     fitted_line = cost.line()
     for d, w in zip(plan, wishes):
         saving = fitted_line.per_row + fitted_line.fixed * w.share
-        assert all(w.acceptance ** i * saving >= fitted_line.per_row for i in range(1, d + 1))
+        judged = [max(w.acceptance, HOPEFUL) if w.unproven and i == 1 else w.acceptance for i in range(1, d + 1)]
+        assert all(p ** i * saving >= fitted_line.per_row for i, p in enumerate(judged, 1))
 
 
 @settings(max_examples=200, deadline=None)

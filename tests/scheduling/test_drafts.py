@@ -147,7 +147,9 @@ def test_failing_drafts_rest_for_growing_spells_and_a_good_probe_resumes() -> No
     assert [adapt.resting() for _ in range(FIRST_REST + 1)] == [True] * FIRST_REST + [False]
     adapt.observe(4, 0)  # the probe failed: twice as long
     assert [adapt.resting() for _ in range(2 * FIRST_REST + 1)] == [True] * 2 * FIRST_REST + [False]
+    assert adapt.unproven  # nothing accepted yet: the budget judges its first row hopefully
     adapt.observe(4, 2)  # a probe that pays: drafting resumes, the next rest as short as the first
+    assert not adapt.unproven
     for _ in range(FAIL_STREAK):
         assert not adapt.resting()
         adapt.observe(4, 0)
@@ -158,7 +160,7 @@ def test_nothing_verified_is_nothing_learned() -> None:
     adapt = Adaptivity(0.7)
     for _ in range(10):
         adapt.observe(0, 0)
-    assert adapt.acceptance == pytest.approx(0.7) and not adapt.resting()
+    assert adapt.acceptance == pytest.approx(0.7) and not adapt.resting() and adapt.unproven
     with pytest.raises(ValueError):
         adapt.observe(2, 3)
 
