@@ -5,10 +5,15 @@ go to the supervisor, told and never waited on (``send``, ``cancel``). Two metho
 batcher itself, through the reference the stats board publishes: ``stats`` asks it (and waits for
 the step in progress), ``inject_crash`` tells it. ``close`` stops the supervisor and waits for it.
 Safe from any number of threads and event loops at once.
+
+A program that never closes its trees still exits: the actors run on daemon threads (nothing
+waits for them), and an ``atexit`` hook, which runs on the main thread once it is done and before
+the interpreter tears down, stops every tree still running, each as ``close`` would.
 """
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import functools
 import threading
@@ -32,6 +37,22 @@ from llamactor.tree.board import StatsBoard
 from llamactor.tree.supervisor import SupervisorActor
 
 
+# The supervisors of the trees started and not yet closed (any thread adds or removes one).
+_running: set[pykka.ActorRef[Any]] = set()
+EXIT_STOP_S = 30.0  # how long the exit hook waits for a tree's step in progress and its stop
+
+
+@atexit.register
+def _stop_running_trees() -> None:
+    """Stop the trees a program left running (main thread, at exit)."""
+    for supervisor in list(_running):
+        try:
+            supervisor.stop(block=True, timeout=EXIT_STOP_S)
+        except Exception:  # noqa: BLE001 - already stopped, or stuck: the process exits regardless
+            pass
+    _running.clear()
+
+
 def start_tree(config: Config, start_timeout_s: float = 300.0) -> LLM:
     """Start one supervisor (and its batcher) for ``config``; block until its model is loaded."""
     # The batcher side (llama.cpp, torch) loads only when a tree starts: `import llamactor`, the
@@ -52,6 +73,7 @@ def start_tree(config: Config, start_timeout_s: float = 300.0) -> LLM:
         reason, load_error = proxy.failure_reason.get(), proxy.load_error.get()
         supervisor.stop()
         raise load_error or ModelLoadError(reason or "the batcher could not start")
+    _running.add(supervisor)
     return LLM(supervisor, config, proxy.info.get(), board)
 
 
@@ -154,6 +176,7 @@ class LLM(Client):
             concurrent.futures.wait(pending, timeout=drain_timeout_s)
         if self._supervisor.is_alive():
             self._supervisor.stop(block=True)
+        _running.discard(self._supervisor)
 
     def __enter__(self) -> LLM:
         return self

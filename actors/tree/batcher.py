@@ -52,6 +52,8 @@ log = get_logger("llamactor.batcher")
 class BatcherActor(pykka.ThreadingActor):
     """One model's batcher: ``__init__`` runs on the caller's thread, everything else on the actor's."""
 
+    use_daemon_thread = True  # as its supervisor's: stopped at exit by ``handles/llm.py``'s hook
+
     def __init__(self, config: Config, model_path: str, supervisor: pykka.ActorRef[Any] | None = None,
                  generation: int = 0, watchdog_trips: int = 0, board: StatsBoard | None = None,
                  tiers: CacheTiers | None = None) -> None:

@@ -76,6 +76,8 @@ class SupervisorActor(pykka.ThreadingActor):
     (requests, ``Cancel``), batchers (``BatcherReady``, ``BatcherFailed``), the thread that completes
     a request's future (``Forget``) and the back-off timer's thread (``RestartBatcher``)."""
 
+    use_daemon_thread = True  # a program that never closes its tree still exits (``handles/llm.py``)
+
     def __init__(self, config: Config, model_path: str, start_batcher: BatcherFactory,
                  board: StatsBoard | None = None, tiers: Any = None) -> None:
         super().__init__()
