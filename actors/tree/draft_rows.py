@@ -39,10 +39,10 @@ class DraftRows:
     """The batcher's drafting: drafters handed out, draft rows planned, step cost measured."""
 
     def __init__(self, *, enabled: bool, draft_max: int, n_batch: int, n_ubatch: int, n_ctx_seq: int,
-                 counts: dict[str, int] | None = None) -> None:
+                 counts: dict[str, int]) -> None:
         self.enabled = enabled  # False in batch-invariant mode
         # the batcher's counters: ``proposed_draft_tokens`` (what drafters proposed, verified or not)
-        self.counts = counts if counts is not None else {}
+        self.counts = counts
         self.draft_max = draft_max
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
@@ -72,7 +72,7 @@ class DraftRows:
                      for _, c, d in slots]
         if not any(proposals):
             return
-        self.counts["proposed_draft_tokens"] = self.counts.get("proposed_draft_tokens", 0) + sum(map(len, proposals))
+        self.counts["proposed_draft_tokens"] += sum(map(len, proposals))
         n_rows = plan.n_rows
         room = min(self.batch_room(n_rows), scheduler.draft_room(plan))
         shares = self.shares(plan, scheduler)

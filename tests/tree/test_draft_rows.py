@@ -12,6 +12,7 @@ import pytest
 from llamactor.base.messages import Generate, ReplyChannel
 from llamactor.base.sampling import SamplingParams
 from llamactor.scheduling.sequence import Chunk, Sequence, StepPlan
+from llamactor.tree.counters import StepCounters
 from llamactor.tree.draft_rows import DraftRows
 from llamactor.tree.output_rows import OutputRows
 from llamactor.tree.request_state import RequestState
@@ -34,7 +35,8 @@ def drafting(params: SamplingParams, n_prompt: int = 4, n_generated: int = 1) ->
 
 
 def rows(enabled: bool = True, draft_max: int = 16, n_ctx_seq: int = 1000) -> DraftRows:
-    return DraftRows(enabled=enabled, draft_max=draft_max, n_batch=64, n_ubatch=32, n_ctx_seq=n_ctx_seq)
+    return DraftRows(enabled=enabled, draft_max=draft_max, n_batch=64, n_ubatch=32, n_ctx_seq=n_ctx_seq,
+                     counts=StepCounters().counts)
 
 
 PREDICTED = SamplingParams(max_tokens=100, prediction="x")
