@@ -135,6 +135,7 @@ def info(**opts: Any) -> None:
         data["sampling"] = described(llm.sampling_defaults(), sources(llm.config.sampling, llm.info.gguf_sampling))
         data["loras"] = [{"id": i, "name": name, "path": path} for i, (name, path) in enumerate(llm.config.loras)]
         data["prefix_cache"] = {"enabled": llm.config.prefix_cache, "max_cells": llm.config.prefix_cache_cells,
+                                "rent": llm.config.prefix_cache_rent,
                                 "max_entries": cache.get("max_entries"), "pinned_cells": cache.get("pinned_cells")}
         click.echo(json.dumps(data, indent=2))
 
@@ -151,7 +152,7 @@ def info(**opts: Any) -> None:
 @click.option("--peer-server", envvar="LLAMACTOR_PEER_SERVER", type=click.Path(exists=True, dir_okay=False),
               default=None, help="A llama-server binary: also compare multi-turn chat and streams against it.")
 @click.option("--n-gpu-layers", envvar="LLAMACTOR_N_GPU_LAYERS", type=int, default=None,
-              help="Layers offloaded to the GPU in the uniform, host and streams workloads, by llamactor, "
+              help="Layers offloaded to the GPU in the uniform, host, kept_cells and streams workloads, by llamactor, "
               "its yardsticks and llama-server alike (default: Config's).")
 @click.option("--frontend-processes", "frontend_processes", default="1,2", show_default=True,
               help="host_cap's split legs: comma-separated counts of front-end processes (1: http_fp, sse_fp; "

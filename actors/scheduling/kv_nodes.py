@@ -33,6 +33,19 @@ class KvOp:
 
 
 @dataclass(frozen=True, slots=True)
+class IdleEntry:
+    """A cached entry no running sequence holds all of: ``own_cells`` held by it alone, last used
+    at ``last_used``; ``n_tokens``, ``runs`` and ``returning`` as its evicting ``KvOp`` would carry."""
+
+    seq_id: int
+    own_cells: int
+    last_used: float
+    n_tokens: int
+    runs: int
+    returning: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Match:
     n_tokens: int  # leading tokens whose KV is in the cache
     seq_id: int  # a sequence holding them (-1 when n_tokens == 0)

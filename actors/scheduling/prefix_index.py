@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from llamactor.base.tenants import DEFAULT_TENANT
-from llamactor.scheduling.kv_nodes import KvOp, Match, Node, own_tail, path, split
+from llamactor.scheduling.kv_nodes import IdleEntry, KvOp, Match, Node, own_tail, path, split
 from llamactor.scheduling.prefix_tree import PrefixTree
 
 
@@ -148,7 +148,16 @@ class PrefixIndex(PrefixTree):
     def flush(self) -> list[KvOp]:
         """Drop every unpinned entry, each offered to the lower tier: the cells that only entries
         held are freed, and the seq_ids of entries come free. Running sequences lose nothing."""
-        return [self._evict_entry(e) for e, pinned in list(self.entries.items()) if not pinned]
+        return self.evict_entries([e for e, pinned in self.entries.items() if not pinned])
+
+    def idle_entries(self) -> list[IdleEntry]:
+        """The unpinned entries holding cells alone, as their eviction would offer them to the lower tier."""
+        return [IdleEntry(e, own, self.leaf[e].last_used, self.leaf[e].end, *self._save_traits(e))
+                for e, pinned in self.entries.items() if not pinned and (own := own_tail(self.leaf[e], e)) > 0]
+
+    def evict_entries(self, seq_ids: Sequence[int]) -> list[KvOp]:
+        """Drop these entries whole, each offered to the lower tier (as ``evict``'s victims are)."""
+        return [self._evict_entry(e) for e in seq_ids]
 
     def restored(self, seq_id: int, tokens: Sequence[int], now: float) -> None:
         """The fresh ``seq_id`` got the KV of ``tokens`` from a lower tier (new cells of its own)."""
@@ -186,12 +195,16 @@ class PrefixIndex(PrefixTree):
         cell runs, and whether a part of it not pinned was used again."""
         if not self.offer_evicted:
             return {}
+        runs, returning = self._save_traits(seq_id)
+        return {"save": tuple(self.tokens(seq_id)), "scope": self.scopes[seq_id], "runs": runs, "returning": returning}
+
+    def _save_traits(self, seq_id: int) -> tuple[int, bool]:
+        """The entry's cell runs, and whether a part of it not pinned was used again."""
         held = list(path(self.leaf[seq_id]))
         # a long reused run: a short head node that a long attach passed through is every prompt's opening
         returning = any(n.reused and n.end >= REUSED_MIN_TOKENS and not any(self.entries.get(s) for s in n.seq_ids)
                         for n in held)
-        return {"save": tuple(self.tokens(seq_id)), "scope": self.scopes[seq_id],
-                "runs": max(1, sum(n.runs for n in held)), "returning": returning}
+        return max(1, sum(n.runs for n in held)), returning
 
     def _redundant_entry(self) -> int | None:
         return next((e for e, pinned in self.entries.items() if not pinned and self._covered(e, entries_only=False)),

@@ -45,6 +45,11 @@ PRIOR_WEIGHT = 2.0  # the prior counts as this many evictions (it decays like th
 BURST_STEPS = 4.0  # the save credit holds at most this many steps' share
 
 
+def reuse_class(returning: bool) -> str:
+    """The reuse estimate an entry counts in: ``returning`` (its prefix was used again) or ``fresh``."""
+    return "returning" if returning else "fresh"
+
+
 class Verdict(Enum):
     SAVE = "save"
     NOT_WORTH = "not_worth"  # expected recomputation saved below the save's cost
@@ -68,7 +73,20 @@ class SaveCandidate:
 
     @property
     def kind(self) -> str:
-        return "returning" if self.returning else "fresh"
+        return reuse_class(self.returning)
+
+
+@dataclass(frozen=True, slots=True)
+class Displaced:
+    """What a save would push out of the tier: the tokens it still has room for (beyond them, as
+    many of its least recently used entry's, ``returning`` or not, leave)."""
+
+    room_tokens: float = float("inf")
+    returning: bool = False
+
+    @property
+    def kind(self) -> str:
+        return reuse_class(self.returning)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +189,20 @@ class TierCostModel:
         self.credit_ms -= cost  # until the save's real time replaces it (``saved``)
         return SaveDecision(Verdict.SAVE, cost, gain)
 
+    def price_ms(self, c: SaveCandidate, displaced: Displaced = Displaced()) -> float | None:
+        """What letting ``c`` go from the cells now costs, as ``decide`` would treat it: the expected
+        recomputation where a save does not pay, else the save and, at its class's chance of reuse,
+        a restore (about a save's time), and the expected recomputation of what the save would push
+        out of a full tier (``displaced``); None where the save would pay but the steps' share
+        cannot take it now (dropped instead, it would cost its recomputation: it waits)."""
+        cost, gain = self.save_cost_ms(c), self.gain_ms(c)
+        if gain <= cost:
+            return gain
+        if cost > self.credit_ms:
+            return None
+        pushed_out = max(c.n_cells - displaced.room_tokens, 0.0) * self.token_ms
+        return cost * (1 + self.reuse[c.kind].p) + self.reuse[displaced.kind].p * pushed_out
+
     # -- what the engine reports ----------------------------------------------------------------
 
     def _credit_cap(self) -> float:
@@ -194,7 +226,7 @@ class TierCostModel:
 
     def reused(self, returning: bool) -> None:
         """A saved entry was restored (or a skipped one's prefix asked for again: ``ghost``)."""
-        self.reuse["returning" if returning else "fresh"].reused()
+        self.reuse[reuse_class(returning)].reused()
 
     def ghost_hit(self, returning: bool) -> None:
         self.counts["ghost_hits"] += 1

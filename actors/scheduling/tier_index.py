@@ -130,6 +130,10 @@ class TierIndex:
         """Most recently used first."""
         return list(reversed(self._lru))
 
+    def oldest(self) -> TierEntry | None:
+        """The least recently used entry (the next to leave), if any."""
+        return next(iter(self._lru.values()), None)
+
     def _lru_key(self) -> str:
         return next(iter(self._lru))
 

@@ -224,10 +224,15 @@ class GenerationSteps:
                           lambda: self.engine.decode(tokens, positions, seq_ids, wants))
         ms = (time.perf_counter() - t0) * 1000
         self.drafts.stepped(len(tokens), int(np.count_nonzero(wants)), ms)  # what a decode row costs: when drafts pay
-        if self.tiers is not None:  # what saves may take of a step, and what recomputing costs
-            self.tiers.stepped(len(tokens), ms)
+        self.tiers_stepped(len(tokens), ms)
         rows = OutputRows.of(plan, decoded.failed_seq_ids)  # before n_past moves on
         return StepResult(decoded, rows, self.counters.timed("sample", draw_tokens, self.sampler, decoded, rows))
+
+    def tiers_stepped(self, n_rows: int, ms: float) -> None:
+        """What saves may take of a step, what recomputing costs, what kept cells cost: and the idle
+        entries whose cells cost more than they save leave them (nothing is in flight)."""
+        if self.tiers is not None:
+            self.apply(self.tiers.stepped(n_rows, ms, self.index))
 
     @staticmethod
     def arrays(plan: StepPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

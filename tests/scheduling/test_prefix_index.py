@@ -135,6 +135,24 @@ def test_running_sequences_and_cells_they_share_are_never_evicted() -> None:
     assert_consistent(index, model)
 
 
+def test_idle_entries_are_the_unpinned_ones_holding_cells_alone_and_evicting_them_frees_those() -> None:
+    index, model = PrefixIndex(n_seq_ids=6, n_cells=100, offer_evicted=True), CellModel()
+    pinned = admit(index, model, [9, 9, 9], 0.5)
+    index.pin(pinned)
+    shared = admit(index, model, [1, 2, 3, 4], 1.0)
+    model.apply(index.finish(shared, 1.0, keep=True))
+    alone = admit(index, model, [7, 8, 7, 8, 7], 1.5)
+    model.apply(index.finish(alone, 1.5, keep=True))
+    running = admit(index, model, [1, 2, 3, 4, 5, 6], 2.0)  # holds all of shared's cells
+    idle = index.idle_entries()
+    assert [(e.seq_id, e.own_cells, e.last_used, e.n_tokens, e.runs) for e in idle] == [(alone, 5, 1.5, 5, 1)]
+    ops = index.evict_entries([e.seq_id for e in idle])
+    assert [(op.seq_id, op.save) for op in ops] == [(alone, (7, 8, 7, 8, 7))]
+    model.apply(ops)
+    assert index.tokens(running) == [1, 2, 3, 4, 5, 6] and alone not in index.entries and pinned in index.entries
+    assert_consistent(index, model)
+
+
 def test_allocation_with_every_seq_id_taken_drops_a_covered_entry_first_then_the_least_recent() -> None:
     index, model = PrefixIndex(n_seq_ids=3, n_cells=100), CellModel()
     a = admit(index, model, [1, 2], 1.0)

@@ -11,7 +11,8 @@ from hypothesis import given, strategies as st
 
 from llamactor.scheduling.kv_nodes import Match
 from llamactor.scheduling.prefix_index import PrefixIndex
-from llamactor.scheduling.tier_cost import (BURST_STEPS, Calibration, SaveCandidate, TierCostModel, Verdict)
+from llamactor.scheduling.tier_cost import (BURST_STEPS, Calibration, Displaced, SaveCandidate, TierCostModel,
+                                            Verdict)
 
 pytestmark = pytest.mark.pure
 
@@ -193,3 +194,24 @@ def test_a_restored_entry_is_offered_as_returning() -> None:
     index.extend(seq, [5], 1.0)
     index.finish(seq, 2.0, keep=True)
     assert index.flush()[0].returning
+
+
+def test_the_price_of_letting_an_entry_go_is_its_recomputation_or_its_save_and_likely_restore() -> None:
+    model = TierCostModel(GPU)
+    fragmented = candidate(64, n_runs=64)  # not worth saving: its price is the expected recomputation
+    assert model.price_ms(fragmented) == pytest.approx(model.gain_ms(fragmented))
+    contiguous = candidate(2000, n_runs=2, returning=True)  # worth it: the save, and a restore at p
+    save = model.save_cost_ms(contiguous)
+    assert model.price_ms(contiguous) == pytest.approx(save * (1 + model.reuse["returning"].p))
+    model.credit_ms = save / 2  # the steps' share cannot take it now: no price, it waits
+    assert model.price_ms(contiguous) is None
+    assert model.counts == {"saves_skipped": 0, "saves_over_budget": 0, "ghost_hits": 0}  # a price decides nothing
+
+
+def test_letting_go_into_a_full_tier_also_costs_the_recomputation_of_what_it_pushes_out() -> None:
+    model = TierCostModel(CPU)
+    c = candidate(200)
+    free = model.price_ms(c)
+    assert free is not None and model.price_ms(c, Displaced(room_tokens=500)) == pytest.approx(free)
+    pushing = model.price_ms(c, Displaced(room_tokens=50, returning=True))  # 150 tokens of a conversation go
+    assert pushing == pytest.approx(free + model.reuse["returning"].p * 150 * CPU.token_ms)

@@ -12,6 +12,7 @@ import pytest
 
 import llamactor
 from llamactor.native.engine import Engine
+from llamactor.scheduling import cell_rent
 
 from tests.conftest import NEAR_TIE, assert_equal_up_to_near_tie, audit_kv, batcher_ref, decode_prompt
 from tests.support.chat_prompts import PERSONA, chat_tokens
@@ -121,6 +122,32 @@ def test_an_evicted_conversation_comes_back_from_host_ram_and_answers_as_recompu
     assert second.usage.cached_tokens >= first.usage.prompt_tokens  # the history, from RAM
     ram = llm.stats()["cache_ram"]
     assert ram["restored"] == 1 and ram["restored_tokens"] == second.usage.cached_tokens
+    assert audit_kv(llm) == []
+    uncached = start_llm(n_parallel=1, n_ctx=2048, prefix_cache=False).chat(turn2, max_tokens=24, temperature=0)
+    assert_equal_up_to_near_tie(reference_engine, chat_tokens(reference_engine, turn2), second, uncached)
+
+
+def test_idle_cached_prefixes_leave_the_cells_while_others_compute_and_come_back_from_ram(
+        start_llm, reference_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kept cells pay rent (``cell_rent``; docs/performance.md, *Kept cells pay rent*): while a lone
+    stream computes, the idle conversation leaves the cells (saved: that pays), and its next turn
+    finds its history in RAM. The rate is made steep and left unfitted here, so that when it goes
+    depends on the rows computed, not on this machine's step times."""
+    monkeypatch.setattr(cell_rent, "PRIOR_CELL_TOKEN_RATIO", 1.0)
+    monkeypatch.setattr(cell_rent, "MIN_CELLS_SPREAD", float("inf"))
+    llm = start_llm(n_parallel=2, n_ctx=2048, batch_timeout_ms=5)
+    turn1 = conversation()
+    first = llm.chat(turn1, max_tokens=24, temperature=0)
+    kept = llm.stats()["prefix_cache"]["cells"]
+    assert kept >= first.usage.prompt_tokens
+    llm.ask("Count slowly:", max_tokens=3 * cell_rent.CHECK_EVERY, ignore_eos=True)
+    stats = llm.stats()
+    assert stats["cache_ram"]["rent"]["let_go"] >= 1 and not stats["cache_ram"]["rent"]["fitted"]
+    assert stats["prefix_cache"]["cells"] < kept - 100 and stats["cache_ram"]["saved"] >= 1
+    turn2 = turn1 + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And what did it carry?"}]
+    second = llm.chat(turn2, max_tokens=24, temperature=0)
+    assert second.usage.cached_tokens >= first.usage.prompt_tokens  # the history, from RAM
+    assert llm.stats()["cache_ram"]["restored"] == 1
     assert audit_kv(llm) == []
     uncached = start_llm(n_parallel=1, n_ctx=2048, prefix_cache=False).chat(turn2, max_tokens=24, temperature=0)
     assert_equal_up_to_near_tie(reference_engine, chat_tokens(reference_engine, turn2), second, uncached)

@@ -27,9 +27,10 @@ from llamactor.tree.tiers.disk import DiskTier, model_identity
 from llamactor.base.errors import EngineError
 from llamactor.native.engine import Engine
 from llamactor.native.kv_state import BUILD, SeqState
+from llamactor.scheduling.cell_rent import CellRent, let_go
 from llamactor.scheduling.kv_nodes import KvOp
 from llamactor.scheduling.prefix_index import PrefixIndex
-from llamactor.scheduling.tier_cost import SaveCandidate, TierCostModel
+from llamactor.scheduling.tier_cost import Displaced, SaveCandidate, TierCostModel
 from llamactor.scheduling.tier_index import NO_MATCH, RESTORE_MIN_GAIN, RestoreOp, TierIndex, TierMatch
 from llamactor.tree.tiers.calibration import calibrate
 
@@ -42,7 +43,7 @@ GHOSTS = 1024  # skipped entries remembered (tokens only) to learn whether they 
 class CacheTiers:
     """Host-RAM entries within ``ram_bytes``, least recently used out first (to ``disk``, if any)."""
 
-    def __init__(self, ram_bytes: int, disk: DiskTier | None = None) -> None:
+    def __init__(self, ram_bytes: int, disk: DiskTier | None = None, *, rent: bool = True) -> None:
         self.ram = TierIndex(ram_bytes)
         self.states: dict[str, tuple[str, tuple[int, ...], SeqState]] = {}  # key -> (scope, tokens, state)
         self.lock = threading.Lock()
@@ -50,6 +51,8 @@ class CacheTiers:
         self.persistent = disk is not None  # entries outlive the process
         self._keys = itertools.count()
         self.cost: TierCostModel | None = None  # made by ``calibrate_on`` at the first batcher's start
+        self.charges_rent = rent  # idle entries leave the cells once keeping them costs more (``cell_rent``)
+        self.rent: CellRent | None = None  # made with ``cost``
         self.ghosts = TierIndex(GHOSTS)  # one "byte" an entry: a count
         self.returning: dict[str, bool] = {}  # RAM's and the ghosts' keys -> the entry was reused before
         self.counters: dict[str, float] = {"saved": 0, "saved_tokens": 0, "restored": 0, "restored_tokens": 0,
@@ -71,7 +74,8 @@ class CacheTiers:
                 disk = DiskTier(config.cache_dir, config.cache_dir_mib * MIB, validity)
             except OSError as e:  # an unusable directory costs the disk tier, not the service
                 log.warning("disk_tier_unavailable", dir=config.cache_dir, error=str(e))
-        return cls(config.cache_ram_mib * MIB, disk)
+        # batch-invariant mode frees cells only by its flushes (``packed_kv``)
+        return cls(config.cache_ram_mib * MIB, disk, rent=config.prefix_cache_rent and not config.batch_invariant)
 
     # -- batcher thread -----------------------------------------------------------------------
 
@@ -85,12 +89,29 @@ class CacheTiers:
         except (EngineError, RuntimeError) as e:  # a context too small to measure in: every eviction is saved
             log.warning("cache_tier_calibration_failed", error=str(e))
             return
+        if self.charges_rent:
+            self.rent = CellRent(self.cost.token_ms)
         log.info("cache_tier_calibrated", **self.cost.stats())
 
-    def stepped(self, n_rows: int, ms: float) -> None:
-        """A decode step of ``n_rows`` rows took ``ms`` (the cost model's step time and prefill rate)."""
-        if self.cost is not None:
-            self.cost.stepped(n_rows, ms)
+    def stepped(self, n_rows: int, ms: float, index: PrefixIndex) -> list[KvOp]:
+        """A decode step of ``n_rows`` rows took ``ms`` (the cost model's step time and prefill rate,
+        the kept cells' rent); the evictions of the entries whose rent is due, to carry out."""
+        if self.cost is None:
+            return []
+        self.cost.stepped(n_rows, ms)
+        if self.rent is None:
+            return []
+        self.rent.stepped(n_rows, ms, index.cells_used, time.perf_counter())
+        return let_go(index, self.rent, self.cost, self._displaced()) if self.rent.check_due() else []
+
+    def _displaced(self) -> Displaced:
+        """What a save into RAM pushes out now: nothing with a disk tier (it keeps what leaves RAM)
+        or room to spare; else tokens like those of the least recently used entry."""
+        oldest = self.ram.oldest()
+        if self.disk is not None or oldest is None:
+            return Displaced()
+        room = (self.ram.budget_bytes - self.ram.bytes_used) * len(oldest.tokens) / max(oldest.nbytes, 1)
+        return Displaced(room, self.returning.get(oldest.key, False))
 
     def lookup(self, scope: str, tokens: list[int]) -> TierMatch:
         """The entry of cache scope ``scope`` sharing the longest prefix with ``tokens`` (a hit
@@ -255,6 +276,7 @@ class CacheTiers:
             return {"entries": len(self.ram), "bytes": self.ram.bytes_used, "budget_bytes": self.ram.budget_bytes,
                     **{k: round(v, 3) if isinstance(v, float) else v for k, v in self.counters.items()},
                     **({"save_cost": self.cost.stats()} if self.cost is not None else {}),
+                    **({"rent": self.rent.stats()} if self.rent is not None else {}),
                     **({"disk": self.disk.stats()} if self.disk is not None else {})}
 
 

@@ -1,0 +1,141 @@
+"""What the prefix cache's kept cells cost every step, and when an idle entry has paid for its keep.
+
+llama.cpp's unified KV cache attends over every cell up to the highest one in use, for every row
+of every step: each row's attention walks (and masks out) the cached prefixes that no running
+sequence reads, and builds its mask over them. So a kept entry's cells are not free while others
+compute: they cost every step (on the 2-core CPU of docs/performance.md, *Kept cells pay rent*,
+a full 8,192-cell cache made a lone stream's decode steps 1.3× slower on Gemma 3 and 1.6× on
+SmolLM2, and prefills slower too). vLLM and SGLang attend over each sequence's own blocks only; there a kept
+block is free, here it is rented.
+
+Keeping an idle entry is renting; letting it go (offered to the host-RAM tier, else dropped) is
+buying: its next use then costs what the tier cost model expects (``TierCostModel.price_ms``: the
+save now and the restore then, or the recomputation). The rule is the ski-rental one: an entry
+goes once the rent its cells have cost since its last use reaches that price, which is never more
+than twice what the best choice in hindsight costs. Steps with no rows charge nothing: an idle
+server keeps its cache.
+
+The rates are learned from decode steps: ``ms ≈ a + b·rows + (c + d·rows)·cells_in_use``, least
+squares with exponential forgetting (``MEMORY_STEPS``), taken once the cells in use have varied
+enough to tell them apart from the rest and kept while they do not (a full cache stays full),
+starting from a prior (``PRIOR_CELL_TOKEN_RATIO`` of the prefill cost per token, a step). The cells
+in use are a lower bound of the cells attended (llama.cpp leaves holes), so the rates are what one
+more cell in use costs.
+
+Pure: no threads, no clock, no llama calls; the batcher passes times in (batcher thread).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+import numpy as np
+
+from llamactor.scheduling.kv_nodes import IdleEntry, KvOp
+from llamactor.scheduling.prefix_index import PrefixIndex
+from llamactor.scheduling.tier_cost import Displaced, SaveCandidate, TierCostModel
+
+# Steps over which the rate's fit forgets (each step's weight decays by 1 - 1/MEMORY_STEPS).
+MEMORY_STEPS = 2048
+# A decode step has fewer rows than this (prefill rows also attend over their own prompt).
+DECODE_ROWS = 32
+# The cells in use must have spread this much (their weighted standard deviation) for a fit.
+MIN_CELLS_SPREAD = 256.0
+# Before a fit: a kept cell costs a step this fraction of prefilling a token (this CPU, a lone
+# stream: ~0.8 µs a cell against ~1-2 ms a token on a small cache).
+PRIOR_CELL_TOKEN_RATIO = 1 / 1000
+# The rent clock's checkpoints kept (an entry idle for longer owes what the oldest one counts).
+CLOCK_STEPS = 1 << 16
+# Steps between two looks at the entries (each look is a pass over them).
+CHECK_EVERY = 16
+
+
+class CellRent:
+    """What a kept cell costs a step, and the rent charged per cell since a time (batcher thread).
+
+    A step of ``rows`` rows is charged ``max(c + d·rows, 0)`` per cell in use, with the rates of
+    the time (``c``: per step, ``d``: per row; prefill steps as ``DECODE_ROWS - 1`` rows). On this
+    CPU a lone stream's cost per kept cell was about the same on both models, but at 8 rows
+    Gemma 3's attention skipped masked cells in tiles and hardly paid any more, where SmolLM2's
+    paid 8 times as much: hence a part per step and a part per row."""
+
+    def __init__(self, token_ms: float) -> None:
+        self.cell_step_ms = token_ms * PRIOR_CELL_TOKEN_RATIO
+        self.cell_row_ms = 0.0
+        self.fitted = False
+        self._sums = np.zeros((5, 5))  # weighted sums of [1, rows, cells, rows·cells, ms] outer products
+        self._new: list[tuple[float, float, float, float, float]] = []  # decode steps not yet in the sums
+        self._times: list[float] = [float("-inf")]  # the rent clock: when each step ended,
+        self._charged: list[float] = [0.0]  # and the rent charged per cell by then
+        self._steps = 0
+        self.let_go = 0
+
+    def per_cell_ms(self, n_rows: int) -> float:
+        """What one more cell in use costs a step of ``n_rows`` rows, at the present rates."""
+        return max(self.cell_step_ms + self.cell_row_ms * min(n_rows, DECODE_ROWS - 1), 0.0)
+
+    def stepped(self, n_rows: int, ms: float, cells_in_use: int, now: float) -> None:
+        """A step of ``n_rows`` rows took ``ms`` with ``cells_in_use`` cells in use; it ended at
+        ``now``. Cheap: the fit runs at the next look (``check_due``)."""
+        self._steps += 1
+        self._times.append(now)
+        self._charged.append(self._charged[-1] + self.per_cell_ms(n_rows))
+        if len(self._times) > 2 * CLOCK_STEPS:  # forget the oldest half at once: amortised O(1)
+            del self._times[:CLOCK_STEPS], self._charged[:CLOCK_STEPS]
+        if 0 < n_rows < DECODE_ROWS:
+            self._new.append((1.0, n_rows, cells_in_use, n_rows * cells_in_use, ms))
+
+    def _fit(self) -> None:
+        """Fold the new steps into the sums; the rates, where the cells in use have spread enough
+        to tell them (else the last ones)."""
+        if not self._new:
+            return
+        x = np.array(self._new)
+        decay = (1 - 1 / MEMORY_STEPS) ** np.arange(len(x) - 1, -1, -1)
+        self._sums = self._sums * (1 - 1 / MEMORY_STEPS) ** len(x) + (x * decay[:, None]).T @ x
+        self._new.clear()
+        s = self._sums
+        w = s[0, 0]
+        if w < 8 or s[2, 2] / w - (s[0, 2] / w) ** 2 < MIN_CELLS_SPREAD ** 2:
+            return
+        try:
+            _, _, c, d = np.linalg.solve(s[:4, :4], s[:4, 4])
+        except np.linalg.LinAlgError:  # one row count only: rows and rows·cells are not apart
+            return
+        if np.isfinite(c) and np.isfinite(d):
+            self.cell_step_ms, self.cell_row_ms, self.fitted = float(c), float(d), True
+
+    def charged_since(self, t: float) -> float:
+        """The rent charged per cell by the steps that ended after ``t``."""
+        i = bisect_right(self._times, t)
+        return self._charged[-1] - self._charged[max(i - 1, 0)]
+
+    def owed_ms(self, entry: IdleEntry) -> float:
+        """The rent ``entry``'s cells have cost the steps since its last use."""
+        return entry.own_cells * self.charged_since(entry.last_used)
+
+    def check_due(self) -> bool:
+        """Whether this step looks at the entries (every ``CHECK_EVERY``-th); the rates are fitted
+        to the steps since the last look first."""
+        if self._steps % CHECK_EVERY:
+            return False
+        self._fit()
+        return True
+
+    def due(self, priced: list[tuple[IdleEntry, float | None]]) -> list[int]:
+        """The seq_ids of the entries whose rent has reached their price (None: not now): to let go."""
+        gone = [e.seq_id for e, price in priced if price is not None and self.owed_ms(e) >= price]
+        self.let_go += len(gone)
+        return gone
+
+    def stats(self) -> dict[str, float | bool | int]:
+        return {"cell_us_at_1_row": round(self.per_cell_ms(1) * 1000, 4),
+                "cell_us_at_8_rows": round(self.per_cell_ms(8) * 1000, 4), "fitted": self.fitted,
+                "let_go": self.let_go}
+
+
+def let_go(index: PrefixIndex, rent: CellRent, cost: TierCostModel, displaced: Displaced = Displaced()) -> list[KvOp]:
+    """The evictions of the entries whose rent is due (``displaced``: what a save would push out
+    of the tier). Call it at a look (``check_due``)."""
+    priced = [(e, cost.price_ms(SaveCandidate(e.n_tokens, min(e.runs, e.n_tokens), e.own_cells, e.returning),
+                                displaced)) for e in index.idle_entries()]
+    return index.evict_entries(rent.due(priced))
