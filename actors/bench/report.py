@@ -20,6 +20,7 @@ from llamactor.bench import (
     daemon,
     embeddings,
     generation,
+    kept_cells,
     host,
     host_cap_report,
     peer,
@@ -39,10 +40,10 @@ Section = Callable[[dict[str, Any]], list[str]]
 
 # The report's order; workloads with only goals (sampled, batch, the memory legs...) have no section.
 SECTIONS: tuple[Section, ...] = (
-    generation.report_lines, daemon.report_lines, prefix.report_lines, tiers.report_lines, peer.report_lines,
-    scheduling.report_lines, structured.report_lines, embeddings.report_lines, rerank.report_lines, replicas.report_lines,
-    host.report_lines, host_cap_report.report_lines, sim_device.report_lines, streams.report_lines, two_models.report_lines,
-    speculation.report_lines)
+    generation.report_lines, daemon.report_lines, prefix.report_lines, tiers.report_lines, kept_cells.report_lines,
+    peer.report_lines, scheduling.report_lines, structured.report_lines, embeddings.report_lines, rerank.report_lines,
+    replicas.report_lines, host.report_lines, host_cap_report.report_lines, sim_device.report_lines,
+    streams.report_lines, two_models.report_lines, speculation.report_lines)
 
 # (name, how to read it from the results, comparison, target)
 TARGETS: list[tuple[str, str, str, float]] = [
@@ -105,6 +106,15 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("many users 64×4 on 8: later-turn TTFT p50, RAM tier / none", "many_users.ttft_later_p50_ratio", "<=", 0.3),
     ("warm restart: next-turn TTFT p50, restarted on --cache-dir / cold", "warm_restart.ttft_p50_ratio", "<=", 0.25),
     ("one-off requests: tok/s, RAM tier on / off", "one_off.tok_s_ratio", ">=", 0.97),
+    # a cache full of idle one-off prefixes: the rent on / off (docs/performance.md, "Kept cells pay rent")
+    ("kept cells: SmolLM2's lone stream tok/s after a burst of one-off prompts, rent on / off",
+     "kept_cells.instruct.lone_ratio", ">=", 1.2),
+    ("kept cells: lone stream tok/s after the burst, rent on / off, lower of both models", "kept_cells.min_lone_ratio",
+     ">=", 1.0),
+    ("kept cells: 8 streams' tok/s after the burst, rent on / off, lower of both models",
+     "kept_cells.min_streams_ratio", ">=", 0.97),
+    ("kept cells: the burst's prompts/s, rent on / off, lower of both models", "kept_cells.min_burst_ratio",
+     ">=", 0.97),
     # no absolute target on 2 cores (the replicas share them); affinity must beat the shortest queue on cache
     ("replicas multiturn: history from cache, prefix_affinity - shortest_queue", "replicas.multiturn.hit_rate_gain",
      ">", 0.0),

@@ -10,7 +10,8 @@ packed embeddings (``embeddings``), lm-eval-style prompt scoring (``scoring``), 
 shared judging prompt and their quality on both models (``rerank``), two replicas behind the
 router (``replicas``), durable batch jobs (``batch``: ``batch_jobs``), 16 streams across 3 batcher
 crashes (``resilience``), a q8_0 KV cache and the daemon's resident memory (``memory``), the cache
-tiers' *many_users* and *warm_restart* (``tiers``), fair shares between tenants (``tenants``), the
+tiers' *many_users* and *warm_restart* (``tiers``), a cache full of idle prefixes with the kept cells' rent
+on and off (``kept_cells``), fair shares between tenants (``tenants``), the
 throughput and memory legs on both installed models (``models``: ``two_models``), the
 batcher's host work per step with real and replayed decodes (``host``), the token rate the host
 side carries in-process and over HTTP on the replayed decode (``host_cap``), a mixed base/LoRA-adapter
@@ -39,6 +40,7 @@ from llamactor.bench import (
     generation,
     host,
     host_cap,
+    kept_cells,
     memory,
     peer,
     prefix,
@@ -85,6 +87,7 @@ def workloads(s: BenchSettings) -> dict[str, tuple[int, Workload]]:
         "memory": (3, memory.bench_memory),
         "many_users": (2, tiers.bench_many_users), "warm_restart": (3, tiers.bench_warm_restart),
         "one_off": (2 if s.quick else 3, tiers.bench_one_off),
+        "kept_cells": (2, kept_cells.bench_kept_cells),
         "tenants": (tenants.n_ticks(s), tenants.bench_tenants), "host": (host.n_ticks(), host.bench_host),
         "host_cap": (host_cap.n_ticks(), host_cap.bench_host_cap),
         "sim_device": (sim_device.n_ticks(), sim_device.bench_sim_device),

@@ -41,7 +41,7 @@ RESULTS = {
     "daemon_idle": {"cpu_percent": 0.5},
     "multiturn": [{"users": 4, "turns": 3, "n_parallel": 4, "n_ctx": 8192, "cache_on": M(), "cache_off": M(1.7),
                    "ttft_later_p50_ratio": 0.3, "wall_ratio": 0.5, "computed_vs_new": 1.2}],
-    "few_shot": M(), "many_users": M(), "one_off": M(), "warm_restart": M(), "priorities": M(), "overcommit": M(), "structured": M(),
+    "few_shot": M(), "many_users": M(), "one_off": M(), "kept_cells": M(), "warm_restart": M(), "priorities": M(), "overcommit": M(), "structured": M(),
     "embeddings": M(), "replicas": M(), "scoring": M(), "batch": M(), "crash_streams": M(), "kv_q8": M(),
     "memory": M(), "tenants": M(), "adapters": M(), "batch_invariant": M(),
     "host": {"max_tokens": 32, "recorded_rows": 7, "max_real_sequences": 64,
