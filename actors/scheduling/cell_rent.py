@@ -28,6 +28,7 @@ Pure: no threads, no clock, no llama calls; the batcher passes times in (batcher
 from __future__ import annotations
 
 from bisect import bisect_right
+
 import numpy as np
 
 from llamactor.scheduling.kv_nodes import IdleEntry, KvOp
@@ -55,8 +56,8 @@ class CellRent:
     A step of ``rows`` rows is charged ``max(c + d·rows, 0)`` per cell in use, with the rates of
     the time (``c``: per step, ``d``: per row; prefill steps as ``DECODE_ROWS - 1`` rows). On this
     CPU a lone stream's cost per kept cell was about the same on both models, but at 8 rows
-    Gemma 3's attention skipped masked cells in tiles and hardly paid any more, where SmolLM2's
-    paid 8 times as much: hence a part per step and a part per row."""
+    Gemma 3's steps hardly paid any more, where SmolLM2's paid several times as much: hence a
+    part per step and a part per row."""
 
     def __init__(self, token_ms: float) -> None:
         self.cell_step_ms = token_ms * PRIOR_CELL_TOKEN_RATIO
