@@ -18,7 +18,8 @@ server keeps its cache.
 The rates are learned from decode steps: ``ms ≈ a + b·rows + (c + d·rows)·cells_in_use``, least
 squares with exponential forgetting (``MEMORY_STEPS``), taken once the cells in use have varied
 enough to tell them apart from the rest and kept while they do not (a full cache stays full),
-starting from a prior (``PRIOR_CELL_TOKEN_RATIO`` of the prefill cost per token, a step). The cells
+starting from a prior (``PRIOR_CELL_TOKEN_RATIO`` of the prefill cost per token, a step). Steps of
+one row count (a lone stream's) fit ``c`` alone. The cells
 in use are a lower bound of the cells attended (llama.cpp leaves holes), so the rates are what one
 more cell in use costs.
 
@@ -41,6 +42,8 @@ MEMORY_STEPS = 2048
 DECODE_ROWS = 32
 # The cells in use must have spread this much (their weighted standard deviation) for a fit.
 MIN_CELLS_SPREAD = 256.0
+# The rows of decode steps must have spread this much to tell a cell's cost per row from its cost per step.
+MIN_ROWS_SPREAD = 0.5
 # Before a fit: a kept cell costs a step this fraction of prefilling a token (this CPU, a lone
 # stream: ~0.8 µs a cell against ~1-2 ms a token on a small cache).
 PRIOR_CELL_TOKEN_RATIO = 1 / 1000
@@ -98,12 +101,16 @@ class CellRent:
         w = s[0, 0]
         if w < 8 or s[2, 2] / w - (s[0, 2] / w) ** 2 < MIN_CELLS_SPREAD ** 2:
             return
+        # Steps of one row count (a lone stream's) cannot tell the per-step part from the per-row
+        # one: then a cell costs what it costs at that count, whatever the rows.
+        terms = [0, 1, 2, 3] if s[1, 1] / w - (s[0, 1] / w) ** 2 >= MIN_ROWS_SPREAD ** 2 else [0, 2]
         try:
-            _, _, c, d = np.linalg.solve(s[:4, :4], s[:4, 4])
-        except np.linalg.LinAlgError:  # one row count only: rows and rows·cells are not apart
+            solved = np.linalg.solve(s[np.ix_(terms, terms)], s[terms, 4])
+        except np.linalg.LinAlgError:
             return
+        c, d = (float(solved[2]), float(solved[3])) if len(terms) == 4 else (float(solved[1]), 0.0)
         if np.isfinite(c) and np.isfinite(d):
-            self.cell_step_ms, self.cell_row_ms, self.fitted = float(c), float(d), True
+            self.cell_step_ms, self.cell_row_ms, self.fitted = c, d, True
 
     def charged_since(self, t: float) -> float:
         """The rent charged per cell by the steps that ended after ``t``."""

@@ -48,6 +48,15 @@ def test_the_rates_are_fitted_from_decode_steps_once_the_cells_in_use_have_sprea
     assert rent.per_cell_ms(1) == pytest.approx(0.00075, rel=0.1) and rent.per_cell_ms(16) == 0.0  # never negative
 
 
+def test_a_lone_streams_steps_fit_a_cost_per_cell_at_its_one_row() -> None:
+    rng = random.Random(2)
+    rent = CellRent(token_ms=2.0)
+    cells = [rng.randint(0, 8192) for _ in range(2000)]
+    step_all(rent, [(1, 10.0 + 0.0008 * c + rng.gauss(0, 0.5), c) for c in cells])
+    assert rent.fitted and rent.cell_row_ms == 0.0
+    assert rent.per_cell_ms(1) == pytest.approx(0.0008, rel=0.1)
+
+
 def test_a_cache_whose_cells_in_use_never_spread_keeps_the_prior_rates() -> None:
     rent = CellRent(token_ms=2.0)
     step_all(rent, [(rows, 3.0 + 2.0 * rows + 0.0008 * rows * 8192, 8192) for rows in range(1, 17)] * 100)
