@@ -135,7 +135,7 @@ def test_idle_cached_prefixes_leave_the_cells_while_others_compute_and_come_back
     depends on the rows computed, not on this machine's step times."""
     monkeypatch.setattr(cell_rent, "PRIOR_CELL_TOKEN_RATIO", 1.0)
     monkeypatch.setattr(cell_rent, "MIN_CELLS_SPREAD", float("inf"))
-    llm = start_llm(n_parallel=2, n_ctx=2048, batch_timeout_ms=5)
+    llm = start_llm(n_parallel=2, n_ctx=2048, batch_timeout_ms=5, prefix_cache_rent=True)
     turn1 = conversation()
     first = llm.chat(turn1, max_tokens=24, temperature=0)
     kept = llm.stats()["prefix_cache"]["cells"]

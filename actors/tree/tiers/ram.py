@@ -43,7 +43,7 @@ GHOSTS = 1024  # skipped entries remembered (tokens only) to learn whether they 
 class CacheTiers:
     """Host-RAM entries within ``ram_bytes``, least recently used out first (to ``disk``, if any)."""
 
-    def __init__(self, ram_bytes: int, disk: DiskTier | None = None, *, rent: bool = True) -> None:
+    def __init__(self, ram_bytes: int, disk: DiskTier | None = None, *, rent: bool = False) -> None:
         self.ram = TierIndex(ram_bytes)
         self.states: dict[str, tuple[str, tuple[int, ...], SeqState]] = {}  # key -> (scope, tokens, state)
         self.lock = threading.Lock()
