@@ -23,7 +23,7 @@ from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.prefix_sharing import waits_for_prefix, waits_for_scores
 from llamactor.scheduling.prompt_scores import ScoreCache, reusable_end
 from llamactor.scheduling.sequence import Sequence, StepPlan
-from llamactor.scheduling.tier_index import RestoreOp, TierMatch, plan_restore
+from llamactor.scheduling.tier_index import NO_MATCH, RestoreOp, TierMatch, plan_restore, restore_pays
 
 TierLookup = Callable[[str, list[int]], TierMatch]  # a lower cache tier's longest match (scope, tokens)
 
@@ -116,8 +116,18 @@ class Admitting(ABC):
 
     def _admission_order(self, now: float) -> Iterator[Sequence]:
         """The waiting sequences in the policy's order, then fairly (``fair_order``)."""
-        ordered = self.policy.order_waiting(self.pending, now, lambda s: self._lookup(s, self._reusable(s)).n_tokens)
+        ordered = self.policy.order_waiting(self.pending, now, self._cached_tokens)
         return fair_order(ordered, self.running, self.fair, now)
+
+    def _cached_tokens(self, seq: Sequence) -> int:
+        """How much of ``seq``'s prompt admission would not compute (``lpm``'s rank): the cells'
+        match, or a lower tier's where restoring it pays, as admission would restore it."""
+        reusable = self._reusable(seq)
+        n_cells = self._lookup(seq, reusable).n_tokens
+        found = self.tier(seq.scope, reusable) if self.tier is not None else NO_MATCH
+        if found.key is not None and restore_pays(found.n_tokens - n_cells, found.n_entry):
+            return found.n_tokens
+        return n_cells
 
     def _reusable(self, seq: Sequence) -> list[int]:
         """The tokens whose KV may be attached from the cache (``reusable_end``)."""

@@ -9,7 +9,8 @@ first served.
 
 ``fcfs`` ignores priorities. ``priority`` orders by effective priority. ``lpm`` (seed 003's
 cache-aware policy, SGLang's "longest prefix match") admits the waiting request with the longest
-cached prefix first, then by effective priority; past ``LPM_MAX_WAITING`` waiting requests it
+cached prefix first (in the cells, or in a lower tier where admission would restore it), then by
+effective priority; past ``LPM_MAX_WAITING`` waiting requests it
 orders by priority alone, since a prefix lookup per waiting request per admission would cost
 more than it saves (SGLang does the same).
 """

@@ -12,6 +12,7 @@ from llamactor.scheduling.policy import LPM_MAX_WAITING, Policy, effective_prior
 from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.scheduler import Scheduler
 from llamactor.scheduling.sequence import Sequence
+from llamactor.scheduling.tier_index import RestoreOp, TierMatch
 
 from tests.support.scheduling import make_scheduler, make_seq, run_to_end
 
@@ -108,6 +109,25 @@ def test_lpm_admits_the_request_with_the_longest_cached_prefix_first() -> None:
     s.add(make_seq(0, at=2.0, rid="next-turn", tokens=list(range(1, 41)) + [50, 51]))
     plan = s.schedule(3.0)
     assert [(q.request_id, q.n_cached) for q in plan.admitted] == [("next-turn", 40)]
+
+
+def test_lpm_ranks_a_prefix_held_by_a_lower_tier_as_cached_since_admission_restores_it() -> None:
+    history = list(range(1, 41))  # gone from the cells to RAM: the tier holds it, the cells nothing
+    s = make_scheduler(n_parallel=1, batch_size=1, n_batch=64, policy=Policy("lpm"),
+                       tier=lambda _, tokens: TierMatch(40, "k", 40) if tokens[:40] == history else TierMatch(0))
+    s.add(make_seq(0, at=1.0, rid="new-topic", tokens=list(range(100, 140))))
+    s.add(make_seq(0, at=2.0, rid="next-turn", tokens=history + [50, 51]))
+    plan = s.schedule(3.0)
+    assert [(q.request_id, q.n_cached) for q in plan.admitted] == [("next-turn", 40)]
+    assert [op.n_keep for op in plan.kv_ops if isinstance(op, RestoreOp)] == [40]
+
+
+def test_lpm_ranks_a_lower_tier_match_too_short_to_restore_as_uncached() -> None:
+    s = make_scheduler(n_parallel=1, batch_size=1, n_batch=64, policy=Policy("lpm"),
+                       tier=lambda _, tokens: TierMatch(2, "k", 400) if tokens[0] == 1 else TierMatch(0))
+    s.add(make_seq(0, at=1.0, rid="first", tokens=list(range(100, 140))))
+    s.add(make_seq(0, at=2.0, rid="tiny-match", tokens=list(range(1, 41))))
+    assert [q.request_id for q in s.schedule(3.0).admitted] == ["first"]
 
 
 def test_prompt_chunks_get_the_step_budget_in_priority_order() -> None:
