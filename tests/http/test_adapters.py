@@ -20,6 +20,12 @@ from tests.support.daemon import (Daemon, assert_same_greedy_text_up_to_near_tie
                              start_daemon, streamed_legacy_result)
 
 PROMPT = "The capital of France is"
+# A chat question SmolLM2 answers differently under the "style" adapter whatever near-tie the cache
+# decides: "...is January" without it, "...is " with it. Found by scanning questions (greedy, 8
+# tokens): the two part at the 7th token, and every top-2 margin up to and at it is >= 1.9 on both
+# sides, above NEAR_TIE. ("What is the capital of France?" was not such a question: both say
+# "...is Paris." and the adapter's answer goes on only past a near-tie of 0.58 against the end.)
+QUESTION = [{"role": "user", "content": "Name the first month of the year."}]
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +87,10 @@ def test_a_lora_id_and_the_adapters_name_as_model_give_the_same_answer_which_is_
 
 def test_a_chat_runs_under_the_adapter_it_names(daemon: Daemon) -> None:
     client = daemon.client()
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
 
     def chat(**kw: Any) -> Any:
-        reply = client.chat.completions.create(model=kw.pop("model", "any"), messages=messages,  # type: ignore[arg-type]
-                                               max_tokens=12, temperature=0, logprobs=True, top_logprobs=2, **kw)
+        reply = client.chat.completions.create(model=kw.pop("model", "any"), messages=QUESTION,  # type: ignore[arg-type]
+                                               max_tokens=8, temperature=0, logprobs=True, top_logprobs=2, **kw)
         return reply.choices[0]
 
     by_id, by_name, base = chat(extra_body={"lora": [{"id": 0, "scale": 1.0}]}), chat(model="style"), chat()
@@ -103,16 +108,15 @@ def test_an_unknown_lora_id_is_a_400_before_any_stream_starts(daemon: Daemon, st
 
 
 def test_the_anthropic_and_ollama_routes_take_an_adapters_name_as_the_model_too(daemon: Daemon) -> None:
-    question = [{"role": "user", "content": "What is the capital of France?"}]
     claude = anthropic.Anthropic(base_url=daemon.url, api_key="none", max_retries=0)
 
     def message(model: str) -> str:
-        reply = claude.messages.create(model=model, max_tokens=12, messages=question,  # type: ignore[arg-type]
+        reply = claude.messages.create(model=model, max_tokens=8, messages=QUESTION,  # type: ignore[arg-type]
                                        extra_body={"temperature": 0})
         return "".join(b.text for b in reply.content if b.type == "text")
 
     assert message("style") != message("any")
     client = ollama.Client(host=daemon.url)
-    styled, base = (client.chat(model=m, messages=question, options={"temperature": 0, "num_predict": 12})
+    styled, base = (client.chat(model=m, messages=QUESTION, options={"temperature": 0, "num_predict": 8})
                     for m in ("style", "any"))
     assert styled.message.content != base.message.content

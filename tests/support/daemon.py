@@ -165,6 +165,12 @@ def chat_result(choice: Any) -> tuple[str, list[GreedyStep], str | None]:
     return choice.message.content or "", chat_steps(choice.logprobs.content), choice.finish_reason
 
 
+def ollama_result(response: Any) -> tuple[str, list[GreedyStep], str | None]:
+    """An Ollama ``generate`` response (asked with ``logprobs=True, top_logprobs=2``), for the
+    comparison above (Ollama's ``done_reason`` is the finish reason)."""
+    return response.response, chat_steps(response.logprobs or []), response.done_reason
+
+
 def streamed_legacy_result(chunks: Iterable[Any]) -> tuple[str, list[GreedyStep], str | None]:
     """Choice 0 of a streamed legacy completion (asked with ``logprobs=2``), joined."""
     text, tokens, tops, finish = "", [], [], None
