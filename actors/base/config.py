@@ -131,7 +131,7 @@ class Config:
     chat_template: str | None = None  # a Jinja chat template used instead of the GGUF's (or the transcript)
     prefix_cache: bool = True  # keep finished requests' KV as cached prefixes for later requests
     prefix_cache_cells: int | None = None  # most KV cells cached prefixes may hold; None: all that is free
-    prefix_cache_rent: bool = False  # idle cached prefixes leave the cells once those cost the steps more than they save
+    prefix_cache_rent: bool = True  # idle cached prefixes leave the cells once those cost the steps more than they save
     # Logits rows one step may compute for prompt log-probabilities (scoring); each row is n_vocab
     # floats (1 MiB for Gemma 3), reduced in the step to what was asked for and not kept.
     score_rows_per_step: int = 64
