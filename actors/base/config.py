@@ -1,8 +1,8 @@
 """Configuration of one actor tree (``Config``; its default sampling is a ``SamplingParams``,
 ``llamactor.base.sampling``).
 
-A frozen, slotted dataclass validated in ``__post_init__``: a bad value fails at construction
-with a message naming the field, never later inside the batcher thread.
+A frozen, slotted dataclass validated in ``__post_init__`` (``config_checks.check_config``): a bad
+value fails at construction with a message naming the field, never later inside the batcher thread.
 """
 
 from __future__ import annotations
@@ -12,30 +12,19 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from llamactor.base.adapters import parse_loras
-from llamactor.base.errors import InvalidRequestError, SequenceLimitError, require as _require
-from llamactor.base.chat_template import ChatTemplateError, check_template_syntax
-from llamactor.base.priority import check_policy
+from llamactor.base.config_checks import (FLASH_ATTN, KV_TYPES, LOAD_ON_REQUEST, MAX_FRONTEND_PROCESSES, MAX_SEQUENCES,
+                                          PINNED_SEQ_IDS, check_config)
+from llamactor.base.errors import SequenceLimitError, require as _require
 from llamactor.base.sampling import SamplingParams
 from llamactor.base.tenants import Tenant
-from llamactor.base.unset import fill_unset, set_options
+from llamactor.base.unset import set_options
+
+__all__ = ["Config", "DEFAULT_CACHED_SEQ_IDS", "FLASH_ATTN", "KV_TYPES", "LOAD_ON_REQUEST", "MAX_FRONTEND_PROCESSES",
+           "MAX_SEQUENCES", "PINNED_SEQ_IDS", "default_n_threads", "max_sequences"]
 
 
-# Sequence ids one llama context may hold: llama.cpp's LLAMA_MAX_SEQ. Running sequences, pinned
-# system prompts and cached prefixes share them. A model with sliding-window layers holds half:
-# the engine gives each of its sequences a shadow id (native/batch.py), so the most is per model
-# (``max_sequences``), checked where the model is loaded (``Config.seq_ids_within``).
-MAX_SEQUENCES = 256
-# Sequence ids a configured system prompt pins (its raw and its chat-template form).
-PINNED_SEQ_IDS = 2
 # Cached prefixes the default id pool has room for, at least (more with a larger n_parallel).
 DEFAULT_CACHED_SEQ_IDS = 32
-
-# Element types of the KV cache (llama.cpp's type_k / type_v): f16, or quantized to 8 or 4 bits.
-KV_TYPES = ("f16", "q8_0", "q4_0")
-FLASH_ATTN = ("auto", "on", "off")  # llama.cpp's flash attention: auto (where the backend has it)
-MAX_FRONTEND_PROCESSES = 64  # a sane bound: each is a whole Python process with the app
-LOAD_ON_REQUEST = ("admins", "tenants")  # who may load a model by asking for it (Config.load_on_request)
 
 
 def max_sequences(sliding_window: bool) -> int:
@@ -45,42 +34,6 @@ def max_sequences(sliding_window: bool) -> int:
 
 def default_n_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-
-def _check_batch_invariant(c: Config) -> None:
-    """Refuse what batch-invariant mode cannot make (or has not been checked to make) bit-exact."""
-    _require(c.flash_attn != "off", "batch_invariant needs flash attention (its one-row kernel is the invariant "
-             "one): use flash_attn 'auto' or 'on'")
-    _require(c.n_ubatch <= 32, f"batch_invariant needs n_ubatch <= 32 (flash attention tiles 64 query rows "
-             f"differently), got {c.n_ubatch}")
-    _require(c.n_gpu_layers in (None, 0), "batch_invariant is verified on CPU only: use n_gpu_layers 0")
-    _require(c.sample_in_graph is not True, "batch_invariant samples on the host: sample_in_graph must be off")
-    _require(c.kv_type == "f16", f"batch_invariant is verified with an f16 KV cache only, got kv_type {c.kv_type}")
-    _require(not c.loras, "batch_invariant is not verified with LoRA adapters (their matmuls pick kernels by rows)")
-
-
-def _check_rerank(c: Config) -> None:
-    for name in ("max_rerank_documents", "rerank_max_tokens_per_doc"):
-        value = getattr(c, name)
-        _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                 f"{name} must be an integer >= 1, got {value!r}")
-    _require(c.rerank_template is None or (isinstance(c.rerank_template, str) and all(
-        c.rerank_template.count(p) == 1 for p in ("{query}", "{document}"))),
-        "rerank_template must hold {query} and {document} once each (or be None: the GGUF's, else the built-in)")
-
-
-def _check_transport(c: Config) -> None:
-    """The daemon's HTTP edge (docs/operations.md, *Threat model*, "The transport"): positive limits,
-    host and origin names without spaces."""
-    for name in ("body_timeout_s", "header_timeout_s", "keep_alive_s"):
-        _require(getattr(c, name) > 0, f"{name} must be > 0, got {getattr(c, name)}")
-    _require(c.limit_concurrency >= 1, f"limit_concurrency must be >= 1, got {c.limit_concurrency}")
-    _require(c.max_header_bytes >= 1024, f"max_header_bytes must be >= 1024, got {c.max_header_bytes}")
-    _require(isinstance(c.frontend_processes, int) and 0 <= c.frontend_processes <= MAX_FRONTEND_PROCESSES,
-             f"frontend_processes must be 0 to {MAX_FRONTEND_PROCESSES}, got {c.frontend_processes}")
-    for name in ("allowed_hosts", "allowed_origins"):
-        object.__setattr__(c, name, tuple(v.strip() for item in getattr(c, name) for v in item.split(",") if v.strip()))
-        _require(all(" " not in v for v in getattr(c, name)), f"{name}: a name holds a space: {getattr(c, name)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,76 +153,7 @@ class Config:
     otlp_endpoint: str | None = None
 
     def __post_init__(self) -> None:
-        fill_unset(self)
-        # the most any model allows; the model's own (half on sliding-window layers) when it loads
-        _require(1 <= self.n_parallel <= MAX_SEQUENCES - PINNED_SEQ_IDS,
-                 f"n_parallel must be in [1, {MAX_SEQUENCES - PINNED_SEQ_IDS}], got {self.n_parallel}")
-        _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")
-        _require(self.n_seq_ids is None or self.n_parallel + PINNED_SEQ_IDS <= self.n_seq_ids <= MAX_SEQUENCES,
-                 f"n_seq_ids must be in [n_parallel + {PINNED_SEQ_IDS}, {MAX_SEQUENCES}] "
-                 f"(n_parallel={self.n_parallel}), got {self.n_seq_ids}")
-        # llama.cpp cuts a causal model's batch to the context and asserts on a larger one: cut it here
-        object.__setattr__(self, "n_batch", min(self.n_batch, self.n_ctx))
-        _require(self.n_batch >= self.n_parallel,
-                 f"n_batch ({self.n_batch}, at most n_ctx) must be >= n_parallel ({self.n_parallel}): every "
-                 "running sequence needs one token per step")
-        if self.n_ubatch == 0:  # flash attention's tiled kernel starts at 64 query rows: 32 is invariant
-            object.__setattr__(self, "n_ubatch", min(self.n_batch, 32 if self.batch_invariant else 512))
-        if self.batch_invariant:
-            _check_batch_invariant(self)
-        _require(1 <= self.n_ubatch <= self.n_batch, f"n_ubatch must be in [1, n_batch], got {self.n_ubatch}")
-        _require(self.flash_attn in ("auto", "on", "off"), f"flash_attn must be auto, on or off, got {self.flash_attn!r}")
-        _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")
-        _require(self.n_gpu_layers is None or (isinstance(self.n_gpu_layers, int) and self.n_gpu_layers >= -1),
-                 f"n_gpu_layers must be >= -1 (-1: all) or None (all on a GPU build), got {self.n_gpu_layers!r}")
-        _require(self.batch_timeout_ms >= 0, f"batch_timeout_ms must be >= 0, got {self.batch_timeout_ms}")
-        _require(self.batch_size is None or self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
-        _require(self.max_queue >= 1, f"max_queue must be >= 1, got {self.max_queue}")
-        _require(self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}")
-        _require(self.system_prompt is None or self.system_prompt != "", "system_prompt must not be empty")
-        if self.chat_template is not None:
-            try:
-                check_template_syntax(self.chat_template)
-            except ChatTemplateError as e:
-                raise InvalidRequestError(f"chat_template: {e}") from e
-        check_policy(self.schedule_policy, self.priority_aging_per_s)
-        _require(self.watchdog_timeout_s >= 0, f"watchdog_timeout_s must be >= 0 (0: off), got {self.watchdog_timeout_s}")
-        _require(16 <= self.embedding_n_batch <= 8192, f"embedding_n_batch must be in [16, 8192], got {self.embedding_n_batch}")
-        _require(1 <= self.embedding_n_seq_max <= 256,
-                 f"embedding_n_seq_max must be in [1, 256], got {self.embedding_n_seq_max}")
-        _require(0.0 < self.embedding_time_share < 1.0,
-                 f"embedding_time_share must be in (0, 1), got {self.embedding_time_share}")
-        _require(isinstance(self.draft_max, int) and 1 <= self.draft_max <= 64,
-                 f"draft_max must be in [1, 64], got {self.draft_max!r}")
-        _require(0.0 < self.score_time_share <= 10.0,
-                 f"score_time_share must be in (0, 10], got {self.score_time_share}")
-        _require(1 <= self.score_rows_per_step <= self.n_batch,
-                 f"score_rows_per_step must be in [1, n_batch], got {self.score_rows_per_step}")
-        _require(self.kv_type in KV_TYPES, f"kv_type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}")
-        _require(self.flash_attn in FLASH_ATTN,
-                 f"flash_attn must be one of {', '.join(FLASH_ATTN)}, got {self.flash_attn!r}")
-        # llama.cpp quantizes the V cache only inside its flash-attention kernel; without it the
-        # context cannot be created, so say so now rather than as a model load failure.
-        _require(self.kv_type == "f16" or self.flash_attn != "off",
-                 f"kv_type {self.kv_type} needs flash attention: use flash_attn 'auto' or 'on', or kv_type f16")
-        _require(isinstance(self.cache_ram_mib, int) and self.cache_ram_mib >= 0,
-                 f"cache_ram_mib must be an integer >= 0 (0: off), got {self.cache_ram_mib!r}")
-        _require(isinstance(self.cache_dir_mib, int) and self.cache_dir_mib >= 1,
-                 f"cache_dir_mib must be an integer >= 1, got {self.cache_dir_mib!r}")
-        _require(self.cache_dir is None or self.cache_dir != "", "cache_dir must not be empty (None: off)")
-        _require(self.prefix_cache_cells is None or self.prefix_cache_cells >= 0,
-                 f"prefix_cache_cells must be >= 0 or None, got {self.prefix_cache_cells}")
-        tenants = tuple(t if isinstance(t, Tenant) else Tenant.from_mapping(t, "tenants") for t in self.tenants)
-        object.__setattr__(self, "tenants", tenants)
-        _require(len({t.name for t in tenants}) == len(tenants), "tenants must have distinct names")
-        object.__setattr__(self, "loras", parse_loras(self.loras))
-        _check_transport(self)
-        # -- tenant limits (docs/operations.md, *Tenants*)
-        _require(isinstance(self.max_sequences_per_request, int) and self.max_sequences_per_request >= 1,
-                 f"max_sequences_per_request must be an integer >= 1, got {self.max_sequences_per_request!r}")
-        _check_rerank(self)
-        _require(self.load_on_request in LOAD_ON_REQUEST,
-                 f"load_on_request must be one of {', '.join(LOAD_ON_REQUEST)}, got {self.load_on_request!r}")
+        check_config(self)
 
     @property
     def seq_ids(self) -> int:
