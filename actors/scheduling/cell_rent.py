@@ -19,9 +19,12 @@ The rates are learned from decode steps: ``ms ≈ a + b·rows + (c + d·rows)·c
 squares with exponential forgetting (``MEMORY_STEPS``), taken once the cells in use have varied
 enough to tell them apart from the rest and kept while they do not (a full cache stays full),
 starting from a prior (``PRIOR_CELL_TOKEN_RATIO`` of the prefill cost per token, a step). Steps of
-one row count (a lone stream's) fit ``c`` alone. The cells
-in use are a lower bound of the cells attended (llama.cpp leaves holes), so the rates are what one
-more cell in use costs.
+one row count (a lone stream's) fit ``c`` alone. Prefill steps have their own fit,
+``ms ≈ a + b·rows + e·rows·cells_in_use``: a prompt row attends over every cell in use as a decode
+row does, but costs the matmuls far less, so in a burst of prompts kept cells cost far more per
+step than a decode's rates would say (on Gemma 3, prefilling a token took 1.8 ms with the cache
+empty and 3.2 ms with it full). The cells in use are a lower bound of the cells attended (llama.cpp
+leaves holes), so the rates are what one more cell in use costs.
 
 Pure: no threads, no clock, no llama calls; the batcher passes times in (batcher thread).
 """
@@ -44,6 +47,8 @@ DECODE_ROWS = 32
 MIN_CELLS_SPREAD = 256.0
 # The rows of decode steps must have spread this much to tell a cell's cost per row from its cost per step.
 MIN_ROWS_SPREAD = 0.5
+# The rows of prefill steps must have spread this much to tell their fixed part from their part per row.
+MIN_PREFILL_ROWS_SPREAD = 16.0
 # Before a fit: a kept cell costs a step this fraction of prefilling a token (this CPU, a lone
 # stream: ~0.8 µs a cell against ~1-2 ms a token on a small cache).
 PRIOR_CELL_TOKEN_RATIO = 1 / 1000
@@ -53,21 +58,60 @@ CLOCK_STEPS = 1 << 16
 CHECK_EVERY = 16
 
 
+class StepFit:
+    """Least squares with exponential forgetting over steps' ``[1, rows, cells, rows·cells]``
+    against their ms (batcher thread). Steps are queued cheaply and folded in at ``fold``."""
+
+    def __init__(self) -> None:
+        self._sums = np.zeros((5, 5))  # weighted sums of [1, rows, cells, rows·cells, ms] outer products
+        self._new: list[tuple[float, float, float, float, float]] = []  # steps not yet in the sums
+
+    def add(self, n_rows: int, cells_in_use: int, ms: float) -> None:
+        self._new.append((1.0, n_rows, cells_in_use, n_rows * cells_in_use, ms))
+
+    def fold(self) -> bool:
+        """Fold the queued steps into the sums; whether there were any."""
+        if not self._new:
+            return False
+        x = np.array(self._new)
+        decay = (1 - 1 / MEMORY_STEPS) ** np.arange(len(x) - 1, -1, -1)
+        self._sums = self._sums * (1 - 1 / MEMORY_STEPS) ** len(x) + (x * decay[:, None]).T @ x
+        self._new.clear()
+        return True
+
+    def spread(self, column: int) -> float:
+        """The weighted standard deviation of ``column`` (1: rows, 2: cells); 0 with too few steps."""
+        s = self._sums
+        w = s[0, 0]
+        return 0.0 if w < 8 else float(max(s[column, column] / w - (s[0, column] / w) ** 2, 0.0)) ** 0.5
+
+    def solve(self, terms: list[int]) -> list[float] | None:
+        """The coefficients of ``terms`` (columns) that fit the ms best; None where they cannot be told apart."""
+        try:
+            solved = np.linalg.solve(self._sums[np.ix_(terms, terms)], self._sums[terms, 4])
+        except np.linalg.LinAlgError:
+            return None
+        return [float(v) for v in solved] if np.all(np.isfinite(solved)) else None
+
+
 class CellRent:
     """What a kept cell costs a step, and the rent charged per cell since a time (batcher thread).
 
-    A step of ``rows`` rows is charged ``max(c + d·rows, 0)`` per cell in use, with the rates of
-    the time (``c``: per step, ``d``: per row; prefill steps as ``DECODE_ROWS - 1`` rows). On this
-    CPU a lone stream's cost per kept cell was about the same on both models, but at 8 rows
-    Gemma 3's steps hardly paid any more, where SmolLM2's paid several times as much: hence a
-    part per step and a part per row."""
+    A decode step of ``rows`` rows is charged ``max(c + d·rows, 0)`` per cell in use, with the
+    rates of the time (``c``: per step, ``d``: per row). On this CPU a lone stream's cost per kept
+    cell was about the same on both models, but at 8 rows Gemma 3's steps hardly paid any more,
+    where SmolLM2's paid several times as much: hence a part per step and a part per row. A
+    prefill step (``DECODE_ROWS`` rows or more) is charged ``max(e·rows, 0)``: each prompt row
+    attends over every cell in use, and prefill rows cost the matmuls far less each than decode
+    rows, so they have a fit of their own (``ms ≈ a + b·rows + e·rows·cells``); until it has one,
+    as a decode step of ``DECODE_ROWS - 1`` rows."""
 
     def __init__(self, token_ms: float) -> None:
         self.cell_step_ms = token_ms * PRIOR_CELL_TOKEN_RATIO
         self.cell_row_ms = 0.0
+        self.cell_prefill_row_ms: float | None = None  # None: no fit of prefill steps yet
         self.fitted = False
-        self._sums = np.zeros((5, 5))  # weighted sums of [1, rows, cells, rows·cells, ms] outer products
-        self._new: list[tuple[float, float, float, float, float]] = []  # decode steps not yet in the sums
+        self._decodes, self._prefills = StepFit(), StepFit()
         self._times: list[float] = [float("-inf")]  # the rent clock: when each step ended,
         self._charged: list[float] = [0.0]  # and the rent charged per cell by then
         self._steps = 0
@@ -75,42 +119,40 @@ class CellRent:
 
     def per_cell_ms(self, n_rows: int) -> float:
         """What one more cell in use costs a step of ``n_rows`` rows, at the present rates."""
+        if n_rows >= DECODE_ROWS and self.cell_prefill_row_ms is not None:
+            return max(self.cell_prefill_row_ms * n_rows, 0.0)
         return max(self.cell_step_ms + self.cell_row_ms * min(n_rows, DECODE_ROWS - 1), 0.0)
 
     def stepped(self, n_rows: int, ms: float, cells_in_use: int, now: float) -> None:
         """A step of ``n_rows`` rows took ``ms`` with ``cells_in_use`` cells in use; it ended at
-        ``now``. Cheap: the fit runs at the next look (``check_due``)."""
+        ``now``. Cheap: the fits run at the next look (``check_due``)."""
         self._steps += 1
         self._times.append(now)
         self._charged.append(self._charged[-1] + self.per_cell_ms(n_rows))
         if len(self._times) > 2 * CLOCK_STEPS:  # forget the oldest half at once: amortised O(1)
             del self._times[:CLOCK_STEPS], self._charged[:CLOCK_STEPS]
-        if 0 < n_rows < DECODE_ROWS:
-            self._new.append((1.0, n_rows, cells_in_use, n_rows * cells_in_use, ms))
+        if n_rows > 0:
+            (self._decodes if n_rows < DECODE_ROWS else self._prefills).add(n_rows, cells_in_use, ms)
 
     def _fit(self) -> None:
-        """Fold the new steps into the sums; the rates, where the cells in use have spread enough
-        to tell them (else the last ones)."""
-        if not self._new:
-            return
-        x = np.array(self._new)
-        decay = (1 - 1 / MEMORY_STEPS) ** np.arange(len(x) - 1, -1, -1)
-        self._sums = self._sums * (1 - 1 / MEMORY_STEPS) ** len(x) + (x * decay[:, None]).T @ x
-        self._new.clear()
-        s = self._sums
-        w = s[0, 0]
-        if w < 8 or s[2, 2] / w - (s[0, 2] / w) ** 2 < MIN_CELLS_SPREAD ** 2:
-            return
-        # Steps of one row count (a lone stream's) cannot tell the per-step part from the per-row
-        # one: then a cell costs what it costs at that count, whatever the rows.
-        terms = [0, 1, 2, 3] if s[1, 1] / w - (s[0, 1] / w) ** 2 >= MIN_ROWS_SPREAD ** 2 else [0, 2]
-        try:
-            solved = np.linalg.solve(s[np.ix_(terms, terms)], s[terms, 4])
-        except np.linalg.LinAlgError:
-            return
-        c, d = (float(solved[2]), float(solved[3])) if len(terms) == 4 else (float(solved[1]), 0.0)
-        if np.isfinite(c) and np.isfinite(d):
-            self.cell_step_ms, self.cell_row_ms, self.fitted = c, d, True
+        """The rates, from the steps so far, where the cells in use have spread enough to tell
+        them (else the last ones)."""
+        if self._decodes.fold() and self._decodes.spread(2) >= MIN_CELLS_SPREAD:
+            # Steps of one row count (a lone stream's) cannot tell the per-step part from the
+            # per-row one: then a cell costs what it costs at that count, whatever the rows.
+            if self._decodes.spread(1) >= MIN_ROWS_SPREAD:
+                solved = self._decodes.solve([0, 1, 2, 3])
+                rates = None if solved is None else (solved[2], solved[3])
+            else:
+                solved = self._decodes.solve([0, 2])
+                rates = None if solved is None else (solved[1], 0.0)
+            if rates is not None:
+                (self.cell_step_ms, self.cell_row_ms), self.fitted = rates, True
+        if self._prefills.fold() and self._prefills.spread(2) >= MIN_CELLS_SPREAD:
+            # Prompt chunks of one size make rows·cells a multiple of cells: fit without ``b``.
+            terms = [0, 1, 3] if self._prefills.spread(1) >= MIN_PREFILL_ROWS_SPREAD else [0, 3]
+            if (solved := self._prefills.solve(terms)) is not None:
+                self.cell_prefill_row_ms = solved[-1]
 
     def charged_since(self, t: float) -> float:
         """The rent charged per cell by the steps that ended after ``t``."""
@@ -138,7 +180,8 @@ class CellRent:
     def stats(self) -> dict[str, float | bool | int]:
         return {"cell_us_at_1_row": round(self.per_cell_ms(1) * 1000, 4),
                 "cell_us_at_8_rows": round(self.per_cell_ms(8) * 1000, 4), "fitted": self.fitted,
-                "let_go": self.let_go}
+                "cell_us_at_512_prefill_rows": round(self.per_cell_ms(512) * 1000, 4),
+                "prefill_fitted": self.cell_prefill_row_ms is not None, "let_go": self.let_go}
 
 
 def let_go(index: PrefixIndex, rent: CellRent, cost: TierCostModel, displaced: Displaced = Displaced()) -> list[KvOp]:

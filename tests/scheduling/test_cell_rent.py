@@ -1,4 +1,4 @@
-"""The kept cells' rent (pure): its rate fitted from decode steps, the row clock, and the
+"""The kept cells' rent (pure): its rates fitted from decode and prefill steps, the row clock, and the
 ski-rental rule that lets an idle entry go once its rent reaches its price. The real engine's
 side is tests/tree/test_cache_tiers.py (an idle cache leaves the cells, its prefixes come back)."""
 
@@ -64,12 +64,33 @@ def test_a_cache_whose_cells_in_use_never_spread_keeps_the_prior_rates() -> None
     assert rent.per_cell_ms(1) == rent.per_cell_ms(16) == pytest.approx(2.0 * PRIOR_CELL_TOKEN_RATIO)
 
 
-def test_prefill_steps_are_charged_but_stay_out_of_the_fit() -> None:
+def test_prefill_steps_stay_out_of_the_decode_fit_and_fit_a_cost_per_cell_per_prompt_row() -> None:
+    rng = random.Random(3)
     rent = CellRent(token_ms=2.0)
-    # Prefills whose time grows with the cells in use far faster than any decode's would be a
-    # steep slope, if they counted.
-    step_all(rent, [(512, 10.0 * cells, cells) for cells in range(0, 8192, 64)])
-    assert not rent.fitted and rent.charged_since(0.0) == pytest.approx(128 * rent.per_cell_ms(1))
+    # Prompt chunks of many sizes, each row paying 0.2 µs per cell in use: a slope far steeper
+    # than any decode's, and folded into the decode rates it would be.
+    steps = []
+    for _ in range(1500):
+        rows, cells = rng.randint(32, 512), rng.randint(0, 8192)
+        steps.append((rows, 5.0 + 0.3 * rows + 0.0002 * rows * cells + rng.gauss(0, 2.0), cells))
+    step_all(rent, steps)
+    assert not rent.fitted and rent.per_cell_ms(1) == pytest.approx(2.0 * PRIOR_CELL_TOKEN_RATIO)
+    assert rent.cell_prefill_row_ms == pytest.approx(0.0002, rel=0.1)
+    assert rent.per_cell_ms(400) == pytest.approx(400 * 0.0002, rel=0.1)
+
+
+def test_prompt_chunks_of_one_size_fit_the_cost_per_cell_per_row_too() -> None:
+    rent = CellRent(token_ms=2.0)
+    step_all(rent, [(512, 10.0 + 0.0002 * 512 * cells, cells) for cells in range(0, 8192, 64)])
+    assert rent.cell_prefill_row_ms == pytest.approx(0.0002, rel=0.01)
+
+
+def test_before_a_prefill_fit_a_prompt_chunk_is_charged_as_a_decode_step() -> None:
+    rent = CellRent(token_ms=2.0)
+    rent.cell_row_ms = 0.0001
+    assert rent.per_cell_ms(512) == rent.per_cell_ms(cell_rent.DECODE_ROWS - 1)
+    step_all(rent, [(512, 50.0, 8192)] * 64)  # a full cache whose cells in use never spread: no fit
+    assert rent.cell_prefill_row_ms is None and rent.per_cell_ms(512) == rent.per_cell_ms(cell_rent.DECODE_ROWS - 1)
 
 
 @given(st.lists(st.tuples(st.integers(1, 600), st.floats(0.0, 5.0)), max_size=60), st.floats(-1.0, 400.0))
