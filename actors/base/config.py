@@ -84,7 +84,9 @@ class Config:
     chat_template: str | None = None  # a Jinja chat template used instead of the GGUF's (or the transcript)
     prefix_cache: bool = True  # keep finished requests' KV as cached prefixes for later requests
     prefix_cache_cells: int | None = None  # most KV cells cached prefixes may hold; None: all that is free
-    prefix_cache_rent: bool = True  # idle cached prefixes leave the cells once those cost the steps more than they save
+    # Idle cached prefixes leave the cells once those cost the steps more than they save (``cell_rent``).
+    # None: on unless flash attention is off (``Config.cell_rent``).
+    prefix_cache_rent: bool | None = None
     # Logits rows one step may compute for prompt log-probabilities (scoring); each row is n_vocab
     # floats (1 MiB for Gemma 3), reduced in the step to what was asked for and not kept.
     score_rows_per_step: int = 64
@@ -182,6 +184,18 @@ class Config:
     def lora_names(self) -> tuple[str, ...]:
         """The LoRA adapters' names in ``loras`` order: llama-server's adapter ids are these indexes."""
         return tuple(name for name, _ in self.loras)
+
+    @property
+    def cell_rent(self) -> bool:
+        """Whether kept cells pay rent (``prefix_cache_rent``). By default not with flash attention
+        off: there llama.cpp's numbers for a prompt depend on where its cells lie (measured: a 12-token
+        prompt laid across holes moved its log-probabilities by up to 0.6), and the rent frees cells
+        between live entries, so a prompt scored alone would no longer equal llama-cpp-python's (with
+        flash attention on they stayed bit-exact). Never in batch-invariant mode: it frees cells only
+        by its flushes (``packed_kv``)."""
+        if self.batch_invariant:
+            return False
+        return self.prefix_cache_rent if self.prefix_cache_rent is not None else self.flash_attn != "off"
 
     @property
     def flush_batch_size(self) -> int:

@@ -135,7 +135,7 @@ def info(**opts: Any) -> None:
         data["sampling"] = described(llm.sampling_defaults(), sources(llm.config.sampling, llm.info.gguf_sampling))
         data["loras"] = [{"id": i, "name": name, "path": path} for i, (name, path) in enumerate(llm.config.loras)]
         data["prefix_cache"] = {"enabled": llm.config.prefix_cache, "max_cells": llm.config.prefix_cache_cells,
-                                "rent": llm.config.prefix_cache_rent,
+                                "rent": llm.config.cell_rent,
                                 "max_entries": cache.get("max_entries"), "pinned_cells": cache.get("pinned_cells")}
         click.echo(json.dumps(data, indent=2))
 

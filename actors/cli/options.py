@@ -89,7 +89,8 @@ CONFIG_TWEAKS: dict[str, Tweak] = {
     "prefix_cache": Tweak("Keep finished requests' KV so later requests reuse shared prefixes."),
     "prefix_cache_cells": Tweak("Most KV cells cached prefixes may hold.", show_default="what running requests leave"),
     "prefix_cache_rent": Tweak("Idle cached prefixes leave the KV cells (for the RAM tier) once the time they add to "
-                               "every step outweighs what keeping them saves."),
+                               "every step outweighs what keeping them saves.",
+                               show_default="on unless --flash-attn off"),
     "score_rows_per_step": Tweak("Logits rows one step may compute for prompt log-probabilities (1 MiB each "
                                  "with Gemma 3)."),
     "score_time_share": Tweak("What scoring may add to a step beside other callers' work, as a fraction of it."),

@@ -125,6 +125,13 @@ def test_the_prefix_cache_options_are_validated() -> None:
         Config(n_parallel=255, n_batch=512)
 
 
+def test_kept_cells_pay_rent_by_default_unless_flash_attention_is_off_or_batches_are_invariant() -> None:
+    assert Config().cell_rent and Config(flash_attn="on").cell_rent
+    assert not Config(flash_attn="off").cell_rent  # there a prompt's numbers depend on where its cells lie
+    assert Config(flash_attn="off", prefix_cache_rent=True).cell_rent and not Config(prefix_cache_rent=False).cell_rent
+    assert not Config(batch_invariant=True, prefix_cache_rent=True).cell_rent
+
+
 def test_n_gpu_layers_defaults_to_the_build_and_takes_a_count_or_all() -> None:
     assert Config().n_gpu_layers is None  # the engine resolves it: all layers on a GPU build, 0 on a CPU one
     assert Config(n_gpu_layers=-1).n_gpu_layers == -1 and Config(n_gpu_layers=0).n_gpu_layers == 0

@@ -74,8 +74,7 @@ class CacheTiers:
                 disk = DiskTier(config.cache_dir, config.cache_dir_mib * MIB, validity)
             except OSError as e:  # an unusable directory costs the disk tier, not the service
                 log.warning("disk_tier_unavailable", dir=config.cache_dir, error=str(e))
-        # batch-invariant mode frees cells only by its flushes (``packed_kv``)
-        return cls(config.cache_ram_mib * MIB, disk, rent=config.prefix_cache_rent and not config.batch_invariant)
+        return cls(config.cache_ram_mib * MIB, disk, rent=config.cell_rent)
 
     # -- batcher thread -----------------------------------------------------------------------
 
