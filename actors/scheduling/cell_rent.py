@@ -49,6 +49,9 @@ MIN_CELLS_SPREAD = 256.0
 MIN_ROWS_SPREAD = 0.5
 # The rows of prefill steps must have spread this much to tell their fixed part from their part per row.
 MIN_PREFILL_ROWS_SPREAD = 16.0
+# Steps (their forgetting weight) a fit needs. A burst's prefill steps are few, one or two a prompt:
+# with 8 of them the first fit of a burst put a cell's cost per prompt row at 0.
+MIN_STEPS, MIN_PREFILL_STEPS = 8, 32
 # Before a fit: a kept cell costs a step this fraction of prefilling a token (this CPU, a lone
 # stream: ~0.8 µs a cell against ~1-2 ms a token on a small cache).
 PRIOR_CELL_TOKEN_RATIO = 1 / 1000
@@ -62,7 +65,8 @@ class StepFit:
     """Least squares with exponential forgetting over steps' ``[1, rows, cells, rows·cells]``
     against their ms (batcher thread). Steps are queued cheaply and folded in at ``fold``."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_steps: int) -> None:
+        self.min_steps = min_steps
         self._sums = np.zeros((5, 5))  # weighted sums of [1, rows, cells, rows·cells, ms] outer products
         self._new: list[tuple[float, float, float, float, float]] = []  # steps not yet in the sums
 
@@ -80,10 +84,10 @@ class StepFit:
         return True
 
     def spread(self, column: int) -> float:
-        """The weighted standard deviation of ``column`` (1: rows, 2: cells); 0 with too few steps."""
+        """The weighted standard deviation of ``column`` (1: rows, 2: cells); 0 with fewer than ``min_steps``."""
         s = self._sums
         w = s[0, 0]
-        return 0.0 if w < 8 else float(max(s[column, column] / w - (s[0, column] / w) ** 2, 0.0)) ** 0.5
+        return 0.0 if w < self.min_steps else float(max(s[column, column] / w - (s[0, column] / w) ** 2, 0.0)) ** 0.5
 
     def solve(self, terms: list[int]) -> list[float] | None:
         """The coefficients of ``terms`` (columns) that fit the ms best; None where they cannot be told apart."""
@@ -111,7 +115,7 @@ class CellRent:
         self.cell_row_ms = 0.0
         self.cell_prefill_row_ms: float | None = None  # None: no fit of prefill steps yet
         self.fitted = False
-        self._decodes, self._prefills = StepFit(), StepFit()
+        self._decodes, self._prefills = StepFit(MIN_STEPS), StepFit(MIN_PREFILL_STEPS)
         self._times: list[float] = [float("-inf")]  # the rent clock: when each step ended,
         self._charged: list[float] = [0.0]  # and the rent charged per cell by then
         self._steps = 0

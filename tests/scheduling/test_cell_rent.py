@@ -85,6 +85,15 @@ def test_prompt_chunks_of_one_size_fit_the_cost_per_cell_per_row_too() -> None:
     assert rent.cell_prefill_row_ms == pytest.approx(0.0002, rel=0.01)
 
 
+def test_a_handful_of_prompt_chunks_is_not_enough_for_a_prefill_fit() -> None:
+    rent = CellRent(token_ms=2.0)
+    few = [(512, 10.0 + 0.0002 * 512 * cells, cells) for cells in range(0, 8192, 8192 // 16)]  # 16 chunks
+    step_all(rent, few)
+    assert rent.cell_prefill_row_ms is None
+    step_all(rent, few * 2, t0=100.0)
+    assert rent.cell_prefill_row_ms == pytest.approx(0.0002, rel=0.01)
+
+
 def test_before_a_prefill_fit_a_prompt_chunk_is_charged_as_a_decode_step() -> None:
     rent = CellRent(token_ms=2.0)
     rent.cell_row_ms = 0.0001
