@@ -23,7 +23,7 @@ from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.prefix_sharing import waits_for_prefix, waits_for_scores
 from llamactor.scheduling.prompt_scores import ScoreCache, reusable_end
 from llamactor.scheduling.sequence import Sequence, StepPlan
-from llamactor.scheduling.tier_index import NO_MATCH, RestoreOp, TierMatch, plan_restore, restore_pays
+from llamactor.scheduling.tier_index import NO_MATCH, RestoreOp, TierMatch, plan_restore, restore_worth_it
 
 TierLookup = Callable[[str, list[int]], TierMatch]  # a lower cache tier's longest match (scope, tokens)
 
@@ -125,9 +125,7 @@ class Admitting(ABC):
         reusable = self._reusable(seq)
         n_cells = self._lookup(seq, reusable).n_tokens
         found = self.tier(seq.scope, reusable) if self.tier is not None else NO_MATCH
-        if found.key is not None and restore_pays(found.n_tokens - n_cells, found.n_entry):
-            return found.n_tokens
-        return n_cells
+        return found.n_tokens if restore_worth_it(found, n_cells) else n_cells
 
     def _reusable(self, seq: Sequence) -> list[int]:
         """The tokens whose KV may be attached from the cache (``reusable_end``)."""

@@ -51,6 +51,12 @@ class TierMatch:
 NO_MATCH = TierMatch(0)
 
 
+def restore_worth_it(found: TierMatch, n_matched: int) -> bool:
+    """Whether restoring the tier's ``found`` pays over the ``n_matched`` tokens the cells hold: what
+    admission restores (``plan_restore``) and ``lpm`` ranks as cached."""
+    return found.key is not None and restore_pays(found.n_tokens - n_matched, found.n_entry)
+
+
 @dataclass(frozen=True, slots=True)
 class TierEntry:
     key: str
@@ -158,7 +164,8 @@ def plan_restore(index: PrefixIndex, found: TierMatch, seq_id: int, reusable: li
     """Restore ``found`` (the tier's entry for ``reusable``) into the fresh ``seq_id`` when it pays
     over the ``n_matched`` tokens the index's cells hold; ``ops`` gets what must happen before
     (cached prefixes evicted for its cells, an entry dropped for a scratch id). Batcher thread."""
-    if found.key is None or not restore_pays(found.n_tokens - n_matched, found.n_entry):
+    key = found.key  # (not None once it is worth it; the type checker needs to see it)
+    if key is None or not restore_worth_it(found, n_matched):
         return None
     free = index.n_cells - index.cells_used
     if free < found.n_entry:  # the whole entry comes back before it is trimmed to the match
@@ -172,4 +179,4 @@ def plan_restore(index: PrefixIndex, found: TierMatch, seq_id: int, reusable: li
     ops += scratch_ops
     index.release(scratch)  # it holds no cells before or after the restore
     index.restored(seq_id, reusable[:found.n_tokens], now)
-    return RestoreOp(seq_id, found.key, found.n_tokens, scratch)
+    return RestoreOp(seq_id, key, found.n_tokens, scratch)
