@@ -19,7 +19,7 @@ from typing import Any
 
 import llamactor
 from llamactor.base.models import instruct_model_path
-from llamactor.bench.measure import percentile
+from llamactor.bench.measure import median_ratio
 from llamactor.bench.settings import BenchSettings
 
 N_STREAMS = 8
@@ -65,8 +65,7 @@ def _model(model_path: str, s: BenchSettings, n_notes: int, repeats: int) -> dic
             legs["rent_on" if rent else "rent_off"].append(_leg(model_path, s, rent, n_notes))
 
     def ratio(metric: Callable[[dict[str, Any]], float]) -> float:
-        on, off = ([metric(leg) for leg in legs[k]] for k in ("rent_on", "rent_off"))
-        return percentile(on, 50) / percentile(off, 50)
+        return median_ratio([metric(leg) for leg in legs["rent_on"]], [metric(leg) for leg in legs["rent_off"]])
 
     return {**legs, "burst_ratio": ratio(lambda leg: 1 / leg["burst_s"]),  # prompts a second, on / off
             "lone_ratio": ratio(lambda leg: leg["lone_tok_s"][-1]),  # the second lone stream: the rent settled

@@ -23,6 +23,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))] if ordered else 0.0
 
 
+def median_ratio(on: list[float], off: list[float]) -> float:
+    """An A/B workload's figure: the median of the ``on`` legs over that of the ``off`` legs
+    (``percentile``'s median: of two legs, the lower)."""
+    return percentile(on, 50) / percentile(off, 50)
+
+
 def median_runs(runs: dict[str, Callable[[], dict[str, float]]], repeats: int) -> dict[str, dict[str, float]]:
     """Run each named measurement ``repeats`` times, interleaved, and keep each figure's median."""
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in runs}

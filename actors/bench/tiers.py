@@ -24,7 +24,7 @@ import openai
 
 import llamactor
 from llamactor.bench.conversations import QUESTIONS, persona
-from llamactor.bench.measure import percentile
+from llamactor.bench.measure import median_ratio, percentile
 from llamactor.bench.prefix import multiturn_run
 from llamactor.bench.servers import running_server, serve_command
 from llamactor.bench.settings import BenchSettings
@@ -84,8 +84,7 @@ def bench_one_off(s: BenchSettings, tick: Callable[[], None]) -> dict[str, Any]:
             legs["ram_on" if ram else "ram_off"].append(_one_off_leg(s, ram, n_requests, r * n_requests))
         tick()
     out: dict[str, Any] = {"requests": n_requests, "repeats": repeats, **legs}
-    out["tok_s_ratio"] = (percentile([leg["tok_s"] for leg in legs["ram_on"]], 50)
-                          / percentile([leg["tok_s"] for leg in legs["ram_off"]], 50))
+    out["tok_s_ratio"] = median_ratio([leg["tok_s"] for leg in legs["ram_on"]], [leg["tok_s"] for leg in legs["ram_off"]])
     return out
 
 
