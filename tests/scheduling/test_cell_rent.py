@@ -5,6 +5,7 @@ side is tests/tree/test_cache_tiers.py (an idle cache leaves the cells, its pref
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, strategies as st
@@ -34,14 +35,22 @@ def step_all(rent: CellRent, steps: list[tuple[int, float, int]], t0: float = 0.
     return t
 
 
-def test_the_rates_are_fitted_from_decode_steps_once_the_cells_in_use_have_spread() -> None:
-    rng = random.Random(1)
-    rent = CellRent(token_ms=2.0)
+def noisy_steps(seed: int, n: int, rows: tuple[int, int], ms: Callable[[int, int], float],
+                noise: float) -> list[tuple[int, float, int]]:
+    """``n`` steps of random rows (in ``rows``) and cells in use (0-8192), each taking ``ms(rows,
+    cells)`` give or take ``noise`` (a Gaussian's deviation)."""
+    rng = random.Random(seed)
     steps = []
-    for _ in range(3000):
-        rows, cells = rng.randint(1, 16), rng.randint(0, 8192)
-        steps.append((rows, 3.0 + 2.0 * rows + (0.0008 - 0.00005 * rows) * cells + rng.gauss(0, 0.5), cells))
-    step_all(rent, steps)
+    for _ in range(n):
+        r, cells = rng.randint(*rows), rng.randint(0, 8192)
+        steps.append((r, ms(r, cells) + rng.gauss(0, noise), cells))
+    return steps
+
+
+def test_the_rates_are_fitted_from_decode_steps_once_the_cells_in_use_have_spread() -> None:
+    rent = CellRent(token_ms=2.0)
+    step_all(rent, noisy_steps(1, 3000, (1, 16), lambda rows, cells: 3.0 + 2.0 * rows + (0.0008 - 0.00005 * rows) * cells,
+                               0.5))
     assert rent.fitted
     assert rent.cell_step_ms == pytest.approx(0.0008, rel=0.1)
     assert rent.cell_row_ms == pytest.approx(-0.00005, rel=0.1)
@@ -65,15 +74,10 @@ def test_a_cache_whose_cells_in_use_never_spread_keeps_the_prior_rates() -> None
 
 
 def test_prefill_steps_stay_out_of_the_decode_fit_and_fit_a_cost_per_cell_per_prompt_row() -> None:
-    rng = random.Random(3)
     rent = CellRent(token_ms=2.0)
     # Prompt chunks of many sizes, each row paying 0.2 µs per cell in use: a slope far steeper
     # than any decode's, and folded into the decode rates it would be.
-    steps = []
-    for _ in range(1500):
-        rows, cells = rng.randint(32, 512), rng.randint(0, 8192)
-        steps.append((rows, 5.0 + 0.3 * rows + 0.0002 * rows * cells + rng.gauss(0, 2.0), cells))
-    step_all(rent, steps)
+    step_all(rent, noisy_steps(3, 1500, (32, 512), lambda rows, cells: 5.0 + 0.3 * rows + 0.0002 * rows * cells, 2.0))
     assert not rent.fitted and rent.per_cell_ms(1) == pytest.approx(2.0 * PRIOR_CELL_TOKEN_RATIO)
     assert rent.cell_prefill_row_ms == pytest.approx(0.0002, rel=0.1)
     assert rent.per_cell_ms(400) == pytest.approx(400 * 0.0002, rel=0.1)
