@@ -191,8 +191,10 @@ class Config:
         off: there llama.cpp's numbers for a prompt depend on where its cells lie (measured: a 12-token
         prompt laid across holes moved its log-probabilities by up to 0.6), and the rent frees cells
         between live entries, so a prompt scored alone would no longer equal llama-cpp-python's (with
-        flash attention on they stayed bit-exact). Never in batch-invariant mode: it frees cells only
-        by its flushes (``packed_kv``)."""
+        flash attention on they stayed bit-exact). Even with flash attention, a running stream whose
+        next token lands in a freed cell below its others gets other numbers, so with the rent on a
+        stream's log-probabilities follow when it let entries go (tests/native/test_cell_placement.py).
+        Never in batch-invariant mode: it frees cells only by its flushes (``packed_kv``)."""
         if self.batch_invariant:
             return False
         return self.prefix_cache_rent if self.prefix_cache_rent is not None else self.flash_attn != "off"

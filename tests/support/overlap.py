@@ -16,6 +16,10 @@ def same(a: llamactor.Completion, b: llamactor.Completion) -> bool:
 
 
 def serial_and_overlapped(start_llm: Callable[..., llamactor.LLM], **options: Any) -> tuple[llamactor.LLM, llamactor.LLM]:
-    """Two trees, the serial loop's and the overlapped one's (forced on: this CPU decodes synchronously)."""
+    """Two trees, the serial loop's and the overlapped one's (forced on: this CPU decodes synchronously).
+    Both without the kept cells' rent: it lets entries go by measured step times, so the two trees
+    would free different cells, and a stream's next token laid in a freed cell below its others gets
+    other numbers (tests/native/test_cell_placement.py), whichever loop runs it."""
+    options.setdefault("prefix_cache_rent", False)
     return (start_llm(overlap_steps=False, max_restarts=0, **options),
             start_llm(overlap_steps=True, max_restarts=0, **options))
