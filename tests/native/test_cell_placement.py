@@ -9,6 +9,9 @@ depend on when the rent let entries go, which follows measured step times."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 
 from llamactor.native.engine import Engine
@@ -18,22 +21,32 @@ from tests.conftest import decode_prompt
 PROMPT = "Question: Which animal says moo and gives milk on the farm?\nAnswer: The"
 
 
+@contextmanager
+def small_engine(model_path: str, flash_attn: str) -> Iterator[Engine]:
+    engine = Engine(model_path, n_ctx=1024, n_batch=256, n_ubatch=256, n_seq_max=8, n_threads=2, flash_attn=flash_attn)
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def filler(engine: Engine, n: int) -> list[int]:
+    """``n`` tokens of text that is neither the prompt nor its continuation."""
+    return (engine.tokenizer.tokenize("the weather at sea was calm and grey", add_special=False) * 20)[:n]
+
+
 def logits_contiguous_and_across_holes(model_path: str, flash_attn: str) -> tuple[np.ndarray, np.ndarray]:
     """The prompt's last logits row in an empty cache, then in one whose cells 0-4, 15-17 and 28-30
     are free between live sequences (llama.cpp fills the lowest free cells first)."""
-    engine = Engine(model_path, n_ctx=1024, n_batch=256, n_ubatch=256, n_seq_max=8, n_threads=2, flash_attn=flash_attn)
-    try:
+    with small_engine(model_path, flash_attn) as engine:
         tokens = engine.tokenizer.tokenize(PROMPT)
         alone = decode_prompt(engine, 0, tokens)
         engine.clear()
-        filler = engine.tokenizer.tokenize("the weather at sea was calm and grey", add_special=False)
         for seq_id, n in [(1, 5), (2, 10), (3, 3), (4, 10), (5, 3), (6, 100)]:
-            engine.prefill(seq_id, (filler * 20)[:n])
+            engine.prefill(seq_id, filler(engine, n))
         for seq_id in (1, 3, 5):
             engine.seq_rm(seq_id)
         return alone, decode_prompt(engine, 0, tokens)
-    finally:
-        engine.close()
 
 
 def test_with_flash_attention_a_prompt_laid_across_holes_has_the_logits_it_has_in_contiguous_cells(
@@ -51,18 +64,15 @@ def next_tokens_logits(model_path: str, below: str) -> list[np.ndarray]:
     """The prompt's next four tokens' logits, decoded one a step, with nothing ``below`` the prompt's
     cells, an 8-cell entry ``kept`` there, or one ``freed`` after the prompt was laid above it (so
     llama.cpp lays the four tokens in cells below the prompt's)."""
-    engine = Engine(model_path, n_ctx=1024, n_batch=256, n_ubatch=256, n_seq_max=8, n_threads=2, flash_attn="on")
-    try:
+    with small_engine(model_path, "on") as engine:
         tokens = engine.tokenizer.tokenize(PROMPT)
         if below != "nothing":
-            engine.prefill(1, engine.tokenizer.tokenize("the weather at sea was calm and grey", add_special=False)[:8])
+            engine.prefill(1, filler(engine, 8))
         engine.prefill(0, tokens)
         if below == "freed":
             engine.seq_rm(1)
         steps = engine.tokenizer.tokenize(" cow gives us milk", add_special=False)[:4]
         return [decode_prompt(engine, 0, [t], n_past=len(tokens) + i) for i, t in enumerate(steps)]
-    finally:
-        engine.close()
 
 
 def test_with_flash_attention_a_running_sequences_token_laid_in_a_hole_below_it_moves_its_logits(
