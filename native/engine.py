@@ -17,7 +17,7 @@ other model all of them (``llamactor.base.config.max_sequences``; ``EngineInfo.s
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import llama_cpp
 import numpy as np
@@ -31,6 +31,7 @@ from llamactor.native.embedding import Embedder
 from llamactor.native.graph_sampling import TOKEN_NULL, GraphChain, GraphSamplers, probe_chain
 from llamactor.native.kv_state import SeqState
 from llamactor.native.loading import SeqIds, load_model
+from llamactor.scheduling.cell_map import CellMap
 
 
 @dataclass(slots=True)
@@ -77,6 +78,8 @@ class Engine:
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.tokenizer, self.adapters, self.chat_template = loaded.tokenizer, loaded.adapters, loaded.chat_template
         self.info = loaded.info
+        # Where the cells of each sequence lie: what a step attends over (the kept cells' rent).
+        self.cells = CellMap(self.info.n_ctx, self.info.n_seq_max, self.info.n_ubatch)
         self.n_vocab = self.tokenizer.n_vocab
         # A sequence's shadow id is seq_id + this; None: the model needs no shadows.
         self._shadow = self.info.n_seq_max if self.info.shadow_ids else None
@@ -117,6 +120,7 @@ class Engine:
         self.batch.fill(token, pos, seq_id, logits, in_graph)
         rc = llama_cpp.llama_decode(self.ctx, self.batch.view())
         if rc == 0:
+            self.cells.placed(pos, seq_id)
             return Launched(pos, seq_id, logits, in_graph)
         if rc == 1:
             return Launched(pos, seq_id, logits, in_graph, self._decode_split(token, pos, seq_id, logits, in_graph))
@@ -208,6 +212,7 @@ class Engine:
             self._scratch.fill(token[idx], pos[idx], seq_id[idx], logits[idx], None if in_graph is None else in_graph[idx])
             rc = llama_cpp.llama_decode(self.ctx, self._scratch.view())
             if rc == 0:
+                self.cells.placed(pos[idx], seq_id[idx])
                 flagged = idx[logits[idx] != 0]
                 part = self.graph.tokens(in_graph, logits, seq_id, pos, idx)
                 self._wrote_logits_rows(len(flagged))
@@ -248,6 +253,7 @@ class Engine:
         """Remove ``seq_id`` from its cells at positions [p0, p1) (-1: open end); freed when unowned."""
         self.graph.cover(seq_id)
         llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
+        self.cells.seq_rm(seq_id, p0, p1)
         if self._shadow is not None:
             llama_cpp.llama_memory_seq_rm(self.memory, seq_id + self._shadow, p0, p1)
 
@@ -255,12 +261,14 @@ class Engine:
         """Let ``dst`` share ``src``'s cells at positions [p0, p1): no copy in the unified cache."""
         self.graph.cover(src)
         llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+        self.cells.seq_cp(src, dst, p0, p1)
         if self._shadow is not None:
             llama_cpp.llama_memory_seq_cp(self.memory, src, dst + self._shadow, p0, p1)
 
     def clear(self) -> None:
         self.graph.cover_all()  # nothing left to cover after the clear
         llama_cpp.llama_memory_clear(self.memory, True)
+        self.cells.clear()
 
     def seq_pos_max(self, seq_id: int) -> int:
         return llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id)
@@ -281,12 +289,16 @@ class Engine:
             raise RuntimeError(f"sequence {seq_id} holds positions {self.seq_pos_min(seq_id)}.."
                                f"{self.seq_pos_max(seq_id)}, not 0..{n_tokens - 1}")
         self.graph.cover(seq_id)
-        return kv_state.save(self.ctx, self.memory, seq_id, self._shadow_of(seq_id), n_tokens, self.n_swa)
+        state = kv_state.save(self.ctx, self.memory, seq_id, self._shadow_of(seq_id), n_tokens, self.n_swa)
+        return replace(state, cell_order=self.cells.order(seq_id))
 
     def restore_seq(self, seq_id: int, state: SeqState, scratch_id: int) -> bool:
         """Put a saved state into the empty ``seq_id``; ``scratch_id``, an empty sequence nobody
         uses meanwhile, carries the older sliding-window cells. False: refused, nothing changed."""
-        return kv_state.restore(self.ctx, self.memory, seq_id, self._shadow_of(seq_id), scratch_id, state)
+        ok = kv_state.restore(self.ctx, self.memory, seq_id, self._shadow_of(seq_id), scratch_id, state)
+        if ok:
+            self.cells.restored(seq_id, state.n_tokens, state.cell_order)
+        return ok
 
     def _shadow_of(self, seq_id: int) -> int | None:
         return None if self._shadow is None else seq_id + self._shadow

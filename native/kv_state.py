@@ -15,10 +15,11 @@ nobody else uses while it runs.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import llama_cpp
+import numpy as np
 
 _PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 # The build whose layout the bytes have: a saved state is valid for this one only.
@@ -34,6 +35,9 @@ class SeqState:
     n_tokens: int
     full: bytes
     windows: tuple[bytes, ...] = ()
+    # The positions in the order of the cells they lay in, as the bytes hold them (where a restore
+    # lays them: ``scheduling/cell_map.py``); None: not known (read from disk).
+    cell_order: np.ndarray | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.n_tokens < 1 or not self.full:

@@ -2,39 +2,42 @@
 
 llama.cpp's unified KV cache attends over every cell up to the highest one in use, for every row
 of every step: each row's attention walks (and masks out) the cached prefixes that no running
-sequence reads, and builds its mask over them. So a kept entry's cells are not free while others
-compute: they cost every step (on the 2-core CPU of docs/performance.md, *Kept cells pay rent*,
-a full 8,192-cell cache made a lone stream's decode steps 1.3× slower on Gemma 3 and 1.6× on
-SmolLM2, and prefills slower too). vLLM and SGLang attend over each sequence's own blocks only; there a kept
-block is free, here it is rented.
+sequence reads, and builds its mask over them. So a kept entry whose cells lie on top is not free
+while others compute: it costs every step what all the cells it holds up cost (on the 2-core CPU of
+docs/performance.md, *Kept cells pay rent*, a full 8,192-cell cache made a lone stream's decode
+steps 1.3× slower on Gemma 3 and 1.6× on SmolLM2, and prefills slower too; and *Stop 54*: keeping
+only the highest of 16 stacked entries cost what keeping all 16 did). vLLM and SGLang attend over
+each sequence's own blocks only; there a kept block is free, here it is rented.
 
 Keeping an idle entry is renting; letting it go (offered to the host-RAM tier, else dropped) is
 buying: its next use then costs what the tier cost model expects (``TierCostModel.price_ms``: the
 save now and the restore then, or the recomputation). The rule is the ski-rental one: an entry
-goes once the rent its cells have cost since its last use reaches that price, which is never more
-than twice what the best choice in hindsight costs. Steps with no rows charge nothing: an idle
-server keeps its cache.
+goes once the rent it has cost since its last use reaches that price, which is never more than
+twice what the best choice in hindsight costs. The rent is what letting it go would save: at each
+look, of the cached entries, the one whose cells lie highest (``CellMap.top_holder``) is charged
+for the cells it holds up (down to the next entry's highest cell, holes included) over the steps
+since the last look; an entry below others is charged nothing. Running sequences are left out of
+that: they end, or their next tokens move down into freed cells, and then the entries' cells are
+what the steps attend over. Steps with no rows charge nothing: an idle server keeps its cache.
 
-The rates are learned from decode steps: ``ms ≈ a + b·rows + (c + d·rows)·cells_in_use``, least
-squares with exponential forgetting (``MEMORY_STEPS``), taken once the cells in use have varied
+The rates are learned from decode steps: ``ms ≈ a + b·rows + (c + d·rows)·cells_attended``, least
+squares with exponential forgetting (``MEMORY_STEPS``), taken once the cells attended have varied
 enough to tell them apart from the rest and kept while they do not (a full cache stays full),
 starting from a prior (``PRIOR_CELL_TOKEN_RATIO`` of the prefill cost per token, a step). Steps of
 one row count (a lone stream's) fit ``c`` alone. Prefill steps have their own fit,
-``ms ≈ a + b·rows + e·rows·cells_in_use``: a prompt row attends over every cell in use as a decode
+``ms ≈ a + b·rows + e·rows·cells_attended``: a prompt row attends over every cell as a decode
 row does, but costs the matmuls far less, so in a burst of prompts kept cells cost far more per
 step than a decode's rates would say (on Gemma 3, prefilling a token took 1.8 ms with the cache
-empty and 3.2 ms with it full). The cells in use are a lower bound of the cells attended (llama.cpp
-leaves holes), so the rates are what one more cell in use costs.
+empty and 3.2 ms with it full).
 
 Pure: no threads, no clock, no llama calls; the batcher passes times in (batcher thread).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-
 import numpy as np
 
+from llamactor.scheduling.cell_map import CellMap
 from llamactor.scheduling.kv_nodes import IdleEntry, KvOp
 from llamactor.scheduling.prefix_index import PrefixIndex
 from llamactor.scheduling.tier_cost import Displaced, SaveCandidate, TierCostModel
@@ -43,7 +46,7 @@ from llamactor.scheduling.tier_cost import Displaced, SaveCandidate, TierCostMod
 MEMORY_STEPS = 2048
 # A decode step has fewer rows than this (prefill rows also attend over their own prompt).
 DECODE_ROWS = 32
-# The cells in use must have spread this much (their weighted standard deviation) for a fit.
+# The cells attended must have spread this much (their weighted standard deviation) for a fit.
 MIN_CELLS_SPREAD = 256.0
 # The rows of decode steps must have spread this much to tell a cell's cost per row from its cost per step.
 MIN_ROWS_SPREAD = 0.5
@@ -55,8 +58,6 @@ MIN_STEPS, MIN_PREFILL_STEPS = 8, 32
 # Before a fit: a kept cell costs a step this fraction of prefilling a token (this CPU, a lone
 # stream: ~0.8 µs a cell against ~1-2 ms a token on a small cache).
 PRIOR_CELL_TOKEN_RATIO = 1 / 1000
-# The rent clock's checkpoints kept (an entry idle for longer owes what the oldest one counts).
-CLOCK_STEPS = 1 << 16
 # Steps between two looks at the entries (each look is a pass over them).
 CHECK_EVERY = 16
 
@@ -70,8 +71,8 @@ class StepFit:
         self._sums = np.zeros((5, 5))  # weighted sums of [1, rows, cells, rows·cells, ms] outer products
         self._new: list[tuple[float, float, float, float, float]] = []  # steps not yet in the sums
 
-    def add(self, n_rows: int, cells_in_use: int, ms: float) -> None:
-        self._new.append((1.0, n_rows, cells_in_use, n_rows * cells_in_use, ms))
+    def add(self, n_rows: int, cells: int, ms: float) -> None:
+        self._new.append((1.0, n_rows, cells, n_rows * cells, ms))
 
     def fold(self) -> bool:
         """Fold the queued steps into the sums; whether there were any."""
@@ -99,14 +100,14 @@ class StepFit:
 
 
 class CellRent:
-    """What a kept cell costs a step, and the rent charged per cell since a time (batcher thread).
+    """What a cell attended costs a step, and the rent the idle entries owe (batcher thread).
 
-    A decode step of ``rows`` rows is charged ``max(c + d·rows, 0)`` per cell in use, with the
+    A decode step of ``rows`` rows is charged ``max(c + d·rows, 0)`` per cell attended, with the
     rates of the time (``c``: per step, ``d``: per row). On this CPU a lone stream's cost per kept
     cell was about the same on both models, but at 8 rows Gemma 3's steps hardly paid any more,
     where SmolLM2's paid several times as much: hence a part per step and a part per row. A
     prefill step (``DECODE_ROWS`` rows or more) is charged ``max(e·rows, 0)``: each prompt row
-    attends over every cell in use, and prefill rows cost the matmuls far less each than decode
+    attends over every cell attended, and prefill rows cost the matmuls far less each than decode
     rows, so they have a fit of their own (``ms ≈ a + b·rows + e·rows·cells``); until it has one,
     as a decode step of ``DECODE_ROWS - 1`` rows."""
 
@@ -116,30 +117,28 @@ class CellRent:
         self.cell_prefill_row_ms: float | None = None  # None: no fit of prefill steps yet
         self.fitted = False
         self._decodes, self._prefills = StepFit(MIN_STEPS), StepFit(MIN_PREFILL_STEPS)
-        self._times: list[float] = [float("-inf")]  # the rent clock: when each step ended,
-        self._charged: list[float] = [0.0]  # and the rent charged per cell by then
+        self._charged = 0.0  # the rent per cell attended that all steps so far have charged
+        self._charged_at_look = 0.0  # ... by the last look
+        self._owed: dict[int, tuple[float, float]] = {}  # idle entry -> (its last use, the rent it owes since)
         self._steps = 0
         self.let_go = 0
 
     def per_cell_ms(self, n_rows: int) -> float:
-        """What one more cell in use costs a step of ``n_rows`` rows, at the present rates."""
+        """What one more cell attended costs a step of ``n_rows`` rows, at the present rates."""
         if n_rows >= DECODE_ROWS and self.cell_prefill_row_ms is not None:
             return max(self.cell_prefill_row_ms * n_rows, 0.0)
         return max(self.cell_step_ms + self.cell_row_ms * min(n_rows, DECODE_ROWS - 1), 0.0)
 
-    def stepped(self, n_rows: int, ms: float, cells_in_use: int, now: float) -> None:
-        """A step of ``n_rows`` rows took ``ms`` with ``cells_in_use`` cells in use; it ended at
-        ``now``. Cheap: the fits run at the next look (``check_due``)."""
+    def stepped(self, n_rows: int, ms: float, cells_attended: int) -> None:
+        """A step of ``n_rows`` rows took ``ms`` attending over ``cells_attended`` cells (one past
+        the highest in use). Cheap: the fits run at the next look (``check_due``)."""
         self._steps += 1
-        self._times.append(now)
-        self._charged.append(self._charged[-1] + self.per_cell_ms(n_rows))
-        if len(self._times) > 2 * CLOCK_STEPS:  # forget the oldest half at once: amortised O(1)
-            del self._times[:CLOCK_STEPS], self._charged[:CLOCK_STEPS]
+        self._charged += self.per_cell_ms(n_rows)
         if n_rows > 0:
-            (self._decodes if n_rows < DECODE_ROWS else self._prefills).add(n_rows, cells_in_use, ms)
+            (self._decodes if n_rows < DECODE_ROWS else self._prefills).add(n_rows, cells_attended, ms)
 
     def _fit(self) -> None:
-        """The rates, from the steps so far, where the cells in use have spread enough to tell
+        """The rates, from the steps so far, where the cells attended have spread enough to tell
         them (else the last ones)."""
         if self._decodes.fold() and self._decodes.spread(2) >= MIN_CELLS_SPREAD:
             # Steps of one row count (a lone stream's) cannot tell the per-step part from the
@@ -158,14 +157,25 @@ class CellRent:
             if (solved := self._prefills.solve(terms)) is not None:
                 self.cell_prefill_row_ms = solved[-1]
 
-    def charged_since(self, t: float) -> float:
-        """The rent charged per cell by the steps that ended after ``t``."""
-        i = bisect_right(self._times, t)
-        return self._charged[-1] - self._charged[max(i - 1, 0)]
+    def charge_top(self, holder: tuple[int, int] | None, idle: list[IdleEntry]) -> None:
+        """A look: the entry that holds the top up (``holder``: its seq_id and the cells it holds
+        up; ``CellMap.top_holder``) owes those cells' rent over the steps since the last look, if
+        it is idle (``idle``: the idle entries). What others owe stays until they are used again."""
+        per_cell, self._charged_at_look = self._charged - self._charged_at_look, self._charged
+        last_used = {e.seq_id: e.last_used for e in idle}
+        self._owed = {seq_id: owed for seq_id, owed in self._owed.items() if last_used.get(seq_id) == owed[0]}
+        if holder is not None and (seq_id := holder[0]) in last_used:
+            owed = self._owed.get(seq_id, (last_used[seq_id], 0.0))[1]
+            self._owed[seq_id] = (last_used[seq_id], owed + holder[1] * per_cell)
 
     def owed_ms(self, entry: IdleEntry) -> float:
-        """The rent ``entry``'s cells have cost the steps since its last use."""
-        return entry.own_cells * self.charged_since(entry.last_used)
+        """The rent ``entry`` has cost the steps since its last use (as of the last look)."""
+        owed = self._owed.get(entry.seq_id)
+        return owed[1] if owed is not None and owed[0] == entry.last_used else 0.0
+
+    def owing(self) -> set[int]:
+        """The entries that owe any rent (as of the last look)."""
+        return {seq_id for seq_id, owed in self._owed.items() if owed[1] > 0}
 
     def check_due(self) -> bool:
         """Whether this step looks at the entries (every ``CHECK_EVERY``-th); the rates are fitted
@@ -188,9 +198,13 @@ class CellRent:
                 "prefill_fitted": self.cell_prefill_row_ms is not None, "let_go": self.let_go}
 
 
-def let_go(index: PrefixIndex, rent: CellRent, cost: TierCostModel, displaced: Displaced = Displaced()) -> list[KvOp]:
-    """The evictions of the entries whose rent is due (``displaced``: what a save would push out
-    of the tier). Call it at a look (``check_due``)."""
+def let_go(index: PrefixIndex, cells: CellMap, rent: CellRent, cost: TierCostModel,
+           displaced: Displaced = Displaced()) -> list[KvOp]:
+    """The evictions of the entries whose rent is due (``cells``: where the entries' cells lie;
+    ``displaced``: what a save would push out of the tier). Call it at a look (``check_due``)."""
+    idle = index.idle_entries()
+    rent.charge_top(cells.top_holder(list(index.entries)), idle)
+    owing = rent.owing()
     priced = [(e, cost.price_ms(SaveCandidate(e.n_tokens, min(e.runs, e.n_tokens), e.own_cells, e.returning),
-                                displaced)) for e in index.idle_entries()]
+                                displaced)) for e in idle if e.seq_id in owing]
     return index.evict_entries(rent.due(priced))

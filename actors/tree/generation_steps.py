@@ -232,7 +232,7 @@ class GenerationSteps:
         """What saves may take of a step, what recomputing costs, what kept cells cost: and the idle
         entries whose cells cost more than they save leave them (nothing is in flight)."""
         if self.tiers is not None:
-            self.apply(self.tiers.stepped(n_rows, ms, self.index))
+            self.apply(self.tiers.stepped(n_rows, ms, self.index, self.engine.cells))
 
     @staticmethod
     def arrays(plan: StepPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -1,5 +1,5 @@
-"""The kept cells' rent (pure): its rates fitted from decode and prefill steps, the row clock, and the
-ski-rental rule that lets an idle entry go once its rent reaches its price. The real engine's
+"""The kept cells' rent (pure): its rates fitted from decode and prefill steps, the charge to the entry
+holding up the top cells, and the ski-rental rule that lets an idle entry go once its rent reaches its price. The real engine's
 side is tests/tree/test_cache_tiers.py (an idle cache leaves the cells, its prefixes come back)."""
 
 from __future__ import annotations
@@ -7,10 +7,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
 from llamactor.scheduling import cell_rent
+from llamactor.scheduling.cell_map import CellMap
 from llamactor.scheduling.cell_rent import CHECK_EVERY, PRIOR_CELL_TOKEN_RATIO, CellRent, let_go
 from llamactor.scheduling.kv_nodes import IdleEntry
 from llamactor.scheduling.prefix_index import PrefixIndex
@@ -25,14 +27,11 @@ def idle(seq_id: int, own_cells: int, last_used: float) -> IdleEntry:
     return IdleEntry(seq_id, own_cells, last_used, n_tokens=own_cells, runs=1, returning=False)
 
 
-def step_all(rent: CellRent, steps: list[tuple[int, float, int]], t0: float = 0.0) -> float:
-    """Feed ``(rows, ms, cells)`` steps one ms apart from ``t0``, looking every ``CHECK_EVERY``; the last time."""
-    t = t0
+def step_all(rent: CellRent, steps: list[tuple[int, float, int]]) -> None:
+    """Feed ``(rows, ms, cells)`` steps, looking every ``CHECK_EVERY``."""
     for rows, ms, cells in steps:
-        t += 1.0
-        rent.stepped(rows, ms, cells, t)
+        rent.stepped(rows, ms, cells)
         rent.check_due()
-    return t
 
 
 def noisy_steps(seed: int, n: int, rows: tuple[int, int], ms: Callable[[int, int], float],
@@ -94,7 +93,7 @@ def test_a_handful_of_prompt_chunks_is_not_enough_for_a_prefill_fit() -> None:
     few = [(512, 10.0 + 0.0002 * 512 * cells, cells) for cells in range(0, 8192, 8192 // 16)]  # 16 chunks
     step_all(rent, few)
     assert rent.cell_prefill_row_ms is None
-    step_all(rent, few * 2, t0=100.0)
+    step_all(rent, few * 2)
     assert rent.cell_prefill_row_ms == pytest.approx(0.0002, rel=0.01)
 
 
@@ -106,108 +105,135 @@ def test_before_a_prefill_fit_a_prompt_chunk_is_charged_as_a_decode_step() -> No
     assert rent.cell_prefill_row_ms is None and rent.per_cell_ms(512) == rent.per_cell_ms(cell_rent.DECODE_ROWS - 1)
 
 
-@given(st.lists(st.tuples(st.integers(1, 600), st.floats(0.0, 5.0)), max_size=60), st.floats(-1.0, 400.0))
-def test_the_rent_charged_since_a_time_is_that_of_the_steps_that_ended_after_it(steps: list[tuple[int, float]],
-                                                                                t: float) -> None:
-    rent, now, ended = CellRent(token_ms=1.0), 0.0, []
+@given(st.lists(st.tuples(st.integers(1, 600), st.booleans()), max_size=80), st.integers(1, 5000))
+def test_the_top_holder_owes_the_cells_it_holds_up_times_the_rent_per_cell_of_the_steps_since_each_look(
+        steps: list[tuple[int, bool]], held: int) -> None:
+    rent, entry, owed = CellRent(token_ms=1.0), idle(2, 10, 0.0), 0.0
     rent.cell_row_ms = 0.0001
-    for rows, gap in steps:
-        now += gap
-        ended.append((now, rent.per_cell_ms(rows)))
-        rent.stepped(rows, 1.0, 0, now)
-    assert rent.charged_since(t) == pytest.approx(sum(ms for at, ms in ended if at > t), abs=1e-9)
-
-
-def test_the_rent_clock_keeps_its_newest_steps_and_charges_an_older_entry_all_of_them(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cell_rent, "CLOCK_STEPS", 4)
-    rent = CellRent(token_ms=1.0)  # 0.001 ms a cell a step
-    for i in range(1, 20):
-        rent.stepped(1, 1.0, 0, float(i))
-    assert len(rent._times) <= 8
-    assert rent.charged_since(18.5) == pytest.approx(0.001) and rent.charged_since(16.0) == pytest.approx(0.003)
-    assert rent.charged_since(0.0) == pytest.approx(0.001 * (len(rent._times) - 1))  # older: all it holds
+    since_look = 0.0
+    for rows, look in steps:
+        since_look += rent.per_cell_ms(rows)
+        rent.stepped(rows, 1.0, 0)
+        if look:
+            rent.charge_top((2, held), [entry])
+            owed, since_look = owed + held * since_look, 0.0
+    assert rent.owed_ms(entry) == pytest.approx(owed, abs=1e-9)
 
 
 def test_an_idle_entry_goes_once_its_rent_reaches_its_price_and_not_before() -> None:
     rent = CellRent(token_ms=1.0)  # 0.001 ms a cell a step
-    entry = idle(3, 100, 0.0)  # at a price of 2 ms: due after 20 steps
-    t = step_all(rent, [(1, 1.0, 100)] * 19)
+    entry = idle(3, 100, 0.0)  # holding up 100 cells at a price of 2 ms: due after 20 steps
+    step_all(rent, [(1, 1.0, 100)] * 19)
+    rent.charge_top((3, 100), [entry])
     assert rent.owed_ms(entry) == pytest.approx(1.9) and rent.due([(entry, 2.0)]) == []
-    step_all(rent, [(1, 1.0, 100)], t)
+    step_all(rent, [(1, 1.0, 100)])
+    rent.charge_top((3, 100), [entry])
     assert rent.due([(entry, 2.0)]) == [3] and rent.let_go == 1
 
 
-def test_an_entry_used_since_owes_only_the_steps_after_its_use() -> None:
+def test_only_the_entry_holding_up_the_top_is_charged_and_the_next_one_starts_owing_when_it_is_on_top() -> None:
+    rent = CellRent(token_ms=1.0)
+    top, below = idle(1, 100, 0.0), idle(2, 100, 0.0)
+    step_all(rent, [(1, 1.0, 200)] * 10)
+    rent.charge_top((1, 100), [top, below])
+    assert rent.owed_ms(top) == pytest.approx(1.0) and rent.owed_ms(below) == 0 and rent.owing() == {1}
+    step_all(rent, [(1, 1.0, 200)] * 10)
+    rent.charge_top((2, 100), [below])  # the top one went
+    assert rent.owed_ms(below) == pytest.approx(1.0) and rent.owing() == {2}
+
+
+def test_an_entry_used_again_owes_nothing_of_what_it_owed_before() -> None:
     rent = CellRent(token_ms=1.0)
     rent.cell_row_ms = 0.0005
-    t = step_all(rent, [(4, 1.0, 100)] * 10)
-    fresh = idle(1, 100, t)
-    step_all(rent, [(4, 1.0, 100)] * 4, t)
-    assert rent.owed_ms(fresh) == pytest.approx(100 * (0.001 + 4 * 0.0005) * 4) and rent.due([(fresh, 2.0)]) == []
+    step_all(rent, [(4, 1.0, 100)] * 10)
+    rent.charge_top((1, 100), [idle(1, 100, 0.0)])
+    used = idle(1, 100, 10.0)  # used at 10: a new last use
+    step_all(rent, [(4, 1.0, 100)] * 4)
+    rent.charge_top((1, 100), [used])
+    assert rent.owed_ms(used) == pytest.approx(100 * (0.001 + 4 * 0.0005) * 4) and rent.due([(used, 2.0)]) == []
+    assert rent.owed_ms(idle(1, 100, 0.0)) == 0
+
+
+def test_a_running_sequence_or_a_shared_top_charges_no_entry() -> None:
+    rent = CellRent(token_ms=1.0)
+    entry = idle(1, 100, 0.0)
+    step_all(rent, [(1, 1.0, 100)] * 10)
+    rent.charge_top((5, 300), [entry])  # 5 is not idle: a running sequence
+    rent.charge_top(None, [entry])  # shared
+    assert rent.owed_ms(entry) == 0 and rent.owing() == set()
 
 
 def test_without_steps_no_rent_is_owed_however_long_an_entry_waits() -> None:
     rent = CellRent(token_ms=1.0)
     step_all(rent, [(1, 1.0, 100)] * 5)
+    rent.charge_top(None, [])
     entry = idle(1, 10_000, 6.0)
-    assert rent.charged_since(6.0) == 0 and rent.due([(entry, 0.001)]) == []
+    rent.charge_top((1, 10_000), [entry])
+    assert rent.owed_ms(entry) == 0 and rent.due([(entry, 0.001)]) == []
 
 
 def test_an_entry_without_a_price_now_stays_whatever_it_owes() -> None:
     rent = CellRent(token_ms=1.0)
     step_all(rent, [(16, 1.0, 100)] * 100)
-    assert rent.due([(idle(1, 1000, 0.0), None)]) == []
+    entry = idle(1, 1000, 0.0)
+    rent.charge_top((1, 1000), [entry])
+    assert rent.owed_ms(entry) > 0 and rent.due([(entry, None)]) == []
 
 
 def test_the_entries_are_looked_at_every_check_every_steps() -> None:
     rent = CellRent(token_ms=1.0)
     looks = []
-    for i in range(1, 3 * CHECK_EVERY + 1):
-        rent.stepped(1, 1.0, 0, float(i))
+    for _ in range(3 * CHECK_EVERY):
+        rent.stepped(1, 1.0, 0)
         looks.append(rent.check_due())
     assert sum(looks) == 3 and looks[CHECK_EVERY - 1]
 
 
-def finished_entry(index: PrefixIndex, tokens: list[int], now: float) -> int:
-    seq_id, _ = index.allocate()
+def finished_entry(index: PrefixIndex, cells: CellMap, tokens: list[int], now: float, pin: bool = False) -> int:
+    """An entry of ``tokens``, in the index and laid in ``cells`` as the engine would lay it."""
+    seq_id, _ = index.allocate(scope=None if pin else "")
     index.extend(seq_id, tokens, now)
-    index.finish(seq_id, now, keep=True)
+    cells.placed(np.arange(len(tokens), dtype=np.int32), np.full(len(tokens), seq_id, np.int32))
+    if pin:
+        index.pin(seq_id)
+    else:
+        index.finish(seq_id, now, keep=True)
     return seq_id
 
 
-def test_let_go_evicts_the_idle_entries_whose_rent_is_due_offered_to_the_tier_and_never_a_pinned_one() -> None:
-    index = PrefixIndex(n_seq_ids=8, n_cells=4096, offer_evicted=True)
-    pinned, _ = index.allocate(scope=None)
-    index.extend(pinned, list(range(1000, 1300)), 0.0)
-    index.pin(pinned)
-    old = finished_entry(index, list(range(300)), 0.0)
-    recent = finished_entry(index, list(range(2000, 2300)), 50.0)
+def test_let_go_evicts_the_entry_on_top_first_then_the_one_below_and_never_a_pinned_one() -> None:
+    index, cells = PrefixIndex(n_seq_ids=8, n_cells=4096, offer_evicted=True), CellMap(4096, 8, 512)
+    finished_entry(index, cells, list(range(1000, 1300)), 0.0, pin=True)
+    below = finished_entry(index, cells, list(range(300)), 0.0)
+    top = finished_entry(index, cells, list(range(2000, 2300)), 50.0)  # used last, but on top
     cost = TierCostModel(CPU)
     rent = CellRent(token_ms=CPU.token_ms)  # 0.002 ms a cell a step: 300 cells owe 0.6 ms a step
     price = cost.price_ms(cell_rent.SaveCandidate(300, 1, 300, False))
     assert price is not None
     steps_due = int(price / (300 * rent.per_cell_ms(1))) + 1
     ops = []
-    for i in range(CHECK_EVERY * (steps_due // CHECK_EVERY + 2)):
-        rent.stepped(1, 1.0, index.cells_used, 51.0 + i)
+    for _ in range(CHECK_EVERY * (2 * steps_due // CHECK_EVERY + 4)):
+        rent.stepped(1, 1.0, cells.top)
         if rent.check_due():
-            ops += let_go(index, rent, cost)
-    assert [op.seq_id for op in ops] == [old, recent]  # the older first: it began owing earlier
+            gone = let_go(index, cells, rent, cost)
+            for op in gone:
+                cells.seq_rm(op.seq_id)
+            ops += gone
+    assert [op.seq_id for op in ops] == [top, below]
     assert all(op.save and op.p0 == 0 for op in ops)
-    assert set(index.entries) == {pinned}
+    assert len(index.entries) == 1 and cells.top == 300  # the pinned entry's cells
 
 
 def test_let_go_waits_while_a_save_that_pays_cannot_fit_the_steps_share() -> None:
-    index = PrefixIndex(n_seq_ids=4, n_cells=4096, offer_evicted=True)
-    finished_entry(index, list(range(300)), 0.0)
+    index, cells = PrefixIndex(n_seq_ids=4, n_cells=4096, offer_evicted=True), CellMap(4096, 4, 512)
+    entry = finished_entry(index, cells, list(range(300)), 0.0)
     cost = TierCostModel(CPU)
     cost.credit_ms = 0.0
     rent = CellRent(token_ms=CPU.token_ms)
-    for i in range(100 * CHECK_EVERY):  # 300 cells: the rent is long past any price
-        rent.stepped(16, 1.0, 300, 1.0 + i)
-        assert let_go(index, rent, cost) == []
-    assert len(index.entries) == 1
+    for _ in range(100 * CHECK_EVERY):  # 300 cells: the rent is long past any price
+        rent.stepped(16, 1.0, 300)
+        assert let_go(index, cells, rent, cost) == []
+    assert len(index.entries) == 1 and cells.top_holder(list(index.entries)) == (entry, 300)
     cost.credit_ms = 1000.0
-    rent.stepped(16, 1.0, 300, 2000.0)
-    assert len(let_go(index, rent, cost)) == 1 and not index.entries
+    rent.stepped(16, 1.0, 300)
+    assert len(let_go(index, cells, rent, cost)) == 1 and not index.entries

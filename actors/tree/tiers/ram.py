@@ -27,6 +27,7 @@ from llamactor.tree.tiers.disk import DiskTier, model_identity
 from llamactor.base.errors import EngineError
 from llamactor.native.engine import Engine
 from llamactor.native.kv_state import BUILD, SeqState
+from llamactor.scheduling.cell_map import CellMap
 from llamactor.scheduling.cell_rent import CellRent, let_go
 from llamactor.scheduling.kv_nodes import KvOp
 from llamactor.scheduling.prefix_index import PrefixIndex
@@ -92,16 +93,19 @@ class CacheTiers:
             self.rent = CellRent(self.cost.token_ms)
         log.info("cache_tier_calibrated", **self.cost.stats())
 
-    def stepped(self, n_rows: int, ms: float, index: PrefixIndex) -> list[KvOp]:
+    def stepped(self, n_rows: int, ms: float, index: PrefixIndex, cells: CellMap) -> list[KvOp]:
         """A decode step of ``n_rows`` rows took ``ms`` (the cost model's step time and prefill rate,
-        the kept cells' rent); the evictions of the entries whose rent is due, to carry out."""
+        the kept cells' rent), with the cells laid as ``cells`` has them; the evictions of the
+        entries whose rent is due, to carry out."""
         if self.cost is None:
             return []
         self.cost.stepped(n_rows, ms)
         if self.rent is None:
             return []
-        self.rent.stepped(n_rows, ms, index.cells_used, time.perf_counter())
-        return let_go(index, self.rent, self.cost, self._displaced()) if self.rent.check_due() else []
+        self.rent.stepped(n_rows, ms, cells.top)
+        if not self.rent.check_due():
+            return []
+        return let_go(index, cells, self.rent, self.cost, self._displaced())
 
     def _displaced(self) -> Displaced:
         """What a save into RAM pushes out now: nothing with a disk tier (it keeps what leaves RAM)
