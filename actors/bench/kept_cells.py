@@ -48,12 +48,14 @@ def _leg(model_path: str, s: BenchSettings, rent: bool, n_notes: int) -> dict[st
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda p: llm.ask(p, max_tokens=4, temperature=0), _notes(n_notes)))
         burst_s = time.perf_counter() - start
-        cells_after_burst = llm.stats()["prefix_cache"]["cells"]
+        after_burst = llm.stats()
         lone = [_decode_tok_s(llm, 1) for _ in range(2)]
         streams = _decode_tok_s(llm, N_STREAMS)
         stats = llm.stats()
-    return {"burst_s": burst_s, "cells_after_burst": cells_after_burst, "lone_tok_s": lone,
-            "streams_tok_s": streams, "cells_after": stats["prefix_cache"]["cells"],
+    # the cells kept, and one past the highest cell in use: what every step attends over
+    return {"burst_s": burst_s, "cells_after_burst": after_burst["prefix_cache"]["cells"],
+            "top_after_burst": after_burst["kv_layout"]["top"], "lone_tok_s": lone, "streams_tok_s": streams,
+            "cells_after": stats["prefix_cache"]["cells"], "top_after": stats["kv_layout"]["top"],
             "rent": stats["cache_ram"].get("rent"), "saved": stats["cache_ram"]["saved"]}
 
 
@@ -99,7 +101,8 @@ def report_lines(results: dict[str, Any]) -> list[str]:
         on, off = m["rent_on"][-1], m["rent_off"][-1]
         lines += [f"- {name}: burst {m['burst_ratio']:.2f}× prompts/s, lone stream {m['lone_ratio']:.2f}× tok/s, "
                   f"{N_STREAMS} streams {m['streams_ratio']:.2f}× tok/s. Last repeat: cells in use after the burst "
-                  f"{on['cells_after_burst']} vs {off['cells_after_burst']}, after the streams {on['cells_after']} vs "
-                  f"{off['cells_after']}; lone {on['lone_tok_s'][-1]:.1f} vs {off['lone_tok_s'][-1]:.1f} tok/s, "
+                  f"{on['cells_after_burst']} vs {off['cells_after_burst']} (top cell {on['top_after_burst']} vs "
+                  f"{off['top_after_burst']}), after the streams {on['cells_after']} vs {off['cells_after']} (top "
+                  f"{on['top_after']} vs {off['top_after']}); lone {on['lone_tok_s'][-1]:.1f} vs {off['lone_tok_s'][-1]:.1f} tok/s, "
                   f"{N_STREAMS} streams {on['streams_tok_s']:.1f} vs {off['streams_tok_s']:.1f}; rent {on['rent']}."]
     return lines + [""]

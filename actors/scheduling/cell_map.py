@@ -125,7 +125,7 @@ class CellMap:
         return int(ids[highest]), cell - int(below)
 
     def stats(self) -> dict[str, int]:
-        return {"cells_top": self.top, "cells_used": self.used, "drifted": self.drifted}
+        return {"top": self.top, "used": self.used, "drifted": self.drifted}
 
     # -- internals ----------------------------------------------------------------------------
 

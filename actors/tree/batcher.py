@@ -296,6 +296,7 @@ class BatcherActor(pykka.ThreadingActor):
                               counters=self.step_counters, scheduler=self.scheduler, index=self.index,
                               info=self.engine.info, embeddings=self.embeddings,
                               sampler=self.generation_steps.sampler)
+        stats["kv_layout"] = self.engine.cells.stats()  # one past the top cell in use: what a step attends over
         if self.tiers is not None:
             stats["cache_ram"] = self.tiers.stats()
         return stats
