@@ -106,23 +106,21 @@ class CellMap:
         """``seq_id``'s positions in the order of its cells (the order a saved state holds them)."""
         return self.pos[self.owned[seq_id]]
 
-    def top_holder(self, kept: Sequence[int]) -> tuple[int, int] | None:
-        """Of the ``kept`` sequences (the cached entries), the one whose highest cell lies highest,
-        and how many cells it holds up there: from that cell down to the next-highest of the others
-        (with the free cells between). That is how far the top would come down once the running
-        sequences are gone (they end, or move on into freed cells) if it went: what keeping it
-        costs each step from then on. None: no kept cells, or the top one is shared (letting one
-        owner go would free nothing)."""
+    def layers(self, kept: Sequence[int]) -> list[tuple[int, int]]:
+        """The ``kept`` sequences (the cached entries) that hold cells, highest top cell first, each
+        with how far the top of the kept cells would come down if it and every one above it went:
+        from the highest kept cell down to the next one's highest (free cells between included).
+        Running sequences are left out: they end, or their next tokens move down into freed
+        cells, and then the kept cells are what every step attends over."""
         ids = np.asarray(kept, dtype=np.int64)
         tops = self.seq_top[ids]
-        if len(ids) == 0 or tops.max() < 0:
-            return None
-        highest = int(np.argmax(tops))
-        cell = int(tops[highest])
-        if self.owners[cell] != 1:
-            return None
-        below = np.delete(tops, highest).max(initial=-1)
-        return int(ids[highest]), cell - int(below)
+        order = np.argsort(-tops, kind="stable")
+        ids, tops = ids[order], tops[order]
+        held = int(np.count_nonzero(tops >= 0))
+        if held == 0:
+            return []
+        below = np.append(tops[1:held], -1)  # each one's next kept top cell down (-1: none)
+        return list(zip(ids[:held].tolist(), (tops[0] - below).tolist()))
 
     def stats(self) -> dict[str, int]:
         return {"top": self.top, "used": self.used, "drifted": self.drifted}

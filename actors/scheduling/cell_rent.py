@@ -9,15 +9,18 @@ steps 1.3× slower on Gemma 3 and 1.6× on SmolLM2, and prefills slower too; and
 only the highest of 16 stacked entries cost what keeping all 16 did). vLLM and SGLang attend over
 each sequence's own blocks only; there a kept block is free, here it is rented.
 
-Keeping an idle entry is renting; letting it go (offered to the host-RAM tier, else dropped) is
-buying: its next use then costs what the tier cost model expects (``TierCostModel.price_ms``: the
-save now and the restore then, or the recomputation). The rule is the ski-rental one: an entry
-goes once the rent it has cost since its last use reaches that price, which is never more than
-twice what the best choice in hindsight costs. The rent is what letting it go would save: at each
-look, of the cached entries, the one whose cells lie highest (``CellMap.top_holder``) is charged
-for the cells it holds up (down to the next entry's highest cell, holes included) over the steps
-since the last look; an entry below others is charged nothing. Running sequences are left out of
-that: they end, or their next tokens move down into freed cells, and then the entries' cells are
+Keeping idle entries is renting; letting them go (offered to the host-RAM tier, else dropped) is
+buying: their next use then costs what the tier cost model expects (``TierCostModel.price_ms``: the
+save now and the restore then, or the recomputation). The rule is the ski-rental one: an option
+is bought once the rent it would have saved since it was open reaches its price, which is never
+more than twice what the best choice in hindsight costs. Letting entries go saves only where it
+brings the top down, so the options are the entries stacked from the top (``CellMap.layers``):
+the top one alone, the top two, and so on. At each look, the option down to each entry is charged
+the cells it would bring the top down by (from the highest kept cell to the next entry's below it,
+holes included) over the steps since the last look, owed by that entry since its last use; the
+largest option whose rent has reached the sum of its entries' prices goes, all of it. An entry
+under a pinned one, or under one with no price now, waits. Running sequences are left out of the
+stack: they end, or their next tokens move down into freed cells, and then the entries' cells are
 what the steps attend over. Steps with no rows charge nothing: an idle server keeps its cache.
 
 The rates are learned from decode steps: ``ms ≈ a + b·rows + (c + d·rows)·cells_attended``, least
@@ -157,25 +160,23 @@ class CellRent:
             if (solved := self._prefills.solve(terms)) is not None:
                 self.cell_prefill_row_ms = solved[-1]
 
-    def charge_top(self, holder: tuple[int, int] | None, idle: list[IdleEntry]) -> None:
-        """A look: the entry that holds the top up (``holder``: its seq_id and the cells it holds
-        up; ``CellMap.top_holder``) owes those cells' rent over the steps since the last look, if
-        it is idle (``idle``: the idle entries). What others owe stays until they are used again."""
+    def charge_layers(self, layers: list[tuple[int, int]], idle: list[IdleEntry]) -> None:
+        """A look: the option down to each idle entry of ``layers`` (``CellMap.layers``: the entries
+        from the top, each with the cells the top would come down by if it and those above went)
+        owes those cells' rent over the steps since the last look. What an entry owes is forgotten
+        once it is used again."""
         per_cell, self._charged_at_look = self._charged - self._charged_at_look, self._charged
         last_used = {e.seq_id: e.last_used for e in idle}
         self._owed = {seq_id: owed for seq_id, owed in self._owed.items() if last_used.get(seq_id) == owed[0]}
-        if holder is not None and (seq_id := holder[0]) in last_used:
-            owed = self._owed.get(seq_id, (last_used[seq_id], 0.0))[1]
-            self._owed[seq_id] = (last_used[seq_id], owed + holder[1] * per_cell)
+        for seq_id, cells in layers:
+            if seq_id in last_used:
+                owed = self._owed.get(seq_id, (last_used[seq_id], 0.0))[1]
+                self._owed[seq_id] = (last_used[seq_id], owed + cells * per_cell)
 
     def owed_ms(self, entry: IdleEntry) -> float:
-        """The rent ``entry`` has cost the steps since its last use (as of the last look)."""
+        """The rent the option down to ``entry`` has cost the steps since its last use (as of the last look)."""
         owed = self._owed.get(entry.seq_id)
         return owed[1] if owed is not None and owed[0] == entry.last_used else 0.0
-
-    def owing(self) -> set[int]:
-        """The entries that owe any rent (as of the last look)."""
-        return {seq_id for seq_id, owed in self._owed.items() if owed[1] > 0}
 
     def check_due(self) -> bool:
         """Whether this step looks at the entries (every ``CHECK_EVERY``-th); the rates are fitted
@@ -185,11 +186,18 @@ class CellRent:
         self._fit()
         return True
 
-    def due(self, priced: list[tuple[IdleEntry, float | None]]) -> list[int]:
-        """The seq_ids of the entries whose rent has reached their price (None: not now): to let go."""
-        gone = [e.seq_id for e, price in priced if price is not None and self.owed_ms(e) >= price]
-        self.let_go += len(gone)
-        return gone
+    def due(self, stacked: list[tuple[IdleEntry, float | None]]) -> list[int]:
+        """The seq_ids to let go: of ``stacked`` (the idle entries from the top, each with its price;
+        None: not now), the largest run from the top whose option's rent has reached its price."""
+        gone, total = 0, 0.0
+        for k, (entry, price) in enumerate(stacked, 1):
+            if price is None:
+                break
+            total += price
+            if self.owed_ms(entry) >= total:
+                gone = k
+        self.let_go += gone
+        return [entry.seq_id for entry, _ in stacked[:gone]]
 
     def stats(self) -> dict[str, float | bool | int]:
         return {"cell_us_at_1_row": round(self.per_cell_ms(1) * 1000, 4),
@@ -202,9 +210,13 @@ def let_go(index: PrefixIndex, cells: CellMap, rent: CellRent, cost: TierCostMod
            displaced: Displaced = Displaced()) -> list[KvOp]:
     """The evictions of the entries whose rent is due (``cells``: where the entries' cells lie;
     ``displaced``: what a save would push out of the tier). Call it at a look (``check_due``)."""
-    idle = index.idle_entries()
-    rent.charge_top(cells.top_holder(list(index.entries)), idle)
-    owing = rent.owing()
-    priced = [(e, cost.price_ms(SaveCandidate(e.n_tokens, min(e.runs, e.n_tokens), e.own_cells, e.returning),
-                                displaced)) for e in idle if e.seq_id in owing]
-    return index.evict_entries(rent.due(priced))
+    idle = {e.seq_id: e for e in index.idle_entries()}
+    layers = cells.layers(list(index.entries))
+    rent.charge_layers(layers, list(idle.values()))
+    stacked = []
+    for seq_id, _ in layers:  # the idle entries from the top, down to the first that is not (pinned)
+        if (e := idle.get(seq_id)) is None:
+            break
+        stacked.append((e, cost.price_ms(SaveCandidate(e.n_tokens, min(e.runs, e.n_tokens), e.own_cells, e.returning),
+                                         displaced)))
+    return index.evict_entries(rent.due(stacked))

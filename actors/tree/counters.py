@@ -69,13 +69,16 @@ class StepCounters:
 
 def audit_kv(engine: Engine, index: PrefixIndex) -> list[str]:
     """Every sequence the index tracks holds positions 0 .. length - 1 in llama.cpp, sliding-window
-    cells included (its shadow keeps them), and every other seq_id holds nothing."""
+    cells included (its shadow keeps them), and every other seq_id holds nothing; and so in the
+    engine's mirror of the cells (``CellMap``), one cell a position."""
     problems = []
     for seq_id in range(engine.info.n_seq_max):
         length = index.length(seq_id) if seq_id in index.leaf else 0
         pos_min, pos_max = engine.seq_pos_min(seq_id), engine.seq_pos_max(seq_id)
         if pos_max != length - 1 or pos_min != (0 if length else -1):
             problems.append(f"seq {seq_id}: index holds {length} cells, llama.cpp positions {pos_min}..{pos_max}")
+        if sorted(engine.cells.order(seq_id).tolist()) != list(range(length)):
+            problems.append(f"seq {seq_id}: index holds {length} cells, the cell map {len(engine.cells.order(seq_id))}")
     return problems
 
 

@@ -1,5 +1,5 @@
 """The cell map (pure): where llama.cpp's find_slot lays tokens, what removing and copying do to the
-cells and the head, and which entry holds the top up. Against llama.cpp itself:
+cells and the head, and how far the kept cells' top comes down as entries go. Against llama.cpp itself:
 tests/native/test_cell_map.py (its debug log)."""
 
 from __future__ import annotations
@@ -166,20 +166,20 @@ def test_copied_cells_have_two_owners_and_stay_until_both_leave() -> None:
     assert (cells.top, cells.used, cells.head) == (0, 0, 0) and not cells.owned.any()
 
 
-def test_the_top_holder_is_the_kept_sequence_whose_cells_lie_highest_holding_them_down_to_the_next_ones() -> None:
+def test_the_layers_are_the_kept_sequences_from_the_top_each_with_how_far_the_top_comes_down_with_it() -> None:
     cells = CellMap(64, 5, n_ubatch=64)
     lay(cells, 0, range(10))
     lay(cells, 1, range(10))
     lay(cells, 2, range(10))
     lay(cells, 4, range(5))  # a running sequence above them all: not kept, so not counted
     cells.seq_rm(1)  # cells 10-19 free
-    assert cells.top_holder([0, 2]) == (2, 20)  # 2 gone, the kept cells' top comes from 30 to 10
-    assert cells.top_holder([0]) == (0, 10)
-    cells.seq_cp(2, 3)
-    assert cells.top_holder([0, 2, 3]) is None  # its top cell is shared: one owner going frees nothing
-    assert cells.top_holder([]) is None
+    assert cells.layers([0, 2, 3]) == [(2, 20), (0, 30)]  # 2 gone: the top from 30 to 10; both: to 0
+    assert cells.layers([0]) == [(0, 10)]
+    lay(cells, 3, range(3))  # into the hole: cells 10-12
+    assert cells.layers([3, 0, 2]) == [(2, 17), (3, 20), (0, 30)]
+    assert cells.layers([]) == []
     cells.clear()
-    assert cells.top_holder([0, 2]) is None
+    assert cells.layers([0, 2]) == []
 
 
 def test_a_decode_that_finds_fewer_free_cells_than_llama_cpp_did_counts_a_drift_and_lays_what_fits() -> None:

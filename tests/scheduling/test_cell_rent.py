@@ -1,5 +1,5 @@
 """The kept cells' rent (pure): its rates fitted from decode and prefill steps, the charge to the entry
-holding up the top cells, and the ski-rental rule that lets an idle entry go once its rent reaches its price. The real engine's
+entries stacked from the top cells, and the ski-rental rule that lets an idle entry go once its rent reaches its price. The real engine's
 side is tests/tree/test_cache_tiers.py (an idle cache leaves the cells, its prefixes come back)."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_before_a_prefill_fit_a_prompt_chunk_is_charged_as_a_decode_step() -> No
 
 
 @given(st.lists(st.tuples(st.integers(1, 600), st.booleans()), max_size=80), st.integers(1, 5000))
-def test_the_top_holder_owes_the_cells_it_holds_up_times_the_rent_per_cell_of_the_steps_since_each_look(
+def test_an_option_owes_the_cells_it_would_bring_the_top_down_by_times_the_rent_per_cell_of_the_steps_since_each_look(
         steps: list[tuple[int, bool]], held: int) -> None:
     rent, entry, owed = CellRent(token_ms=1.0), idle(2, 10, 0.0), 0.0
     rent.cell_row_ms = 0.0001
@@ -115,7 +115,7 @@ def test_the_top_holder_owes_the_cells_it_holds_up_times_the_rent_per_cell_of_th
         since_look += rent.per_cell_ms(rows)
         rent.stepped(rows, 1.0, 0)
         if look:
-            rent.charge_top((2, held), [entry])
+            rent.charge_layers([(2, held)], [entry])
             owed, since_look = owed + held * since_look, 0.0
     assert rent.owed_ms(entry) == pytest.approx(owed, abs=1e-9)
 
@@ -124,51 +124,50 @@ def test_an_idle_entry_goes_once_its_rent_reaches_its_price_and_not_before() -> 
     rent = CellRent(token_ms=1.0)  # 0.001 ms a cell a step
     entry = idle(3, 100, 0.0)  # holding up 100 cells at a price of 2 ms: due after 20 steps
     step_all(rent, [(1, 1.0, 100)] * 19)
-    rent.charge_top((3, 100), [entry])
+    rent.charge_layers([(3, 100)], [entry])
     assert rent.owed_ms(entry) == pytest.approx(1.9) and rent.due([(entry, 2.0)]) == []
     step_all(rent, [(1, 1.0, 100)])
-    rent.charge_top((3, 100), [entry])
+    rent.charge_layers([(3, 100)], [entry])
     assert rent.due([(entry, 2.0)]) == [3] and rent.let_go == 1
 
 
-def test_only_the_entry_holding_up_the_top_is_charged_and_the_next_one_starts_owing_when_it_is_on_top() -> None:
+def test_the_largest_option_from_the_top_whose_rent_has_reached_its_entries_prices_goes_whole() -> None:
     rent = CellRent(token_ms=1.0)
-    top, below = idle(1, 100, 0.0), idle(2, 100, 0.0)
-    step_all(rent, [(1, 1.0, 200)] * 10)
-    rent.charge_top((1, 100), [top, below])
-    assert rent.owed_ms(top) == pytest.approx(1.0) and rent.owed_ms(below) == 0 and rent.owing() == {1}
-    step_all(rent, [(1, 1.0, 200)] * 10)
-    rent.charge_top((2, 100), [below])  # the top one went
-    assert rent.owed_ms(below) == pytest.approx(1.0) and rent.owing() == {2}
+    top, middle, bottom = idle(1, 100, 0.0), idle(2, 100, 0.0), idle(3, 100, 0.0)
+    step_all(rent, [(1, 1.0, 300)] * 10)  # 0.01 ms a cell
+    rent.charge_layers([(1, 100), (2, 250), (3, 300)], [top, middle, bottom])
+    assert [rent.owed_ms(e) for e in (top, middle, bottom)] == pytest.approx([1.0, 2.5, 3.0])
+    assert rent.due([(top, 1.1), (middle, 1.1), (bottom, 1.1)]) == [1, 2]  # 2.5 >= 2.2; 3.0 < 3.3
+    assert rent.due([(top, 0.5), (middle, 5.0), (bottom, 0.1)]) == [1]  # the top one alone pays
+    assert rent.due([(top, None), (middle, 0.1), (bottom, 0.1)]) == []  # under one with no price: waits
 
 
 def test_an_entry_used_again_owes_nothing_of_what_it_owed_before() -> None:
     rent = CellRent(token_ms=1.0)
     rent.cell_row_ms = 0.0005
     step_all(rent, [(4, 1.0, 100)] * 10)
-    rent.charge_top((1, 100), [idle(1, 100, 0.0)])
+    rent.charge_layers([(1, 100)], [idle(1, 100, 0.0)])
     used = idle(1, 100, 10.0)  # used at 10: a new last use
     step_all(rent, [(4, 1.0, 100)] * 4)
-    rent.charge_top((1, 100), [used])
+    rent.charge_layers([(1, 100)], [used])
     assert rent.owed_ms(used) == pytest.approx(100 * (0.001 + 4 * 0.0005) * 4) and rent.due([(used, 2.0)]) == []
     assert rent.owed_ms(idle(1, 100, 0.0)) == 0
 
 
-def test_a_running_sequence_or_a_shared_top_charges_no_entry() -> None:
+def test_a_pinned_or_running_sequence_in_the_layers_owes_nothing() -> None:
     rent = CellRent(token_ms=1.0)
     entry = idle(1, 100, 0.0)
     step_all(rent, [(1, 1.0, 100)] * 10)
-    rent.charge_top((5, 300), [entry])  # 5 is not idle: a running sequence
-    rent.charge_top(None, [entry])  # shared
-    assert rent.owed_ms(entry) == 0 and rent.owing() == set()
+    rent.charge_layers([(5, 300), (1, 400)], [entry])  # 5 is not idle
+    assert rent.owed_ms(entry) == pytest.approx(4.0) and rent.owed_ms(idle(5, 300, 0.0)) == 0
 
 
 def test_without_steps_no_rent_is_owed_however_long_an_entry_waits() -> None:
     rent = CellRent(token_ms=1.0)
     step_all(rent, [(1, 1.0, 100)] * 5)
-    rent.charge_top(None, [])
+    rent.charge_layers([], [])
     entry = idle(1, 10_000, 6.0)
-    rent.charge_top((1, 10_000), [entry])
+    rent.charge_layers([(1, 10_000)], [entry])
     assert rent.owed_ms(entry) == 0 and rent.due([(entry, 0.001)]) == []
 
 
@@ -176,7 +175,7 @@ def test_an_entry_without_a_price_now_stays_whatever_it_owes() -> None:
     rent = CellRent(token_ms=1.0)
     step_all(rent, [(16, 1.0, 100)] * 100)
     entry = idle(1, 1000, 0.0)
-    rent.charge_top((1, 1000), [entry])
+    rent.charge_layers([(1, 1000)], [entry])
     assert rent.owed_ms(entry) > 0 and rent.due([(entry, None)]) == []
 
 
@@ -233,7 +232,20 @@ def test_let_go_waits_while_a_save_that_pays_cannot_fit_the_steps_share() -> Non
     for _ in range(100 * CHECK_EVERY):  # 300 cells: the rent is long past any price
         rent.stepped(16, 1.0, 300)
         assert let_go(index, cells, rent, cost) == []
-    assert len(index.entries) == 1 and cells.top_holder(list(index.entries)) == (entry, 300)
+    assert len(index.entries) == 1 and cells.layers(list(index.entries)) == [(entry, 300)]
     cost.credit_ms = 1000.0
     rent.stepped(16, 1.0, 300)
     assert len(let_go(index, cells, rent, cost)) == 1 and not index.entries
+
+
+def test_an_entry_under_a_pinned_one_never_goes_for_its_rent() -> None:
+    index, cells = PrefixIndex(n_seq_ids=4, n_cells=4096, offer_evicted=True), CellMap(4096, 4, 512)
+    finished_entry(index, cells, list(range(300)), 0.0)
+    finished_entry(index, cells, list(range(1000, 1300)), 0.0, pin=True)  # above it: the top stays
+    cost = TierCostModel(CPU)
+    rent = CellRent(token_ms=CPU.token_ms)
+    for _ in range(100 * CHECK_EVERY):
+        rent.stepped(16, 1.0, 600)
+        if rent.check_due():
+            assert let_go(index, cells, rent, cost) == []
+    assert len(index.entries) == 2
