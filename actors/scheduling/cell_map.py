@@ -42,7 +42,7 @@ class CellMap:
     position, and the head: as llama.cpp's unified cache has them after the same operations."""
 
     def __init__(self, n_cells: int, n_seqs: int, n_ubatch: int) -> None:
-        self.n_cells, self.n_ubatch = n_cells, n_ubatch
+        self.n_ubatch = n_ubatch
         self.owned = np.zeros((n_seqs, n_cells), dtype=bool)  # [sequence, cell]
         self.owners = np.zeros(n_cells, dtype=np.int32)  # how many sequences own each cell
         self.pos = np.full(n_cells, -1, dtype=np.int32)  # each cell's position (-1: free)

@@ -77,8 +77,9 @@ def audit_kv(engine: Engine, index: PrefixIndex) -> list[str]:
         pos_min, pos_max = engine.seq_pos_min(seq_id), engine.seq_pos_max(seq_id)
         if pos_max != length - 1 or pos_min != (0 if length else -1):
             problems.append(f"seq {seq_id}: index holds {length} cells, llama.cpp positions {pos_min}..{pos_max}")
-        if sorted(engine.cells.order(seq_id).tolist()) != list(range(length)):
-            problems.append(f"seq {seq_id}: index holds {length} cells, the cell map {len(engine.cells.order(seq_id))}")
+        mapped = engine.cells.order(seq_id)
+        if sorted(mapped.tolist()) != list(range(length)):
+            problems.append(f"seq {seq_id}: index holds {length} cells, the cell map {len(mapped)}")
     return problems
 
 

@@ -91,7 +91,7 @@ class Checked:
             self.n_past[s] += 1
 
     def trim(self, seq_id: int, keep: int) -> None:
-        self.engine.seq_rm(seq_id, keep if keep > 0 else -1, -1)
+        self.engine.seq_rm(seq_id, keep, -1)
         self.n_past[seq_id] = keep
 
     def copy(self, src: int, dst: int, n: int) -> None:
@@ -126,7 +126,7 @@ def random_operations(checked: Checked, seed: int, n_ops: int) -> None:
         elif op == "copy" and live and empty:
             s = rng.choice(live)
             checked.copy(s, rng.choice(empty), rng.randint(1, checked.n_past[s]))
-        elif op == "restore" and live and len(empty) >= 2 and checked.n_past[live[0]] < room:
+        elif op == "restore" and live and len(empty) >= 2:  # the saved sequence leaves its cells first
             dst, scratch = rng.sample(empty, 2)
             checked.save_and_restore(rng.choice(live), dst, scratch)
         elif op == "drop" and live:
