@@ -92,6 +92,7 @@ def test_a_quick_run_keeps_the_rerank_case_small() -> None:
     assert len(set(docs)) == 64 and all(45 <= len(d.split()) <= 55 for d in docs)
 
 
+@pytest.mark.timeout(300)  # two processes, each loading a model: 25 s alone on 2 cores, 120+ beside other work
 def test_with_the_same_kernels_on_both_sides_the_scores_are_llama_cpp_pythons(instruct_path: str,
                                                                              model_path: str) -> None:
     """The quality leg's exact comparison, one labelled case, in a process of its own: batch-invariant
