@@ -16,7 +16,6 @@ other model all of them (``llamactor.base.config.max_sequences``; ``EngineInfo.s
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass, replace
 
 import llama_cpp
@@ -24,13 +23,14 @@ import numpy as np
 
 from llamactor.base.adapters import AdapterSet
 from llamactor.base.errors import EngineError, StepAbortedError
-from llamactor.native import devices, host_pages, kv_state
+from llamactor.native import devices, kv_state
 from llamactor.native.abort import AbortFlag
 from llamactor.native.batch import ReusableBatch
 from llamactor.native.embedding import Embedder
 from llamactor.native.graph_sampling import TOKEN_NULL, GraphChain, GraphSamplers, probe_chain
 from llamactor.native.kv_state import SeqState
 from llamactor.native.loading import SeqIds, load_model
+from llamactor.native.logits_rows import LogitsRows
 from llamactor.scheduling.cell_map import CellMap
 
 
@@ -91,17 +91,14 @@ class Engine:
         self.batch = ReusableBatch(self.info.n_batch, self._shadow)
         self._scratch = ReusableBatch(self.info.n_batch, self._shadow)  # sub-batches when a step must be split
         self._embedder: Embedder | None = None
-        # How many logits rows may be resident: llama.cpp made room for one per sequence id and
-        # cleared (touched) them all.
-        self._pages = host_pages.OutputPages(self.n_vocab, llama_cpp.llama_n_seq_max(self.ctx))
-        self._pages.wrote(self._output_base(), 0, False)
+        self.rows = LogitsRows(self.ctx, self.n_vocab)  # read after each decode; pages handed back when idle
         self.graph = GraphSamplers(self.ctx, self.memory, self._shadow, self.n_swa)
         if graph_sampling is None:  # where it pays: a GPU (docs/operations.md, "Sampling inside the graph")
             graph_sampling = self.decodes_async
         # (a ranking model never samples: no probe decode on its context, which has no output head)
         self.graph_sampling = (graph_sampling and not batch_invariant and not self.info.ranking
                                and self._probe_graph_sampling())
-        self.release_logits_rows(keep=0)
+        self.rows.release(keep=0)
 
     # -- decoding ---------------------------------------------------------------------------
 
@@ -134,8 +131,8 @@ class Engine:
         n_out = int(np.count_nonzero(launched.logits))
         tokens = self.graph.tokens(launched.in_graph, launched.logits, launched.seq_id, launched.pos,
                                    np.arange(len(launched.pos)))
-        self._wrote_logits_rows(n_out)  # after reading the tokens: it may hand back their pages
-        return DecodeResult(self._logits_view(n_out), frozenset(), tokens)
+        self.rows.wrote(n_out, bool(self.graph.chains))  # after reading the tokens: it may hand back their pages
+        return DecodeResult(self.rows.view(n_out), frozenset(), tokens)
 
     @property
     def decodes_async(self) -> bool:
@@ -172,24 +169,6 @@ class Engine:
             return StepAbortedError(f"a decode of {n_tokens} tokens was aborted (abort flag set)")
         return EngineError(f"llama_decode returned {rc} for a batch of {n_tokens} tokens")
 
-    def _wrote_logits_rows(self, n_rows: int) -> None:
-        self._pages.wrote(self._output_base(), n_rows, bool(self.graph.chains))
-
-    def _output_base(self) -> int | None:
-        return ctypes.cast(llama_cpp.llama_get_logits(self.ctx), ctypes.c_void_p).value
-
-    def release_logits_rows(self, keep: int) -> None:
-        """Give back the pages of the logits rows from ``keep`` on, and of the graph sampler's
-        regions (``native/host_pages.py``): the batcher calls it when it goes idle, keeping the
-        rows its decode steps use."""
-        self._pages.release(self._output_base(), keep)
-
-    def _logits_view(self, n_rows: int) -> np.ndarray:
-        if n_rows == 0:
-            return np.empty((0, self.n_vocab), dtype=np.float32)
-        ptr = llama_cpp.llama_get_logits(self.ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
-
     def _decode_split(self, token: np.ndarray, pos: np.ndarray, seq_id: np.ndarray,
                       logits: np.ndarray, in_graph: np.ndarray | None) -> DecodeResult:
         """Retry a step that found no KV slot in halves, down to single tokens (docs/architecture.md,
@@ -215,8 +194,8 @@ class Engine:
                 self.cells.placed(pos[idx], seq_id[idx])
                 flagged = idx[logits[idx] != 0]
                 part = self.graph.tokens(in_graph, logits, seq_id, pos, idx)
-                self._wrote_logits_rows(len(flagged))
-                result[out_rows[flagged]] = self._logits_view(len(flagged))
+                self.rows.wrote(len(flagged), bool(self.graph.chains))
+                result[out_rows[flagged]] = self.rows.view(len(flagged))
                 if tokens is not None and part is not None:
                     tokens[out_rows[flagged]] = part
             elif rc == 1 and len(idx) == 1:

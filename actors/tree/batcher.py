@@ -258,7 +258,7 @@ class BatcherActor(pykka.ThreadingActor):
         if deadline is not None:
             self.flush_timer.start(deadline - now)
         else:  # idle: the logits rows only prompt scoring fills go back to the kernel
-            self.engine.release_logits_rows(keep=self.config.n_parallel)
+            self.engine.rows.release(keep=self.config.n_parallel)
 
     def _step(self) -> None:
         """One step: the embeddings' (``EmbeddingSteps``) or the generation's (``GenerationSteps``),

@@ -152,7 +152,7 @@ def test_logits_rows_given_back_to_the_kernel_are_written_afresh_by_the_next_dec
         return engine.decode(np.array(tokens, np.int32), np.arange(len(tokens), dtype=np.int32),
                              np.zeros(len(tokens), np.int32), wants).logits.copy()
     first = every_row()
-    engine.release_logits_rows(keep=0)
+    engine.rows.release(keep=0)
     engine.seq_rm(0)
     again = every_row()
     np.testing.assert_array_equal(first, again)
