@@ -1,5 +1,5 @@
 """Batch jobs without a model: input lines, a journal's batch, and a fake client whose futures
-the test resolves (used by tests/jobs/test_jobs.py and tests/tree/test_poison.py)."""
+the test resolves (used by tests/jobs/test_jobs.py and tests/jobs/test_poison_lines.py)."""
 
 from __future__ import annotations
 
