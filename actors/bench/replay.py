@@ -174,9 +174,6 @@ class ReplayEngine:
     def clear(self) -> None:
         pass
 
-    def release_logits_rows(self, keep: int) -> None:
-        pass
-
     def close(self) -> None:
         self._real.close()
 
