@@ -95,8 +95,11 @@ def test_the_charts_follow_a_tenants_requests_and_the_admin_sees_its_share(drive
         wait(driver, lambda d: points(d, "tokens", "p.prompt_tokens_per_s > 0"))
         bob = wait(driver, lambda d: [t for t in tenants(d) if t["name"] == "bob" and t["running"] >= 1])
         assert [t["name"] for t in tenants(driver)] == ["bob"]  # ops (the admin watching) runs nothing
-        segment = driver.find_element(By.CSS_SELECTOR, "#chart-tenants [data-tenant=bob]")
-        assert segment.size["width"] > 0 and "1 running" in segment.get_attribute("title"), bob
+        # Read in one script: each update replaces the bar's segments, so an element found in one
+        # call can be gone (stale) by the next.
+        segment = driver.execute_script("""const s = document.querySelector('#chart-tenants [data-tenant=bob]');
+            return s && {width: s.getBoundingClientRect().width, title: s.title}""")
+        assert segment and segment["width"] > 0 and "1 running" in segment["title"], (segment, bob)
         client = daemon.client(TENANT, timeout=120)
         for _ in range(2):  # the second attaches the first one's prompt from the prefix cache
             client.completions.create(model="m", prompt=PROMPT, max_tokens=1)
