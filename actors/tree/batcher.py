@@ -34,10 +34,9 @@ from llamactor.base.messages import AuditKv, BatcherFailed, BatcherReady, Caller
 from llamactor.base.step_posts import gathering_posts
 from llamactor.tree.tell import tell_quietly
 from llamactor.native.engine import Engine
-from llamactor.scheduling.embedding_queue import EmbeddingQueue
 from llamactor.tree.board import BATCHER_PUBLISH_S, StatsBoard
 from llamactor.tree.counters import StepCounters, audit_kv, batcher_stats
-from llamactor.tree.embedding_steps import EmbeddingSteps, encoder_positions, refuse_generation
+from llamactor.tree.embedding_steps import embedding_steps_for, refuse_generation
 from llamactor.tree.flush_timer import FlushTimer
 from llamactor.tree.generation_steps import GenerationSteps
 from llamactor.tree.prompt_prep import PromptPrep
@@ -91,12 +90,7 @@ class BatcherActor(pykka.ThreadingActor):
                                  graph_sampling=cfg.sample_in_graph, loras=cfg.loras,
                                  batch_invariant=cfg.batch_invariant)
             info = self.engine.info
-            self.embeddings = EmbeddingSteps(
-                EmbeddingQueue(cfg.embedding_n_batch, cfg.embedding_n_seq_max, cfg.embedding_time_share,
-                               encoder_positions(info)),
-                self.engine.tokenizer,
-                lambda inputs, pooling: self.engine.embedder(cfg.embedding_n_batch, cfg.embedding_n_seq_max).embed(
-                    inputs, pooling), info.n_embd, info.embedding_pooling, info.ranking, info.rerank_template)
+            self.embeddings = embedding_steps_for(self.engine, cfg)
             # (a ranking model never generates: no system prompt to prefill, past an encoder's positions maybe)
             self.prompts = PromptBuilder(self.engine.tokenizer, self.engine.chat_template,
                                          None if info.ranking else cfg.system_prompt)

@@ -11,12 +11,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from llamactor.base.config import Config
 from llamactor.base.engine_info import EngineInfo
 from llamactor.base.logging import get_logger
 from llamactor.scheduling.embedding_queue import EmbeddingInput, EmbeddingJob, EmbeddingQueue
 from llamactor.base.errors import CancelledError, ContextFullError, InvalidRequestError, LlamactorError
 from llamactor.base.messages import Embed
 from llamactor.native.embedding import RANK, EmbeddingNoRoomError
+from llamactor.native.engine import Engine
 from llamactor.native.tokenizer import Tokenizer
 
 log = get_logger("llamactor.batcher")
@@ -139,3 +141,17 @@ def refuse_generation(info: EngineInfo) -> None:
     if info.ranking:
         raise InvalidRequestError("this model is a ranking model (its GGUF's pooling type is rank): it scores "
                                   "(query, document) pairs for rerank and embeds, but cannot generate text")
+
+
+def embedding_steps_for(engine: Engine, cfg: Config) -> EmbeddingSteps:
+    """The embedding steps on ``engine``'s model under ``cfg``'s embedding options (the batcher's
+    thread; the embedding contexts are made on the first embedding step)."""
+    info = engine.info
+    queue = EmbeddingQueue(cfg.embedding_n_batch, cfg.embedding_n_seq_max, cfg.embedding_time_share,
+                           encoder_positions(info))
+
+    def embed(inputs: list[list[int]], pooling: str) -> np.ndarray:
+        return engine.embedder(cfg.embedding_n_batch, cfg.embedding_n_seq_max).embed(inputs, pooling)
+
+    return EmbeddingSteps(queue, engine.tokenizer, embed, info.n_embd, info.embedding_pooling, info.ranking,
+                          info.rerank_template)
